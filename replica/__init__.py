@@ -1,0 +1,71 @@
+"""sealsync's embeddable engine: an encrypted, offline-first replica and its sync session.
+
+No network code lives here: `relay/` serves envelopes and `clients/` moves them.
+"""
+
+from replica.errors import (
+    DegradedError,
+    EnvelopeError,
+    InvalidArgumentError,
+    ItemLimitError,
+    KdfParametersError,
+    ProtocolError,
+    RepairRefusedError,
+    ReplicaClosedError,
+    ReplicaLockedError,
+    RollbackError,
+    SealsyncError,
+    StaleContextError,
+    StoreError,
+    UnknownEpochError,
+    WrongKeyError,
+)
+from replica.events import ChangeEvent
+from replica.keys import NewAccount
+from replica.options import ReplicaOptions
+from replica.record import Context, Record, Version
+from replica.replica import Replica
+from replica.schema import DEFAULT_PROFILE, REGISTER_ID, Collection, Schema
+from replica.status import Status
+from replica.sync import Acknowledged, Applied, SyncSession
+from replica.wire import KdfParams, Page, PageEntry, PushBatch, PushResult, Receipt, RelayState
+
+__all__ = [
+    "DEFAULT_PROFILE",
+    "REGISTER_ID",
+    "Acknowledged",
+    "Applied",
+    "ChangeEvent",
+    "Collection",
+    "Context",
+    "DegradedError",
+    "EnvelopeError",
+    "InvalidArgumentError",
+    "ItemLimitError",
+    "KdfParametersError",
+    "KdfParams",
+    "NewAccount",
+    "Page",
+    "PageEntry",
+    "ProtocolError",
+    "PushBatch",
+    "PushResult",
+    "Receipt",
+    "Record",
+    "RelayState",
+    "RepairRefusedError",
+    "Replica",
+    "ReplicaClosedError",
+    "ReplicaLockedError",
+    "ReplicaOptions",
+    "RollbackError",
+    "Schema",
+    "SealsyncError",
+    "StaleContextError",
+    "Status",
+    "StoreError",
+    "SyncSession",
+    "UnknownEpochError",
+    "Version",
+    "WrongKeyError",
+]

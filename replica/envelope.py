@@ -1,0 +1,152 @@
+"""Seal and open one version of a record (specs/envelope.md is normative).
+
+    envelope  = header ‖ nonce (12) ‖ AES-256-GCM(epoch key, nonce, plaintext, AD)
+    AD        = header ‖ account id (16)
+    plaintext = u32 length ‖ MessagePack [profile, collection, id, deleted, document, vector]
+                ‖ zero padding to the PADMÉ length (at least 64 bytes)
+    key       = HMAC-SHA256(index key, lp(profile) ‖ lp(collection) ‖ lp(id))[:16]
+                lp(s) = u32 byte length ‖ UTF-8 of s (NFC)
+
+Opening re-derives the key from the decrypted identity and compares the decrypted vector with
+the header's, so an envelope moved to another record, relabelled, truncated or sealed under
+another account's key raises `EnvelopeError`, whatever was changed. An envelope of a key epoch
+this account has not reached raises `UnknownEpochError`: the caller holds it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from cryptography.exceptions import InvalidTag
+
+from replica.errors import EnvelopeError, ProtocolError
+from replica.keys import AccountKeys
+from replica.limits import check_document_size
+from replica.wire import NONCE_BYTES, Header, VersionVector, encode_header, parse_header
+
+MIN_PADDED_BYTES = 64
+_LENGTH = struct.Struct(">I")
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Where a record lives: a profile, one of its collections, and the record's id."""
+
+    profile: str
+    collection: str
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """A decrypted version: its header, identity, tombstone flag and document."""
+
+    header: Header
+    identity: Identity
+    deleted: bool
+    document: Any
+
+
+def length_prefixed(*parts: str) -> bytes:
+    out = bytearray()
+    for part in parts:
+        data = part.encode()
+        out += _LENGTH.pack(len(data)) + data
+    return bytes(out)
+
+
+def opaque_key(index_key: bytes, identity: Identity) -> bytes:
+    """The 16-byte record key the relay sees in place of profile, collection and id."""
+    message = length_prefixed(identity.profile, identity.collection, identity.id)
+    return hmac.digest(index_key, message, "sha256")[:16]
+
+
+def scope_key(keys: AccountKeys, profile: str, collection: str) -> bytes:
+    """The local index key of one collection in one profile (never sent anywhere)."""
+    return hmac.digest(keys.scope_key, length_prefixed(profile, collection), "sha256")[:16]
+
+
+def padme_length(length: int) -> int:
+    """PADMÉ: leaks O(log log L) bits of a length, costs at most 12 % overhead."""
+    length = max(length, MIN_PADDED_BYTES)
+    exponent = length.bit_length() - 1
+    size_bits = exponent.bit_length()
+    mask = (1 << (exponent - size_bits)) - 1
+    return (length + mask) & ~mask
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder()
+
+
+def frame_plaintext(
+    identity: Identity, deleted: bool, document: Any, vector: VersionVector
+) -> bytes:
+    """Length-framed, padded MessagePack of the version's content."""
+    pairs = [[node, hlc] for node, hlc in sorted(vector.items())]
+    body = _encoder.encode(
+        [identity.profile, identity.collection, identity.id, deleted, document, pairs]
+    )
+    check_document_size(len(body))
+    framed = _LENGTH.pack(len(body)) + body
+    return framed + bytes(padme_length(len(framed)) - len(framed))
+
+
+def seal(
+    keys: AccountKeys,
+    identity: Identity,
+    *,
+    hlc: int,
+    node: int,
+    vector: VersionVector,
+    deleted: bool,
+    document: Any,
+    nonce: bytes,
+) -> bytes:
+    """Seal one version under the account's newest key epoch."""
+    key = opaque_key(keys.index_key, identity)
+    header = encode_header(keys.key_epoch, key, hlc, node, vector)
+    plaintext = frame_plaintext(identity, deleted, None if deleted else document, vector)
+    ciphertext = keys.aead(keys.key_epoch).encrypt(nonce, plaintext, header + keys.account_id)
+    return header + nonce + ciphertext
+
+
+def open_envelope(keys: AccountKeys, envelope: bytes, header: Header | None = None) -> Opened:
+    """Decrypt and check one envelope; `EnvelopeError` for any damage, whatever its kind."""
+    try:
+        header = header or parse_header(envelope)
+    except ProtocolError as exc:
+        raise EnvelopeError(f"envelope header is malformed: {exc}") from None
+    aead = keys.aead(header.epoch)
+    start = len(header.header_bytes)
+    nonce = envelope[start : start + NONCE_BYTES]
+    try:
+        plaintext = aead.decrypt(
+            nonce, envelope[start + NONCE_BYTES :], header.header_bytes + keys.account_id
+        )
+    except InvalidTag:
+        raise EnvelopeError("envelope failed authentication (tampered, or another key)") from None
+    return _check_plaintext(keys, header, plaintext)
+
+
+def _check_plaintext(keys: AccountKeys, header: Header, plaintext: bytes) -> Opened:
+    try:
+        (length,) = _LENGTH.unpack_from(plaintext)
+        fields = _decoder.decode(plaintext[4 : 4 + length])
+        profile, collection, record_id, deleted, document, pairs = fields
+        vector = {int(node): int(hlc) for node, hlc in pairs}
+        identity = Identity(profile, collection, record_id)
+        key = opaque_key(keys.index_key, identity)
+    except (struct.error, msgspec.DecodeError, ValueError, TypeError, AttributeError):
+        raise EnvelopeError("envelope plaintext is malformed") from None
+    if (
+        not hmac.compare_digest(key, header.key)
+        or vector != header.vector
+        or deleted not in (True, False)
+    ):
+        raise EnvelopeError("envelope content does not match its header")
+    return Opened(header, identity, deleted, document)

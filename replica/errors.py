@@ -1,0 +1,105 @@
+"""The one exception tree of sealsync.
+
+Every error names what failed, the offending value (never a secret) and the bound, and carries
+an operator `hint` where the user can act. The relay maps `code` to a 4xx answer; the CLI prints
+`error:` and `hint:` lines. No message ever holds plaintext, keys or tokens.
+"""
+
+from __future__ import annotations
+
+
+class SealsyncError(Exception):
+    """Root of every error sealsync raises on purpose."""
+
+    code = "error"
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+class InvalidArgumentError(SealsyncError, ValueError):
+    """An argument breaks a documented bound (id length, document size, unknown collection)."""
+
+    code = "invalid_argument"
+
+
+class ProtocolError(SealsyncError):
+    """Bytes from a peer or a file do not follow the wire format (a malformed header or value)."""
+
+    code = "malformed"
+
+
+class EnvelopeError(SealsyncError):
+    """An envelope failed to open: tampered, truncated, relabelled, moved, or the wrong key.
+
+    One type for every cause on purpose: a caller must not be able to tell which check failed.
+    """
+
+    code = "undecryptable"
+
+
+class UnknownEpochError(SealsyncError):
+    """An envelope was sealed under a key epoch this replica does not know yet: hold it."""
+
+    code = "unknown_epoch"
+
+
+class KdfParametersError(SealsyncError):
+    """Argon2id parameters outside the floors and ceilings, stored or served."""
+
+    code = "kdf_parameters"
+
+
+class WrongKeyError(SealsyncError):
+    """A passphrase, recovery key or raw key that does not unlock this account."""
+
+    code = "wrong_key"
+
+
+class ReplicaLockedError(SealsyncError):
+    """The replica is locked: nothing sensitive can be read or written until it is unlocked."""
+
+    code = "locked"
+
+
+class ReplicaClosedError(SealsyncError):
+    """The replica was closed."""
+
+    code = "closed"
+
+
+class DegradedError(SealsyncError):
+    """A record could not be decrypted or parsed; its reads and overwrites are refused."""
+
+    code = "degraded"
+
+
+class StaleContextError(SealsyncError):
+    """A conditional write found the record's siblings changed since its context was read."""
+
+    code = "stale_context"
+
+
+class ItemLimitError(SealsyncError):
+    """A local write would take a per_item collection past its `max_items`."""
+
+    code = "item_limit"
+
+
+class RepairRefusedError(SealsyncError):
+    """Repair found most rows undecryptable, which means a key mismatch, not corruption."""
+
+    code = "repair_refused"
+
+
+class RollbackError(SealsyncError):
+    """The relay was wiped or restored from an older copy (new storage id, epoch or low head)."""
+
+    code = "relay_rollback"
+
+
+class StoreError(SealsyncError):
+    """The replica file is not a sealsync replica, or is of a newer format than this code."""
+
+    code = "store"

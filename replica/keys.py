@@ -1,0 +1,297 @@
+"""Account keys: passphrase and recovery key → wrapped account key → index and epoch keys.
+
+    passphrase ──Argon2id(salt, m, t, p)──▶ master ──HKDF──▶ auth key (relay login)
+                                                     └─HKDF──▶ KEK ─wraps─▶ account key
+    recovery key (random 256 bits) ─────────HKDF──▶ auth key, wrapping key ─wraps─▶ account key
+    account key ──HKDF──▶ index key (opaque record keys), epoch keys (AES-256-GCM), info key
+
+The key bundle holds the KDF parameters in clear and everything else sealed, so it can sit on
+the relay. Changing the passphrase re-wraps the account key; no record is re-encrypted. Key
+material never appears in a repr, a log or an error message.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.argon2 import Argon2id
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from replica.errors import (
+    InvalidArgumentError,
+    ProtocolError,
+    ReplicaLockedError,
+    UnknownEpochError,
+    WrongKeyError,
+)
+from replica.wire import SALT_BYTES, KdfParams, check_kdf_params
+
+KEY_BYTES = 32
+ACCOUNT_ID_BYTES = 16
+RECOVERY_CHECK_BYTES = 3
+BUNDLE_VERSION = 1
+MAX_PASSPHRASE_CHARS = 1024
+
+RandomBytes = Callable[[int], bytes]
+
+
+def hkdf(key: bytes, info: bytes, length: int = KEY_BYTES) -> bytes:
+    """HKDF-SHA256 with no salt: every input key here is already uniformly random."""
+    return HKDF(algorithm=hashes.SHA256(), length=length, salt=None, info=info).derive(key)
+
+
+@dataclass(frozen=True, slots=True)
+class LoginKeys:
+    """What a secret yields before the bundle is opened: relay auth key and wrapping key."""
+
+    auth_key: bytes = field(repr=False)
+    wrapping_key: bytes = field(repr=False)
+
+
+def passphrase_login_keys(passphrase: str, params: KdfParams) -> LoginKeys:
+    """Run Argon2id (after checking its bounds) and split the result with HKDF."""
+    check_kdf_params(params)
+    if not passphrase or len(passphrase) > MAX_PASSPHRASE_CHARS:
+        raise InvalidArgumentError(f"passphrase must be 1..{MAX_PASSPHRASE_CHARS} characters")
+    secret = unicodedata.normalize("NFC", passphrase).encode()
+    master = Argon2id(
+        salt=params.salt,
+        length=KEY_BYTES,
+        iterations=params.iterations,
+        lanes=params.lanes,
+        memory_cost=params.memory_kib,
+    ).derive(secret)
+    return LoginKeys(hkdf(master, b"sealsync auth v1"), hkdf(master, b"sealsync kek v1"))
+
+
+def recovery_login_keys(recovery_key: str) -> LoginKeys:
+    """The recovery key is full-entropy, so HKDF alone derives its keys."""
+    raw = parse_recovery_key(recovery_key)
+    return LoginKeys(
+        hkdf(raw, b"sealsync recovery auth v1"), hkdf(raw, b"sealsync recovery kek v1")
+    )
+
+
+def format_recovery_key(raw: bytes) -> str:
+    """Base32 in groups of four, with a 3-byte checksum that catches typing mistakes."""
+    check = hashlib.sha256(raw).digest()[:RECOVERY_CHECK_BYTES]
+    text = base64.b32encode(raw + check).decode()
+    return "-".join(text[i : i + 4] for i in range(0, len(text), 4))
+
+
+def parse_recovery_key(text: str) -> bytes:
+    """The 32 key bytes of a recovery key as shown by `format_recovery_key`."""
+    compact = "".join(text.split()).replace("-", "").upper()
+    try:
+        decoded = base64.b32decode(compact)
+    except ValueError as exc:
+        raise WrongKeyError("recovery key is not valid base32", hint="check for typos") from exc
+    raw, check = decoded[:KEY_BYTES], decoded[KEY_BYTES:]
+    expected = hashlib.sha256(raw).digest()[:RECOVERY_CHECK_BYTES]
+    if len(raw) != KEY_BYTES or not hmac.compare_digest(check, expected):
+        raise WrongKeyError("recovery key checksum does not match", hint="check for typos")
+    return raw
+
+
+class AccountInfo(msgspec.Struct, frozen=True):
+    """Sealed inside the bundle: the account id, the newest key epoch, the app's schema."""
+
+    account_id: bytes
+    key_epoch: int
+    schema: bytes | None = None
+
+
+class KeyBundle(msgspec.Struct, frozen=True):
+    """The account's keys as stored in the replica and on the relay: opaque but for `kdf`."""
+
+    version: int
+    kdf: KdfParams
+    passphrase_wrap: bytes
+    recovery_wrap: bytes
+    sealed_info: bytes
+
+    def __repr__(self) -> str:
+        return f"KeyBundle(version={self.version}, kdf={self.kdf!r})"
+
+
+def bundle_to_bytes(bundle: KeyBundle) -> bytes:
+    return msgspec.msgpack.encode(bundle)
+
+
+def bundle_from_bytes(data: bytes) -> KeyBundle:
+    try:
+        bundle = msgspec.msgpack.decode(data, type=KeyBundle)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"malformed key bundle: {exc}") from exc
+    if bundle.version != BUNDLE_VERSION:
+        raise ProtocolError(f"key bundle version {bundle.version} is not {BUNDLE_VERSION}")
+    return bundle
+
+
+class AccountKeys:
+    """The unlocked account key and what derives from it; `drop()` forgets all of it."""
+
+    def __init__(self, account_key: bytes, info: AccountInfo) -> None:
+        self._account_key: bytes | None = account_key
+        self.account_id = info.account_id
+        self.key_epoch = info.key_epoch
+        self._index_key: bytes | None = hkdf(account_key, b"sealsync index v1")
+        self._scope_key: bytes | None = hkdf(account_key, b"sealsync scope v1")
+        self._aead_by_epoch: dict[int, AESGCM] = {}
+
+    def __repr__(self) -> str:
+        return f"AccountKeys(key_epoch={self.key_epoch}, unlocked={self._account_key is not None})"
+
+    @property
+    def account_key(self) -> bytes:
+        if self._account_key is None:
+            raise ReplicaLockedError("the account keys were dropped", hint="unlock the replica")
+        return self._account_key
+
+    @property
+    def index_key(self) -> bytes:
+        if self._index_key is None:
+            raise ReplicaLockedError("the account keys were dropped", hint="unlock the replica")
+        return self._index_key
+
+    @property
+    def scope_key(self) -> bytes:
+        """Keys the local index of (profile, collection) scopes; never leaves the device."""
+        if self._scope_key is None:
+            raise ReplicaLockedError("the account keys were dropped", hint="unlock the replica")
+        return self._scope_key
+
+    def aead(self, epoch: int) -> AESGCM:
+        """The AES-256-GCM cipher of a key epoch this account has reached."""
+        cipher = self._aead_by_epoch.get(epoch)
+        if cipher is None:
+            if epoch > self.key_epoch or epoch < 0:
+                raise UnknownEpochError(f"key epoch {epoch} is newer than {self.key_epoch}")
+            cipher = AESGCM(hkdf(self.account_key, b"sealsync epoch v1 " + str(epoch).encode()))
+            self._aead_by_epoch[epoch] = cipher
+        return cipher
+
+    def drop(self) -> None:
+        """Forget the key material (best effort: Python cannot zero immutable bytes)."""
+        self._account_key = None
+        self._index_key = None
+        self._scope_key = None
+        self._aead_by_epoch.clear()
+
+
+def _wrap(key: bytes, secret: bytes, label: bytes, random_bytes: RandomBytes) -> bytes:
+    nonce = random_bytes(12)
+    return nonce + AESGCM(key).encrypt(nonce, secret, b"sealsync wrap v1 " + label)
+
+
+def _unwrap(key: bytes, wrapped: bytes, label: bytes, what: str | None = None) -> bytes:
+    try:
+        return AESGCM(key).decrypt(wrapped[:12], wrapped[12:], b"sealsync wrap v1 " + label)
+    except (InvalidTag, ValueError):
+        raise WrongKeyError(f"the {what or label.decode()} does not unlock this account") from None
+
+
+def _info_key(account_key: bytes) -> bytes:
+    return hkdf(account_key, b"sealsync info v1")
+
+
+def seal_info(account_key: bytes, info: AccountInfo, random_bytes: RandomBytes) -> bytes:
+    return _wrap(_info_key(account_key), msgspec.msgpack.encode(info), b"info", random_bytes)
+
+
+def open_info(account_key: bytes, sealed: bytes) -> AccountInfo:
+    plain = _unwrap(_info_key(account_key), sealed, b"info", "account key")
+    return msgspec.msgpack.decode(plain, type=AccountInfo)
+
+
+@dataclass(frozen=True)
+class NewAccount:
+    """A fresh account: the bundle to store, the unlocked keys, and the secrets shown once."""
+
+    bundle: KeyBundle
+    keys: AccountKeys
+    recovery_key: str = field(repr=False)
+    auth_key: bytes = field(repr=False)
+    recovery_auth_key: bytes = field(repr=False)
+
+
+def default_kdf_params(random_bytes: RandomBytes) -> KdfParams:
+    return KdfParams(salt=random_bytes(SALT_BYTES))
+
+
+def new_account(
+    passphrase: str,
+    random_bytes: RandomBytes,
+    params: KdfParams | None = None,
+    schema: bytes | None = None,
+) -> NewAccount:
+    """Make an account id, an account key and a recovery key, and wrap the key twice."""
+    params = params or default_kdf_params(random_bytes)
+    account_key = random_bytes(KEY_BYTES)
+    recovery_key = format_recovery_key(random_bytes(KEY_BYTES))
+    info = AccountInfo(account_id=random_bytes(ACCOUNT_ID_BYTES), key_epoch=0, schema=schema)
+    login = passphrase_login_keys(passphrase, params)
+    recovery = recovery_login_keys(recovery_key)
+    bundle = KeyBundle(
+        version=BUNDLE_VERSION,
+        kdf=params,
+        passphrase_wrap=_wrap(login.wrapping_key, account_key, b"passphrase", random_bytes),
+        recovery_wrap=_wrap(recovery.wrapping_key, account_key, b"recovery key", random_bytes),
+        sealed_info=seal_info(account_key, info, random_bytes),
+    )
+    keys = AccountKeys(account_key, info)
+    return NewAccount(bundle, keys, recovery_key, login.auth_key, recovery.auth_key)
+
+
+def unlock_with_passphrase(bundle: KeyBundle, passphrase: str) -> AccountKeys:
+    login = passphrase_login_keys(passphrase, bundle.kdf)
+    return unlock_with_account_key(
+        bundle, _unwrap(login.wrapping_key, bundle.passphrase_wrap, b"passphrase")
+    )
+
+
+def unlock_with_recovery_key(bundle: KeyBundle, recovery_key: str) -> AccountKeys:
+    login = recovery_login_keys(recovery_key)
+    return unlock_with_account_key(
+        bundle, _unwrap(login.wrapping_key, bundle.recovery_wrap, b"recovery key")
+    )
+
+
+def unlock_with_account_key(bundle: KeyBundle, account_key: bytes) -> AccountKeys:
+    """The keyring path: the raw account key, checked against the bundle's sealed info."""
+    if len(account_key) != KEY_BYTES:
+        raise WrongKeyError(f"a raw account key is {KEY_BYTES} bytes, got {len(account_key)}")
+    return AccountKeys(account_key, open_info(account_key, bundle.sealed_info))
+
+
+def change_passphrase(
+    bundle: KeyBundle, keys: AccountKeys, new_passphrase: str, random_bytes: RandomBytes
+) -> tuple[KeyBundle, LoginKeys]:
+    """Re-wrap the account key under a new passphrase and salt; records stay as they are."""
+    params = KdfParams(
+        salt=random_bytes(SALT_BYTES),
+        memory_kib=bundle.kdf.memory_kib,
+        iterations=bundle.kdf.iterations,
+        lanes=bundle.kdf.lanes,
+    )
+    login = passphrase_login_keys(new_passphrase, params)
+    wrapped = _wrap(login.wrapping_key, keys.account_key, b"passphrase", random_bytes)
+    return msgspec.structs.replace(bundle, kdf=params, passphrase_wrap=wrapped), login
+
+
+def with_info(
+    bundle: KeyBundle, keys: AccountKeys, info: AccountInfo, random_bytes: RandomBytes
+) -> KeyBundle:
+    """The bundle with new sealed info (a new key epoch or schema)."""
+    return msgspec.structs.replace(
+        bundle, sealed_info=seal_info(keys.account_key, info, random_bytes)
+    )

@@ -1,0 +1,60 @@
+"""A replica's health at a glance: what waits to be pushed, held, in conflict or unreadable."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from replica.store import Store
+
+
+@dataclass(frozen=True)
+class Status:
+    """Counts from the replica file (specs/replica.md §status).
+
+    `dirty`: local versions not yet acknowledged by a relay. `held_for_drift`,
+    `held_for_lock`, `held_other` (by reason: sealed, epoch, collection): versions kept aside,
+    never dropped. `conflicts`: records with more than one sibling. `quarantined`: rows moved
+    aside verbatim. `degraded`: records whose reads are refused until repair.
+    `last_sync_ms` and `skew_seen_ms` (the furthest ahead of our clock a peer's hlc was) come
+    from the sync session; None until one ran.
+    """
+
+    locked: bool
+    node: int
+    records: int
+    dirty: int
+    held_for_drift: int
+    held_for_lock: int
+    held_other: dict[str, int]
+    conflicts: int
+    quarantined: int
+    degraded: int
+    cursor: int
+    last_sync_ms: int | None
+    skew_seen_ms: int | None
+
+
+def read_status(store: Store, *, locked: bool, node: int) -> Status:
+    db = store.db
+    held = store.count_held()
+    records = db.execute("SELECT count(DISTINCT key) FROM versions").fetchone()[0]
+    conflicts = db.execute(
+        "SELECT count(*) FROM (SELECT key FROM versions GROUP BY key HAVING count(*) > 1)"
+    ).fetchone()[0]
+    last_sync = store.get_meta("last_sync_ms")
+    skew = store.get_meta("skew_seen_ms")
+    return Status(
+        locked=locked,
+        node=node,
+        records=int(records),
+        dirty=int(db.execute("SELECT count(*) FROM versions WHERE dirty = 1").fetchone()[0]),
+        held_for_drift=held.pop("drift", 0),
+        held_for_lock=held.pop("lock", 0),
+        held_other=held,
+        conflicts=int(conflicts),
+        quarantined=store.count("quarantine"),
+        degraded=store.count_degraded(),
+        cursor=store.get_int("cursor"),
+        last_sync_ms=None if last_sync is None else int(last_sync),
+        skew_seen_ms=None if skew is None else int(skew),
+    )

@@ -1,0 +1,438 @@
+"""The replica file: one SQLite database, its tables and transactions (specs/replica.md).
+
+Only SQL lives here: no keys, no decisions. Rows hold sealed envelopes (the bytes that
+travel) plus the cleartext of their headers that queries need. Writes run in `BEGIN IMMEDIATE`
+transactions, so several processes sharing one file serialize on SQLite's lock (with a busy
+timeout) instead of failing; nested `transaction()` calls become savepoints that never hide the
+original error. Node ids are unsigned 64-bit; SQLite integers are signed, hence `node_to_sql`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from replica.errors import StoreError
+from replica.locks import Lock
+
+SCHEMA_VERSION = 1
+APPLICATION_ID = 0x5EA15C
+Synchronous = Literal["full", "normal"]
+
+_MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE meta (name TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
+    CREATE TABLE versions (
+        key BLOB NOT NULL, node INTEGER NOT NULL, hlc INTEGER NOT NULL,
+        scope BLOB NOT NULL, envelope BLOB NOT NULL, dirty INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (key, node, hlc)) WITHOUT ROWID;
+    CREATE INDEX versions_by_scope ON versions (scope);
+    CREATE INDEX versions_dirty ON versions (dirty) WHERE dirty = 1;
+    CREATE TABLE held (
+        key BLOB NOT NULL, node INTEGER NOT NULL, hlc INTEGER NOT NULL,
+        envelope BLOB NOT NULL, reason TEXT NOT NULL, release_after_ms INTEGER,
+        scope BLOB, repush INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (key, node, hlc)) WITHOUT ROWID;
+    CREATE TABLE locks (
+        id INTEGER PRIMARY KEY, kind TEXT NOT NULL, target BLOB NOT NULL,
+        expires_ms INTEGER NOT NULL, dot_node INTEGER, dot_hlc INTEGER);
+    CREATE INDEX locks_by_target ON locks (target);
+    CREATE TABLE local (
+        key BLOB PRIMARY KEY, scope BLOB NOT NULL, envelope BLOB NOT NULL) WITHOUT ROWID;
+    CREATE TABLE quarantine (
+        id INTEGER PRIMARY KEY, source TEXT NOT NULL, key BLOB, envelope BLOB NOT NULL,
+        reason TEXT NOT NULL, at_ms INTEGER NOT NULL);
+    CREATE TABLE degraded (key BLOB PRIMARY KEY, scope BLOB, reason TEXT NOT NULL) WITHOUT ROWID;
+    CREATE TABLE history (
+        key BLOB NOT NULL, node INTEGER NOT NULL, hlc INTEGER NOT NULL,
+        envelope BLOB NOT NULL, replaced_at_ms INTEGER NOT NULL,
+        PRIMARY KEY (key, node, hlc)) WITHOUT ROWID;
+    """,
+)
+
+
+def node_to_sql(node: int) -> int:
+    return node - (1 << 64) if node >= 1 << 63 else node
+
+
+def node_from_sql(value: int) -> int:
+    return value + (1 << 64) if value < 0 else value
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One stored version: where it lives in the file and its sealed bytes."""
+
+    key: bytes
+    node: int
+    hlc: int
+    envelope: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class HeldRow:
+    key: bytes
+    node: int
+    hlc: int
+    envelope: bytes
+    reason: str
+    release_after_ms: int | None
+
+
+class Store:
+    """A connection to one replica file; not thread-safe on its own (the Replica locks)."""
+
+    def __init__(
+        self, path: Path, *, synchronous: Synchronous = "full", busy_timeout_s: float = 30.0
+    ):
+        self.path = path
+        self._depth = 0
+        try:
+            self.db = sqlite3.connect(
+                path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s
+            )
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+            self.db.execute("PRAGMA foreign_keys=ON")
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{path} is not a SQLite database: {exc}") from exc
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- format and migrations ----------------------------------------------------------------
+
+    def migrate(self) -> None:
+        """Bring the file to SCHEMA_VERSION, one recorded step at a time."""
+        with self.transaction():
+            app_id = self.db.execute("PRAGMA application_id").fetchone()[0]
+            version = self.db.execute("PRAGMA user_version").fetchone()[0]
+            if app_id not in (0, APPLICATION_ID) or (app_id == 0 and not self._is_new()):
+                raise StoreError(f"{self.path} is not a sealsync replica")
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path} has format {version}, newer than this sealsync ({SCHEMA_VERSION})",
+                    hint="upgrade sealsync",
+                )
+            for step in range(version, SCHEMA_VERSION):
+                for statement in _MIGRATIONS[step].split(";"):
+                    if statement.strip():
+                        self.db.execute(statement)
+            self.db.execute(f"PRAGMA application_id={APPLICATION_ID}")
+            self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def _is_new(self) -> bool:
+        return int(self.db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]) == 0
+
+    def check_format(self) -> None:
+        app_id = self.db.execute("PRAGMA application_id").fetchone()[0]
+        if app_id != APPLICATION_ID:
+            raise StoreError(f"{self.path} is not a sealsync replica", hint="check the path")
+        self.migrate()
+
+    # -- transactions ------------------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """BEGIN IMMEDIATE at the outermost level, savepoints inside; rollback on any error."""
+        if self._depth == 0:
+            self.db.execute("BEGIN IMMEDIATE")
+            commit, rollback = "COMMIT", "ROLLBACK"
+        else:
+            name = f"sp{self._depth}"
+            self.db.execute(f"SAVEPOINT {name}")
+            commit, rollback = f"RELEASE {name}", f"ROLLBACK TO {name}"
+        self._depth += 1
+        try:
+            yield
+        except BaseException as exc:
+            self._depth -= 1
+            try:
+                self.db.execute(rollback)
+                if self._depth > 0:
+                    self.db.execute(commit)
+            except sqlite3.Error as rollback_error:  # keep the original error; note the second
+                exc.add_note(f"rollback also failed: {rollback_error}")
+            raise
+        self._depth -= 1
+        self.db.execute(commit)
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._depth > 0
+
+    # -- meta ----------------------------------------------------------------------------------
+
+    def get_meta(self, name: str) -> bytes | int | str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+        return None if row is None else row[0]
+
+    def get_int(self, name: str, default: int = 0) -> int:
+        value = self.get_meta(name)
+        return default if value is None else int(value)
+
+    def get_bytes(self, name: str) -> bytes | None:
+        value = self.get_meta(name)
+        if value is not None and not isinstance(value, bytes):
+            raise StoreError(f"meta {name!r} is not bytes")
+        return value
+
+    def set_meta(self, name: str, value: bytes | int | str) -> None:
+        self.db.execute(
+            "INSERT INTO meta (name, value) VALUES (?, ?) "
+            "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            (name, value),
+        )
+
+    def delete_meta(self, name: str) -> None:
+        self.db.execute("DELETE FROM meta WHERE name = ?", (name,))
+
+    # -- versions (siblings) ------------------------------------------------------------------
+
+    def versions_of(self, key: bytes) -> list[Row]:
+        rows = self.db.execute(
+            "SELECT key, node, hlc, envelope FROM versions WHERE key = ?", (key,)
+        ).fetchall()
+        return [Row(k, node_from_sql(n), h, e) for k, n, h, e in rows]
+
+    def versions_of_many(self, keys: Sequence[bytes]) -> dict[bytes, list[Row]]:
+        """Siblings of many records in one query per 500 keys (SQLite's variable limit)."""
+        found: dict[bytes, list[Row]] = {}
+        unique = list(dict.fromkeys(keys))
+        for start in range(0, len(unique), 500):
+            chunk = unique[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for k, n, h, e in self.db.execute(
+                f"SELECT key, node, hlc, envelope FROM versions WHERE key IN ({marks})", chunk
+            ):
+                found.setdefault(k, []).append(Row(k, node_from_sql(n), h, e))
+        return found
+
+    def versions_in_scope(self, scope: bytes) -> Iterator[Row]:
+        cursor = self.db.execute(
+            "SELECT key, node, hlc, envelope FROM versions WHERE scope = ? ORDER BY key", (scope,)
+        )
+        for k, n, h, e in cursor:
+            yield Row(k, node_from_sql(n), h, e)
+
+    def all_versions(self) -> Iterator[Row]:
+        for k, n, h, e in self.db.execute("SELECT key, node, hlc, envelope FROM versions"):
+            yield Row(k, node_from_sql(n), h, e)
+
+    def insert_versions(self, rows: Iterable[tuple[Row, bytes, bool]]) -> None:
+        """Insert (row, scope, dirty) triples; an identical identity is left as it is."""
+        self.db.executemany(
+            "INSERT OR IGNORE INTO versions (key, node, hlc, scope, envelope, dirty) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                (r.key, node_to_sql(r.node), r.hlc, scope, r.envelope, int(dirty))
+                for r, scope, dirty in rows
+            ],
+        )
+
+    def delete_versions(self, rows: Iterable[Row]) -> None:
+        self.db.executemany(
+            "DELETE FROM versions WHERE key = ? AND node = ? AND hlc = ?",
+            [(r.key, node_to_sql(r.node), r.hlc) for r in rows],
+        )
+
+    def rows_to_push(
+        self, table: str, limit: int, after: tuple[bytes, int, int] | None
+    ) -> list[Row]:
+        """Dirty versions (`versions`) or held versions marked by a reseed (`held`), in identity
+        order after `after` (keyset pagination, so a refused version is not offered twice)."""
+        flag = {"versions": "dirty", "held": "repush"}[table]
+        where: str = ""
+        args: tuple[object, ...] = ()
+        if after is not None:
+            where, args = (
+                " AND (key, node, hlc) > (?, ?, ?)",
+                (after[0], node_to_sql(after[1]), after[2]),
+            )
+        rows = self.db.execute(
+            f"SELECT key, node, hlc, envelope FROM {table} WHERE {flag} = 1{where} "
+            "ORDER BY key, node, hlc LIMIT ?",
+            (*args, limit),
+        ).fetchall()
+        return [Row(k, node_from_sql(n), h, e) for k, n, h, e in rows]
+
+    def clear_dirty(self, identities: Iterable[tuple[bytes, int, int]]) -> None:
+        self.db.executemany(
+            "UPDATE versions SET dirty = 0 WHERE key = ? AND node = ? AND hlc = ?",
+            [(k, node_to_sql(n), h) for k, n, h in identities],
+        )
+        self.db.executemany(
+            "UPDATE held SET repush = 0 WHERE key = ? AND node = ? AND hlc = ?",
+            [(k, node_to_sql(n), h) for k, n, h in identities],
+        )
+
+    def mark_all_for_push(self) -> None:
+        self.db.execute("UPDATE versions SET dirty = 1")
+        self.db.execute("UPDATE held SET repush = 1")
+
+    def has_identity(self, key: bytes, node: int, hlc: int) -> bool:
+        args = (key, node_to_sql(node), hlc)
+        for table in ("versions", "held", "history"):
+            found = self.db.execute(
+                f"SELECT 1 FROM {table} WHERE key = ? AND node = ? AND hlc = ?", args
+            ).fetchone()
+            if found:
+                return True
+        return False
+
+    def node_has_written(self, node: int) -> bool:
+        return (
+            self.db.execute(
+                "SELECT 1 FROM versions WHERE node = ? LIMIT 1", (node_to_sql(node),)
+            ).fetchone()
+            is not None
+        )
+
+    # -- history ------------------------------------------------------------------------------
+
+    def add_history(self, rows: Iterable[Row], at_ms: int, keep: int) -> None:
+        rows = list(rows)
+        self.db.executemany(
+            "INSERT OR IGNORE INTO history (key, node, hlc, envelope, replaced_at_ms) VALUES (?, ?, ?, ?, ?)",
+            [(r.key, node_to_sql(r.node), r.hlc, r.envelope, at_ms) for r in rows],
+        )
+        for key in {r.key for r in rows}:
+            self.db.execute(
+                "DELETE FROM history WHERE key = ? AND hlc NOT IN "
+                "(SELECT hlc FROM history WHERE key = ? ORDER BY hlc DESC LIMIT ?)",
+                (key, key, keep),
+            )
+
+    def history_of(self, key: bytes) -> list[Row]:
+        rows = self.db.execute(
+            "SELECT key, node, hlc, envelope FROM history WHERE key = ? ORDER BY hlc DESC", (key,)
+        ).fetchall()
+        return [Row(k, node_from_sql(n), h, e) for k, n, h, e in rows]
+
+    # -- held ---------------------------------------------------------------------------------
+
+    def hold(self, rows: Iterable[tuple[Row, str, int | None, bytes | None]]) -> None:
+        """Persist (row, reason, release_after_ms, scope) held versions; never dropped."""
+        self.db.executemany(
+            "INSERT INTO held (key, node, hlc, envelope, reason, release_after_ms, scope) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key, node, hlc) DO UPDATE SET "
+            "reason = excluded.reason, release_after_ms = excluded.release_after_ms, "
+            "scope = coalesce(excluded.scope, held.scope)",
+            [
+                (r.key, node_to_sql(r.node), r.hlc, r.envelope, why, after, scope)
+                for r, why, after, scope in rows
+            ],
+        )
+
+    def held_rows(self, reasons: Sequence[str] | None = None) -> list[HeldRow]:
+        query = "SELECT key, node, hlc, envelope, reason, release_after_ms FROM held"
+        args: tuple[str, ...] = ()
+        if reasons is not None:
+            query += f" WHERE reason IN ({','.join('?' * len(reasons))})"
+            args = tuple(reasons)
+        return [
+            HeldRow(k, node_from_sql(n), h, e, why, after)
+            for k, n, h, e, why, after in self.db.execute(query + " ORDER BY hlc", args)
+        ]
+
+    def unhold(self, rows: Iterable[Row | HeldRow]) -> None:
+        self.db.executemany(
+            "DELETE FROM held WHERE key = ? AND node = ? AND hlc = ?",
+            [(r.key, node_to_sql(r.node), r.hlc) for r in rows],
+        )
+
+    def next_release_ms(self) -> int | None:
+        row = self.db.execute("SELECT min(release_after_ms) FROM held").fetchone()
+        return None if row[0] is None else int(row[0])
+
+    def count_held(self) -> dict[str, int]:
+        return dict(self.db.execute("SELECT reason, count(*) FROM held GROUP BY reason").fetchall())
+
+    # -- locks --------------------------------------------------------------------------------
+
+    def add_lock(
+        self, kind: str, target: bytes, expires_ms: int, dot: tuple[int, int] | None = None
+    ) -> int:
+        node, hlc = (None, None) if dot is None else (node_to_sql(dot[0]), dot[1])
+        cursor = self.db.execute(
+            "INSERT INTO locks (kind, target, expires_ms, dot_node, dot_hlc) VALUES (?, ?, ?, ?, ?)",
+            (kind, target, expires_ms, node, hlc),
+        )
+        return int(cursor.lastrowid or 0)
+
+    def active_locks(self, now_ms: int) -> list[Lock]:
+        rows = self.db.execute(
+            "SELECT id, kind, target, expires_ms, dot_node, dot_hlc FROM locks WHERE expires_ms > ?",
+            (now_ms,),
+        ).fetchall()
+        return [
+            Lock(i, kind, target, exp, None if n is None else (node_from_sql(n), h))
+            for i, kind, target, exp, n, h in rows
+        ]
+
+    def delete_lock(self, lock_id: int) -> bool:
+        return self.db.execute("DELETE FROM locks WHERE id = ?", (lock_id,)).rowcount > 0
+
+    def delete_expired_locks(self, now_ms: int) -> int:
+        return self.db.execute("DELETE FROM locks WHERE expires_ms <= ?", (now_ms,)).rowcount
+
+    # -- local (device-only) records ----------------------------------------------------------
+
+    def get_local(self, key: bytes) -> bytes | None:
+        row = self.db.execute("SELECT envelope FROM local WHERE key = ?", (key,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def put_local(self, key: bytes, scope: bytes, envelope: bytes) -> None:
+        self.db.execute(
+            "INSERT INTO local (key, scope, envelope) VALUES (?, ?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET envelope = excluded.envelope",
+            (key, scope, envelope),
+        )
+
+    def local_in_scope(self, scope: bytes) -> list[tuple[bytes, bytes]]:
+        return self.db.execute(
+            "SELECT key, envelope FROM local WHERE scope = ? ORDER BY key", (scope,)
+        ).fetchall()
+
+    # -- degraded and quarantine --------------------------------------------------------------
+
+    def mark_degraded(self, key: bytes, scope: bytes | None, reason: str) -> None:
+        self.db.execute(
+            "INSERT INTO degraded (key, scope, reason) VALUES (?, ?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET scope = coalesce(excluded.scope, degraded.scope)",
+            (key, scope, reason),
+        )
+
+    def is_degraded(self, key: bytes) -> bool:
+        return (
+            self.db.execute("SELECT 1 FROM degraded WHERE key = ?", (key,)).fetchone() is not None
+        )
+
+    def degraded_scopes(self) -> set[bytes]:
+        return {s for (s,) in self.db.execute("SELECT scope FROM degraded WHERE scope IS NOT NULL")}
+
+    def count_degraded(self) -> int:
+        return int(self.db.execute("SELECT count(*) FROM degraded").fetchone()[0])
+
+    def clear_degraded(self) -> None:
+        self.db.execute("DELETE FROM degraded")
+
+    def quarantine(
+        self, source: str, key: bytes | None, envelope: bytes, reason: str, at_ms: int
+    ) -> None:
+        self.db.execute(
+            "INSERT INTO quarantine (source, key, envelope, reason, at_ms) VALUES (?, ?, ?, ?, ?)",
+            (source, key, envelope, reason, at_ms),
+        )
+
+    def quarantined(self) -> list[tuple[str, bytes | None, bytes, str]]:
+        return self.db.execute(
+            "SELECT source, key, envelope, reason FROM quarantine ORDER BY id"
+        ).fetchall()
+
+    def count(self, table: str) -> int:
+        return int(self.db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])

@@ -1,0 +1,212 @@
+"""The sync session, sans-I/O: what to push, what the receipts mean, how a page is merged.
+
+A driver (clients/) moves the values; this module decides. One round:
+
+    batch = session.next_batch()          # dirty versions, bounded by count and bytes
+    session.acknowledge(batch, result)    # clears dirty only for confirmed versions
+    session.apply_page(page)              # merges a page and advances the cursor atomically
+
+Every relay answer carries its `RelayState`. The first one is adopted; after that a new
+storage id, a new account epoch, or a head below the highest sequence number seen means the
+relay was wiped or restored from an older copy: `RollbackError`, and nothing is read as a
+deletion. `reseed()` then marks every version for pushing again and resets the cursor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from replica import clock
+from replica.errors import InvalidArgumentError, RollbackError
+from replica.store import Row
+from replica.wire import Page, PushBatch, PushResult, RelayState, parse_header
+
+if TYPE_CHECKING:
+    from replica.replica import Replica
+
+DEFAULT_BATCH_COUNT = 1000
+DEFAULT_BATCH_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Acknowledged:
+    """What a push's receipts did: confirmed versions are no longer dirty; refused stay dirty."""
+
+    stored: int
+    superseded: int
+    refused_by_code: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What merging a page did; `cursor_advanced` is False for a page that was not next."""
+
+    merged: int
+    superseded: int
+    held: dict[str, int]
+    quarantined: int
+    cursor: int
+    cursor_advanced: bool
+
+
+class SyncSession:
+    """Pushes and pulls for one replica; create it with `Replica.sync_session()`."""
+
+    def __init__(
+        self,
+        replica: Replica,
+        *,
+        max_batch_count: int = DEFAULT_BATCH_COUNT,
+        max_batch_bytes: int = DEFAULT_BATCH_BYTES,
+    ) -> None:
+        if max_batch_count < 1 or max_batch_bytes < 1:
+            raise InvalidArgumentError(
+                f"batch bounds must be ≥ 1, got {max_batch_count} envelopes / {max_batch_bytes} bytes"
+            )
+        self._replica = replica
+        self._store = replica._store
+        self._max_count = max_batch_count
+        self._max_bytes = max_batch_bytes
+        self._after: dict[str, tuple[bytes, int, int] | None] = {"versions": None, "held": None}
+
+    # -- push -----------------------------------------------------------------------------------
+
+    def next_batch(self) -> PushBatch | None:
+        """The next dirty versions to push (each once per pass), or None when the pass is done."""
+        with self._replica._mutex:
+            for table in ("versions", "held"):
+                rows = self._store.rows_to_push(table, self._max_count, self._after[table])
+                if rows:
+                    chosen = _fit(rows, self._max_bytes)
+                    last = chosen[-1]
+                    self._after[table] = (last.key, last.node, last.hlc)
+                    return PushBatch([row.envelope for row in chosen])
+            return None
+
+    def restart(self) -> None:
+        """Start a new pass over the dirty versions (after a failed or refused push)."""
+        self._after = {"versions": None, "held": None}
+
+    def acknowledge(self, batch: PushBatch, result: PushResult) -> Acknowledged:
+        """Clear dirty for versions the relay stored or already covered; refused stay dirty."""
+        if len(result.receipts) != len(batch.envelopes):
+            raise InvalidArgumentError(
+                f"{len(result.receipts)} receipts for {len(batch.envelopes)} envelopes"
+            )
+        seqs = [r.seq for r in result.receipts if r.seq is not None]
+        with self._replica._mutex, self._store.transaction():
+            self._check_state(result.state, max(seqs, default=0))
+            confirmed: list[tuple[bytes, int, int]] = []
+            refused: dict[str, int] = {}
+            for envelope, receipt in zip(batch.envelopes, result.receipts, strict=True):
+                if receipt.status == "refused":
+                    code = receipt.code or "unknown"
+                    refused[code] = refused.get(code, 0) + 1
+                    continue
+                header = parse_header(envelope)
+                confirmed.append((header.key, header.node, header.hlc))
+            self._store.clear_dirty(confirmed)
+        return Acknowledged(
+            stored=sum(r.status == "stored" for r in result.receipts),
+            superseded=sum(r.status == "superseded" for r in result.receipts),
+            refused_by_code=refused,
+        )
+
+    # -- pull -----------------------------------------------------------------------------------
+
+    @property
+    def cursor(self) -> int:
+        """Pull from here: every version with a higher seq is yet to be merged."""
+        with self._replica._mutex:
+            return self._store.get_int("cursor")
+
+    def apply_page(self, page: Page) -> Applied:
+        """Merge a page atomically; advance the cursor only if the page starts where it stands.
+
+        A duplicated, reordered or stale page still merges (merging is idempotent and
+        order-free) but never moves the cursor past versions it has not seen.
+        """
+        replica = self._replica
+        top_seq = max((e.seq for e in page.entries), default=0)
+        with replica._mutex:
+            with replica._write_transaction():
+                self._check_state(page.state, top_seq)
+                now = replica._options.wall_clock_ms()
+                result = replica._merge(
+                    [e.envelope for e in page.entries], now_ms=now, source="pull"
+                )
+                cursor = self._store.get_int("cursor")
+                advanced = page.cursor == cursor and page.next_cursor >= cursor
+                if advanced:
+                    cursor = page.next_cursor
+                    self._store.set_meta("cursor", cursor)
+                self._note_sync(result.max_hlc, now)
+            replica._subscribers.publish(result.events)
+        return Applied(
+            merged=result.merged,
+            superseded=result.superseded,
+            held=dict(result.held),
+            quarantined=result.quarantined,
+            cursor=cursor,
+            cursor_advanced=advanced,
+        )
+
+    def _note_sync(self, max_hlc: int, now: int) -> None:
+        self._store.set_meta("last_sync_ms", now)
+        if max_hlc:
+            skew = clock.hlc_ms(max_hlc) - now
+            if skew > self._store.get_int("skew_seen_ms", -(1 << 62)):
+                self._store.set_meta("skew_seen_ms", skew)
+
+    # -- relay state: wipe and rollback ---------------------------------------------------------
+
+    def check_relay_state(self, state: RelayState) -> None:
+        """Raise `RollbackError` if `state` shows a wiped or rolled-back relay; adopt it first time."""
+        with self._replica._mutex, self._store.transaction():
+            self._check_state(state, 0)
+
+    def _check_state(self, state: RelayState, seen_seq: int) -> None:
+        stored = self._store.get_bytes("relay_state")
+        high = self._store.get_int("max_seq_seen")
+        if stored is not None:
+            known = msgspec.msgpack.decode(stored, type=RelayState)
+            if known.storage_id != state.storage_id:
+                raise RollbackError(
+                    f"relay storage changed from {known.storage_id} to {state.storage_id}: "
+                    "it was wiped or replaced",
+                    hint="run a reseed to push everything this device holds",
+                )
+            if known.account_epoch != state.account_epoch:
+                raise RollbackError(
+                    f"account epoch changed from {known.account_epoch} to {state.account_epoch}",
+                    hint="another device reseeded or the relay was restored: reseed",
+                )
+            if state.head < high:
+                raise RollbackError(
+                    f"relay head {state.head} is below sequence {high} seen before: "
+                    "it was restored from an older copy",
+                    hint="run a reseed to push everything this device holds",
+                )
+        self._store.set_meta("relay_state", msgspec.msgpack.encode(state))
+        self._store.set_meta("max_seq_seen", max(high, seen_seq, 0))
+
+    def reseed(self) -> None:
+        """Mark every version (held ones too) for pushing, reset the cursor, forget the relay."""
+        with self._replica._mutex, self._store.transaction():
+            self._store.mark_all_for_push()
+            for name in ("cursor", "max_seq_seen", "relay_state"):
+                self._store.delete_meta(name)
+        self.restart()
+
+
+def _fit(rows: list[Row], max_bytes: int) -> list[Row]:
+    """The longest prefix of `rows` within `max_bytes` (at least one row, however large)."""
+    size = 0
+    for index, row in enumerate(rows):
+        size += len(row.envelope)
+        if index and size > max_bytes:
+            return rows[:index]
+    return rows

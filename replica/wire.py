@@ -1,0 +1,271 @@
+"""Wire format shared by replicas and the relay: envelope headers, version vectors, messages.
+
+Pure and key-free on purpose: the relay imports this module (and `replica.errors`) and nothing
+else from `replica`, so it can index, compact and check envelopes without ever decrypting one.
+
+Envelope layout (big-endian; specs/envelope.md is normative)::
+
+    offset  size  field
+    0       1     format version (1)
+    1       1     algorithm (1 = AES-256-GCM)
+    2       4     key epoch
+    6       16    opaque key
+    22      8     hlc
+    30      8     node
+    38      2     n = version vector entries (1..MAX_VECTOR_ENTRIES)
+    40      16n   entries (node u64, hlc u64), nodes strictly ascending, every hlc > 0
+    40+16n  12    nonce
+    52+16n  rest  AES-256-GCM ciphertext and 16-byte tag
+
+A version vector lists, for every device that wrote the record, the highest hlc of that
+device's writes this version descends from, its own dot included. Version A dominates B when
+A's vector covers B's dot: ``A.vv[B.node] >= B.hlc`` (specs/merge.md).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Literal, TypeVar
+
+import msgspec
+
+from replica.errors import KdfParametersError, ProtocolError
+
+PROTOCOL_VERSION = 1
+FORMAT_VERSION = 1
+ALGORITHM_AES_256_GCM = 1
+KEY_BYTES = 16
+NONCE_BYTES = 12
+TAG_BYTES = 16
+MAX_VECTOR_ENTRIES = 1024
+MAX_U64 = (1 << 64) - 1
+
+_FIXED = struct.Struct(">BBI16sQQH")
+_ENTRY = struct.Struct(">QQ")
+FIXED_HEADER_BYTES = _FIXED.size
+
+VersionVector = dict[int, int]
+"""node id → highest hlc of that node's writes a version descends from."""
+
+Dot = tuple[int, int]
+"""(node, hlc): names one version of a record; unique because a node's hlc never repeats."""
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """The cleartext header of an envelope: everything the relay may know about a version."""
+
+    epoch: int
+    key: bytes
+    hlc: int
+    node: int
+    vector: VersionVector
+    header_bytes: bytes
+
+    @property
+    def dot(self) -> Dot:
+        return (self.node, self.hlc)
+
+
+def encode_header(epoch: int, key: bytes, hlc: int, node: int, vector: VersionVector) -> bytes:
+    """The header bytes for one version; validated exactly as `parse_header` checks them."""
+    if len(key) != KEY_BYTES:
+        raise ProtocolError(f"opaque key is {len(key)} bytes, expected {KEY_BYTES}")
+    check_vector(vector, node, hlc)
+    entries = sorted(vector.items())
+    fixed = _FIXED.pack(FORMAT_VERSION, ALGORITHM_AES_256_GCM, epoch, key, hlc, node, len(entries))
+    return fixed + b"".join(_ENTRY.pack(n, h) for n, h in entries)
+
+
+def check_vector(vector: VersionVector, node: int, hlc: int) -> None:
+    """Raise unless the vector is well formed and carries the version's own dot."""
+    if not 1 <= len(vector) <= MAX_VECTOR_ENTRIES:
+        raise ProtocolError(
+            f"version vector has {len(vector)} entries, bounds 1..{MAX_VECTOR_ENTRIES}"
+        )
+    if hlc <= 0:
+        raise ProtocolError(f"hlc {hlc} must be positive")
+    if vector.get(node) != hlc:
+        raise ProtocolError(f"version vector does not carry the version's own dot ({node}, {hlc})")
+    for n, h in vector.items():
+        if not (0 <= n <= MAX_U64 and 0 < h <= MAX_U64):
+            raise ProtocolError(f"version vector entry ({n}, {h}) out of range")
+
+
+def parse_header(envelope: bytes) -> Header:
+    """Parse and check an envelope's cleartext header; raise `ProtocolError` if malformed."""
+    if len(envelope) < FIXED_HEADER_BYTES + NONCE_BYTES + TAG_BYTES:
+        raise ProtocolError(f"envelope of {len(envelope)} bytes is too short for a header")
+    version, algorithm, epoch, key, hlc, node, count = _FIXED.unpack_from(envelope)
+    if version != FORMAT_VERSION or algorithm != ALGORITHM_AES_256_GCM:
+        raise ProtocolError(f"unknown envelope format {version} / algorithm {algorithm}")
+    end = FIXED_HEADER_BYTES + count * _ENTRY.size
+    if not 1 <= count <= MAX_VECTOR_ENTRIES or len(envelope) < end + NONCE_BYTES + TAG_BYTES:
+        raise ProtocolError(f"envelope version vector of {count} entries does not fit")
+    vector: VersionVector = {}
+    previous = -1
+    for n, h in _ENTRY.iter_unpack(envelope[FIXED_HEADER_BYTES:end]):
+        if n <= previous or h == 0:
+            raise ProtocolError("envelope version vector is not strictly ascending by node")
+        vector[n] = h
+        previous = n
+    if hlc == 0 or vector.get(node) != hlc:
+        raise ProtocolError(f"envelope vector does not carry its own dot ({node}, {hlc})")
+    return Header(epoch, key, hlc, node, vector, envelope[:end])
+
+
+def dominates(vector: VersionVector, dot: Dot) -> bool:
+    """True when a version with `vector` descends from the version named by `dot`."""
+    return vector.get(dot[0], 0) >= dot[1]
+
+
+def merge_vectors(vectors: list[VersionVector]) -> VersionVector:
+    """The element-wise maximum of vectors (a local write's causal past)."""
+    merged: VersionVector = {}
+    for vector in vectors:
+        for node, hlc in vector.items():
+            if merged.get(node, 0) < hlc:
+                merged[node] = hlc
+    return merged
+
+
+# ---- Argon2id parameters: in clear for prelogin, checked on every side -------------------------
+
+MIN_MEMORY_KIB = 64 * 1024
+MAX_MEMORY_KIB = 1024 * 1024
+MIN_ITERATIONS = 3
+MAX_ITERATIONS = 10
+MAX_LANES = 16
+SALT_BYTES = 16
+
+
+class KdfParams(msgspec.Struct, frozen=True):
+    """Argon2id parameters and salt of an account's passphrase."""
+
+    salt: bytes
+    memory_kib: int = MIN_MEMORY_KIB
+    iterations: int = MIN_ITERATIONS
+    lanes: int = 1
+
+    def __repr__(self) -> str:
+        return f"KdfParams(m={self.memory_kib} KiB, t={self.iterations}, p={self.lanes})"
+
+
+def check_kdf_params(params: KdfParams) -> None:
+    """Refuse parameters outside the floors and ceilings (a weak or a hostile cost)."""
+    bounds = (
+        ("memory_kib", params.memory_kib, MIN_MEMORY_KIB, MAX_MEMORY_KIB),
+        ("iterations", params.iterations, MIN_ITERATIONS, MAX_ITERATIONS),
+        ("lanes", params.lanes, 1, MAX_LANES),
+        ("salt length", len(params.salt), SALT_BYTES, SALT_BYTES),
+    )
+    for name, value, low, high in bounds:
+        if not low <= value <= high:
+            raise KdfParametersError(
+                f"Argon2id {name} {value} outside {low}..{high}",
+                hint="parameters outside the bounds are refused whether stored or served",
+            )
+
+
+# ---- Messages between a device and the relay (specs/protocol.md) ------------------------------
+
+
+class RelayState(msgspec.Struct, frozen=True):
+    """Carried by every relay answer so a device can tell a wipe or a rollback."""
+
+    storage_id: str
+    account_epoch: str
+    head: int
+
+
+class PushBatch(msgspec.Struct, frozen=True):
+    """Envelopes a device pushes; the relay answers one receipt per envelope, in order."""
+
+    envelopes: list[bytes]
+
+
+ReceiptStatus = Literal["stored", "superseded", "refused"]
+
+
+class Receipt(msgspec.Struct, frozen=True):
+    """The relay's word on one pushed envelope, given only after a durable commit."""
+
+    status: ReceiptStatus
+    seq: int | None = None
+    code: str | None = None
+
+
+class PushResult(msgspec.Struct, frozen=True):
+    receipts: list[Receipt]
+    state: RelayState
+
+
+class PageEntry(msgspec.Struct, frozen=True):
+    seq: int
+    envelope: bytes
+
+
+class Page(msgspec.Struct, frozen=True):
+    """Envelopes with seq > `cursor`, in seq order; `cursor` echoes the request."""
+
+    cursor: int
+    entries: list[PageEntry]
+    next_cursor: int
+    has_more: bool
+    state: RelayState
+
+
+class PreloginRequest(msgspec.Struct, frozen=True):
+    account: str
+
+
+class PreloginResponse(msgspec.Struct, frozen=True):
+    kdf: KdfParams
+
+
+class RegisterRequest(msgspec.Struct, frozen=True):
+    """A new account: its auth keys (hashed by the relay) and its opaque key bundle."""
+
+    account: str
+    auth_key: bytes
+    recovery_auth_key: bytes
+    kdf: KdfParams
+    bundle: bytes
+    device_name: str
+    invite: str | None = None
+
+    def __repr__(self) -> str:
+        return f"RegisterRequest(account={self.account!r}, device_name={self.device_name!r})"
+
+
+class KeyBundleValue(msgspec.Struct, frozen=True):
+    """The opaque key bundle and its version, for compare-and-set replacement."""
+
+    bundle: bytes
+    version: int
+
+
+class PutKeyBundle(msgspec.Struct, frozen=True):
+    bundle: bytes
+    kdf: KdfParams
+    expected_version: int
+
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+def encode_message(value: msgspec.Struct) -> bytes:
+    """MessagePack bytes of a wire value."""
+    return _encoder.encode(value)
+
+
+T = TypeVar("T")
+
+
+def decode_message(data: bytes, kind: type[T]) -> T:
+    """Parse MessagePack bytes as `kind`; raise `ProtocolError` naming what was wrong."""
+    try:
+        return msgspec.msgpack.decode(data, type=kind)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"malformed {kind.__name__}: {exc}") from exc

@@ -1,0 +1,89 @@
+"""Shared fixtures: one account per test session (Argon2id is paid once), fake clocks."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from replica import Collection, Replica, ReplicaOptions, Schema
+
+settings.register_profile(
+    "default",
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.register_profile(
+    "ci",
+    deadline=None,
+    derandomize=False,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile("ci" if os.environ.get("CI") else "default")
+
+SCHEMA = Schema(
+    (
+        Collection("notes", "lww"),
+        Collection("threads", "lww", tiebreak="message_count"),
+        Collection("personas", "per_item", max_items=3),
+        Collection("active_persona", "register"),
+        Collection("drafts", "local"),
+        Collection("versioned", "lww", history=3),
+    )
+)
+PASSPHRASE = "correct horse battery staple"
+
+
+class FakeClock:
+    """A wall clock that moves only when a test says so."""
+
+    def __init__(self, start_ms: int = 1_800_000_000_000) -> None:
+        self.now_ms = start_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+    def advance(self, ms: int) -> None:
+        self.now_ms += ms
+
+
+@dataclass(frozen=True)
+class Account:
+    bundle: bytes
+    key: bytes
+    recovery_key: str
+
+
+@pytest.fixture(scope="session")
+def account(tmp_path_factory: pytest.TempPathFactory) -> Account:
+    path = tmp_path_factory.mktemp("account") / "first.db"
+    replica, new = Replica.create(path, SCHEMA, PASSPHRASE)
+    try:
+        return Account(replica.key_bundle(), replica.account_key(), new.recovery_key)
+    finally:
+        replica.close()
+
+
+ReplicaFactory = Callable[..., Replica]
+
+
+@pytest.fixture
+def make_replica(tmp_path: Path, account: Account) -> Iterator[ReplicaFactory]:
+    """Join the session's account at a new path, unlocked with the raw key (no Argon2id)."""
+    opened: list[Replica] = []
+
+    def make(name: str = "r", **option_values: object) -> Replica:
+        options = ReplicaOptions(**option_values)  # type: ignore[arg-type]
+        replica = Replica.join(tmp_path / f"{name}.db", account.bundle, options=options)
+        replica.unlock_with_key(account.key)
+        opened.append(replica)
+        return replica
+
+    yield make
+    for replica in opened:
+        replica.close()

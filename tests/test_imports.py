@@ -1,0 +1,72 @@
+"""The dependency direction of DESIGN §1, checked on the import statements themselves."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RELAY_MAY_IMPORT = {"replica.wire", "replica.errors"}
+
+
+def imported_modules(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def sources(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def top(name: str) -> str:
+    return name.split(".", maxsplit=1)[0]
+
+
+@pytest.mark.parametrize("path", sources("replica"), ids=str)
+def test_replica_imports_neither_relay_nor_clients(path: Path) -> None:
+    bad = {n for n in imported_modules(path) if top(n) in {"relay", "clients"}}
+    assert not bad, f"{path} imports {bad}"
+
+
+@pytest.mark.parametrize("path", sources("relay"), ids=str)
+def test_relay_imports_only_wire_and_errors_from_replica(path: Path) -> None:
+    from_replica = {n for n in imported_modules(path) if top(n) == "replica"}
+    modules = {
+        n for n in from_replica if n in RELAY_MAY_IMPORT or n.rsplit(".", 1)[0] in RELAY_MAY_IMPORT
+    }
+    assert from_replica == modules, f"{path} imports {from_replica - modules}"
+    assert "clients" not in {top(n) for n in imported_modules(path)}
+
+
+@pytest.mark.parametrize("path", sources("clients"), ids=str)
+def test_only_the_cli_imports_relay(path: Path) -> None:
+    if path.name == "cli.py":
+        return
+    assert "relay" not in {top(n) for n in imported_modules(path)}, f"{path} imports relay"
+
+
+def test_checker_sees_a_forbidden_import(tmp_path: Path) -> None:
+    """The check above can fail: a relay module importing replica.keys is caught."""
+    module = tmp_path / "bad.py"
+    module.write_text("from replica.keys import AccountKeys\nimport replica.wire\n")
+    names = imported_modules(module)
+    assert "replica.keys" in names and "replica.keys" not in RELAY_MAY_IMPORT
+
+
+def test_public_names_are_sorted_and_complete() -> None:
+    import replica
+
+    exported = replica.__all__
+    assert exported == sorted(exported, key=lambda n: (not n.isupper(), n))
+    for name in exported:
+        assert hasattr(replica, name), name
+    public = {n for n in vars(replica) if not n.startswith("_") and n[0].isupper()}
+    assert public <= set(exported), public - set(exported)

@@ -82,6 +82,7 @@ class Replica:
         self._record_mutexes: dict[bytes, threading.Lock] = {}
         self._profiles: set[str] = {DEFAULT_PROFILE}
         self._degraded_pending: list[tuple[bytes, bytes | None, str]] = []
+        self._pending_events: list[ChangeEvent] = []
         self._closed = False
         schema_bytes = store.get_bytes("schema")
         self._schema = schema_from_bytes(schema_bytes) if schema_bytes else Schema(())
@@ -218,7 +219,7 @@ class Replica:
             bundle, login = change_passphrase(
                 self._bundle(), self._keys(), new_passphrase, self._options.random_bytes
             )
-            with self._store.transaction():
+            with self._write_transaction():
                 self._store.set_meta("bundle", bundle_to_bytes(bundle))
             return login
 
@@ -229,7 +230,7 @@ class Replica:
             bundle = self._bundle()
             info = open_info(keys.account_key, bundle.sealed_info)
             info = AccountInfo(info.account_id, info.key_epoch, schema_to_bytes(schema))
-            with self._store.transaction():
+            with self._write_transaction():
                 self._store.set_meta(
                     "bundle",
                     bundle_to_bytes(with_info(bundle, keys, info, self._options.random_bytes)),
@@ -370,16 +371,31 @@ class Replica:
 
     @contextmanager
     def _write_transaction(self) -> Iterator[None]:
-        """A write transaction after which degraded latches found inside it are persisted."""
+        """A write transaction; when the outermost one ends, degraded latches found inside it
+        are persisted (even on rollback) and its events published (only on commit)."""
+        outermost = not self._store.in_transaction
+        committed = False
         try:
             with self._store.transaction():
                 yield
+            committed = True
         finally:
-            if not self._store.in_transaction and self._degraded_pending:
-                pending, self._degraded_pending = self._degraded_pending, []
-                with self._store.transaction():
-                    for key, scope, reason in pending:
-                        self._store.mark_degraded(key, scope, reason)
+            if outermost:
+                events, self._pending_events = self._pending_events, []
+                if self._degraded_pending:
+                    pending, self._degraded_pending = self._degraded_pending, []
+                    with self._store.transaction():
+                        for key, scope, reason in pending:
+                            self._store.mark_degraded(key, scope, reason)
+                if committed:
+                    self._subscribers.publish(events)
+
+    def _publish(self, events: list[ChangeEvent]) -> None:
+        """Tell subscribers now, or when the enclosing write transaction commits."""
+        if self._store.in_transaction:
+            self._pending_events.extend(events)
+        else:
+            self._subscribers.publish(events)
 
     # -- writes ---------------------------------------------------------------------------------
 
@@ -483,7 +499,7 @@ class Replica:
                 new_context = self._seal_and_store(
                     identity, key, scope, spec, siblings, replaced, document, deleted, now
                 )
-        self._subscribers.publish([ChangeEvent("changed", "local", profile, collection, id)])
+        self._publish([ChangeEvent("changed", "local", profile, collection, id)])
         return new_context
 
     def _replaced(
@@ -571,7 +587,7 @@ class Replica:
     def _put_local(
         self, identity: Identity, key: bytes, scope: bytes, document: Any, deleted: bool
     ) -> Context:
-        with self._store.transaction():
+        with self._write_transaction():
             now = self._options.wall_clock_ms()
             hlc = clock.tick(self._store.get_int("clock"), now)
             node = self._node()
@@ -587,7 +603,7 @@ class Replica:
             )
             self._store.put_local(key, scope, envelope)
             self._store.set_meta("clock", hlc)
-        self._subscribers.publish(
+        self._publish(
             [ChangeEvent("changed", "local", identity.profile, identity.collection, identity.id)]
         )
         return frozenset({(node, hlc)})
@@ -639,14 +655,14 @@ class Replica:
                 kind, target = "collection", scope_key(keys, profile, collection)
             else:
                 kind, target = "profile", profile_key(self._opener_or_raise(), profile)
-            with self._store.transaction():
+            with self._write_transaction():
                 expires = self._options.wall_clock_ms() + int(duration_s * 1000)
                 return self._store.add_lock(kind, target, expires)
 
     def release_lock(self, lock_id: int) -> None:
         """End an explicit lock now; the versions it held are merged as if just arrived."""
         with self._mutex:
-            with self._store.transaction():
+            with self._write_transaction():
                 self._store.delete_lock(lock_id)
             self._recheck_held(("lock",))
 
@@ -654,7 +670,7 @@ class Replica:
         """Merge versions held for drift now (the user trusts the sender's clock)."""
         with self._mutex:
             self._keys()
-            with self._store.transaction():
+            with self._write_transaction():
                 rows = self._store.held_rows(("drift",))
                 self._store.unhold(rows)
                 state = self._store.get_int("clock")
@@ -664,7 +680,7 @@ class Replica:
                 result = self._merge(
                     [r.envelope for r in rows], now_ms=None, accept_drift=True, source="held"
                 )
-            self._subscribers.publish(_released(result))
+            self._publish(_released(result))
             return len(rows)
 
     def release_due(self) -> None:
@@ -681,13 +697,13 @@ class Replica:
     def _recheck_held(self, reasons: tuple[str, ...], now: int | None = None) -> None:
         if self._opener is None:
             return
-        with self._store.transaction():
+        with self._write_transaction():
             rows = self._store.held_rows(reasons)
             if not rows:
                 return
             self._store.unhold(rows)
             result = self._merge([r.envelope for r in rows], now_ms=now, source="held")
-        self._subscribers.publish(_released(result))
+        self._publish(_released(result))
 
     def _merge(
         self,
@@ -704,6 +720,12 @@ class Replica:
             options = replace(options, max_drift_ms=1 << 62)
         ctx = InboundContext(self._store, self._opener, self._schema, self._node(), options)
         return merge_inbound(ctx, envelopes, now, source)
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Group writes into one transaction: all of them land, or none (and one fsync)."""
+        with self._mutex, self._write_transaction():
+            yield
 
     def sync_session(
         self, *, max_batch_count: int = 1000, max_batch_bytes: int = 4 << 20

@@ -144,7 +144,7 @@ class SyncSession:
                     cursor = page.next_cursor
                     self._store.set_meta("cursor", cursor)
                 self._note_sync(result.max_hlc, now)
-            replica._subscribers.publish(result.events)
+            replica._publish(result.events)
         return Applied(
             merged=result.merged,
             superseded=result.superseded,

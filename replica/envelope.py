@@ -70,6 +70,11 @@ def scope_key(keys: AccountKeys, profile: str, collection: str) -> bytes:
     return hmac.digest(keys.scope_key, length_prefixed(profile, collection), "sha256")[:16]
 
 
+def profile_key(keys: AccountKeys, profile: str) -> bytes:
+    """What a profile-wide lock names locally (distinct from every scope and record key)."""
+    return hmac.digest(keys.scope_key, b"profile" + length_prefixed(profile), "sha256")[:16]
+
+
 def padme_length(length: int) -> int:
     """PADMÉ: leaks O(log log L) bits of a length, costs at most 12 % overhead."""
     length = max(length, MIN_PADDED_BYTES)

@@ -12,13 +12,12 @@ Callers run this inside one store transaction, so a page is applied whole or not
 
 from __future__ import annotations
 
-import hmac
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from replica import clock
-from replica.envelope import Opened, length_prefixed, scope_key
+from replica.envelope import Opened, profile_key, scope_key
 from replica.errors import EnvelopeError, ProtocolError, UnknownEpochError
 from replica.events import ChangeEvent
 from replica.locks import Lock, Targets, held_until
@@ -61,10 +60,6 @@ class _Record:
     scope: bytes | None
     original: frozenset[tuple[int, int]]
     pinned: int = 0
-
-
-def profile_key(opener: Opener, profile: str) -> bytes:
-    return hmac.digest(opener.keys.scope_key, b"profile" + length_prefixed(profile), "sha256")[:16]
 
 
 def _load_records(store: Store, keys: Sequence[bytes]) -> dict[bytes, _Record]:
@@ -165,7 +160,7 @@ class _Merger:
         if record is not None and is_covered(record.siblings, header):
             self.result.superseded += 1
             return
-        targets = Targets(header.key, scope, profile_key(opener, identity.profile))
+        targets = Targets(header.key, scope, profile_key(opener.keys, identity.profile))
         until = held_until(self.locks, targets, header)
         self.clock = clock.observe(
             self.clock, header.hlc, self.now_ms, self.ctx.options.max_drift_ms

@@ -1,10 +1,10 @@
 """The replica: an app's encrypted, offline-first copy of its account's data (DESIGN §6).
 
 Synchronous and thread-safe: one connection per `Replica`, guarded by a re-entrant mutex;
-several processes may open one file, serialized by SQLite's write lock. Every write reads the
-clock, the node id and the record's siblings inside one `BEGIN IMMEDIATE` transaction, so two
-processes cannot collide on a dot. Reads decrypt through a bounded cache and fail closed: a
-record whose envelope does not open is degraded and its reads and overwrites raise.
+several processes may open one file, serialized by SQLite's write lock. Reads decrypt through a
+bounded cache and fail closed: a record whose envelope does not open is degraded, and its reads
+and overwrites raise until repair. Writes live in `replica.write`, held versions and explicit
+locks in `replica.held`, the shared internals in `replica.core`.
 """
 
 from __future__ import annotations
@@ -12,26 +12,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from replica import clock
-from replica.envelope import Identity, Opened, opaque_key, scope_key, seal
-from replica.errors import (
-    DegradedError,
-    EnvelopeError,
-    InvalidArgumentError,
-    ItemLimitError,
-    ProtocolError,
-    ReplicaClosedError,
-    ReplicaLockedError,
-    StaleContextError,
-    StoreError,
-    UnknownEpochError,
-)
-from replica.events import ChangeEvent, Subscriber, Subscribers
-from replica.inbound import InboundContext, InboundResult, merge_inbound, profile_key
+from replica import held, write
+from replica.core import Core, rows_by_key
+from replica.envelope import Identity, opaque_key
+from replica.errors import DegradedError, StaleContextError, StoreError
+from replica.events import Subscriber
 from replica.keys import (
     AccountInfo,
     AccountKeys,
@@ -49,23 +37,20 @@ from replica.keys import (
     with_info,
 )
 from replica.limits import check_document, check_name
-from replica.merge import local_vector
 from replica.opener import Opener
 from replica.options import ReplicaOptions
 from replica.record import Context, Record, Version, record_from_siblings
 from replica.schema import (
     DEFAULT_PROFILE,
     PROFILES_COLLECTION,
-    REGISTER_ID,
-    Collection,
     Schema,
     schema_from_bytes,
     schema_to_bytes,
 )
 from replica.status import Status, read_status
-from replica.store import Row, Store
+from replica.store import Store
 from replica.sync import SyncSession
-from replica.wire import KdfParams, parse_header
+from replica.wire import KdfParams
 
 HELD_RECHECK_ON_UNLOCK = ("sealed", "epoch")
 
@@ -74,22 +59,13 @@ class Replica:
     """One device's replica file. Make one with `create`, `join` or `open`; then `unlock`."""
 
     def __init__(self, store: Store, options: ReplicaOptions) -> None:
-        self._store = store
-        self._options = options
-        self._mutex = threading.RLock()
-        self._opener: Opener | None = None
-        self._subscribers = Subscribers()
-        self._record_mutexes: dict[bytes, threading.Lock] = {}
-        self._profiles: set[str] = {DEFAULT_PROFILE}
-        self._degraded_pending: list[tuple[bytes, bytes | None, str]] = []
-        self._pending_events: list[ChangeEvent] = []
-        self._closed = False
-        schema_bytes = store.get_bytes("schema")
-        self._schema = schema_from_bytes(schema_bytes) if schema_bytes else Schema(())
+        self._core = Core(store, options)
+        self._record_mutexes: dict[tuple[str, str, str], threading.Lock] = {}
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "locked" if self._opener is None else "unlocked"
-        return f"Replica({str(self._store.path)!r}, {state})"
+        core = self._core
+        state = "closed" if core.closed else "locked" if core.opener is None else "unlocked"
+        return f"Replica({str(core.store.path)!r}, {state})"
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -128,11 +104,12 @@ class Replica:
     def open(cls, path: str | Path, *, options: ReplicaOptions | None = None) -> Replica:
         """An existing replica file, locked."""
         path = Path(path)
+        options = options or ReplicaOptions()
         if not path.is_file():
             raise StoreError(f"no replica at {path}", hint="create one with Replica.create or join")
-        store = Store(path, synchronous=(options or ReplicaOptions()).synchronous)
+        store = Store(path, synchronous=options.synchronous, busy_timeout_s=options.busy_timeout_s)
         store.check_format()
-        return cls(store, options or ReplicaOptions())
+        return cls(store, options)
 
     @classmethod
     def _new_file(
@@ -144,7 +121,7 @@ class Replica:
         store.migrate()
         with store.transaction():
             store.set_meta("bundle", bundle_to_bytes(bundle))
-            store.set_meta("node", str(_new_node(options, 0)))
+            store.set_meta("node", str(new_node_id(options)))
             store.set_meta("clock", 0)
             if schema is not None:
                 store.set_meta("schema", schema_to_bytes(schema))
@@ -152,39 +129,40 @@ class Replica:
 
     def unlock(self, passphrase: str) -> None:
         """Unlock with the account's passphrase (runs Argon2id)."""
-        self._unlocked(unlock_with_passphrase(self._bundle(), passphrase))
+        self._unlocked(unlock_with_passphrase(self._core.bundle(), passphrase))
 
     def unlock_with_recovery_key(self, recovery_key: str) -> None:
-        self._unlocked(unlock_with_recovery_key(self._bundle(), recovery_key))
+        self._unlocked(unlock_with_recovery_key(self._core.bundle(), recovery_key))
 
     def unlock_with_key(self, account_key: bytes) -> None:
         """The keyring path: the raw account key from `account_key()` of an unlocked replica."""
-        self._unlocked(unlock_with_account_key(self._bundle(), account_key))
+        self._unlocked(unlock_with_account_key(self._core.bundle(), account_key))
 
     def _unlocked(self, keys: AccountKeys) -> None:
-        with self._mutex:
-            self._check_open()
-            self._opener = Opener(keys, self._options.cache_entries)
-            if not self._schema.collections and self._store.get_bytes("schema") is None:
-                info = open_info(keys.account_key, self._bundle().sealed_info)
+        core = self._core
+        with core.mutex:
+            core.check_open()
+            core.forget_keys()
+            core.opener = Opener(keys, core.options.cache_entries)
+            if core.store.get_bytes("schema") is None:
+                info = open_info(keys.account_key, core.bundle().sealed_info)
                 if info.schema:
-                    self._set_schema(schema_from_bytes(info.schema))
-            self._recheck_held(HELD_RECHECK_ON_UNLOCK)
+                    with core.write_transaction():
+                        core.set_schema(schema_from_bytes(info.schema))
+            core.recheck_held(HELD_RECHECK_ON_UNLOCK)
 
     def lock(self) -> None:
         """Drop every key and decrypted record from memory; reads and writes then refuse."""
-        with self._mutex:
-            if self._opener is not None:
-                self._opener.keys.drop()
-                self._opener.forget()
-                self._opener = None
+        with self._core.mutex:
+            self._core.forget_keys()
 
     def close(self) -> None:
-        with self._mutex:
-            if not self._closed:
-                self.lock()
-                self._store.close()
-                self._closed = True
+        core = self._core
+        with core.mutex:
+            if not core.closed:
+                core.forget_keys()
+                core.store.close()
+                core.closed = True
 
     def __enter__(self) -> Replica:
         return self
@@ -194,53 +172,52 @@ class Replica:
 
     @property
     def is_locked(self) -> bool:
-        return self._opener is None
+        return self._core.opener is None
 
     @property
     def node(self) -> int:
         """This device's node id (changes when the file turns out to be a copy)."""
-        with self._mutex:
-            return self._node()
+        with self._core.mutex:
+            return self._core.node()
 
     @property
     def schema(self) -> Schema:
-        return self._schema
+        return self._core.schema
+
+    @property
+    def path(self) -> Path:
+        return self._core.store.path
 
     def account_key(self) -> bytes:
         """The raw account key, for a keyring. Treat it as the passphrase's equal."""
-        return self._keys().account_key
+        return self._core.keys().account_key
 
     def key_bundle(self) -> bytes:
-        return bundle_to_bytes(self._bundle())
+        return bundle_to_bytes(self._core.bundle())
 
     def change_passphrase(self, new_passphrase: str) -> LoginKeys:
         """Re-wrap the account key under a new passphrase; no record is re-encrypted."""
-        with self._mutex:
+        core = self._core
+        with core.mutex:
             bundle, login = change_passphrase(
-                self._bundle(), self._keys(), new_passphrase, self._options.random_bytes
+                core.bundle(), core.keys(), new_passphrase, core.options.random_bytes
             )
-            with self._write_transaction():
-                self._store.set_meta("bundle", bundle_to_bytes(bundle))
+            with core.write_transaction():
+                core.store.set_meta("bundle", bundle_to_bytes(bundle))
             return login
 
     def declare(self, schema: Schema) -> None:
         """Replace the schema; versions held for an undeclared collection are then merged."""
-        with self._mutex:
-            keys = self._keys()
-            bundle = self._bundle()
+        core = self._core
+        with core.mutex:
+            keys, bundle = core.keys(), core.bundle()
             info = open_info(keys.account_key, bundle.sealed_info)
             info = AccountInfo(info.account_id, info.key_epoch, schema_to_bytes(schema))
-            with self._write_transaction():
-                self._store.set_meta(
-                    "bundle",
-                    bundle_to_bytes(with_info(bundle, keys, info, self._options.random_bytes)),
-                )
-                self._set_schema(schema)
-            self._recheck_held(("collection",))
-
-    def _set_schema(self, schema: Schema) -> None:
-        self._store.set_meta("schema", schema_to_bytes(schema))
-        self._schema = schema
+            sealed = with_info(bundle, keys, info, core.options.random_bytes)
+            with core.write_transaction():
+                core.store.set_meta("bundle", bundle_to_bytes(sealed))
+                core.set_schema(schema)
+            core.recheck_held(("collection",))
 
     # -- profiles -------------------------------------------------------------------------------
 
@@ -250,20 +227,10 @@ class Replica:
         return [DEFAULT_PROFILE, *sorted(names)]
 
     def create_profile(self, name: str) -> None:
+        """Make a profile (a namespace for records); it syncs to the account's other devices."""
         check_name("profile", name)
-        if name not in self._profiles and name not in self.profiles():
+        if name not in self.profiles():
             self.put(PROFILES_COLLECTION, name, {})
-        self._profiles.add(name)
-
-    def _check_profile(self, profile: str) -> None:
-        check_name("profile", profile)
-        if profile in self._profiles:
-            return
-        if profile not in self.profiles():
-            raise InvalidArgumentError(
-                f"profile {profile!r} does not exist", hint="create it with create_profile"
-            )
-        self._profiles.add(profile)
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -273,13 +240,15 @@ class Replica:
         A deleted record is returned with `deleted=True` (its context resolves conflicts).
         Raises `DegradedError` when any of its versions cannot be opened.
         """
-        with self._mutex:
-            spec, identity = self._resolve(collection, id, profile)
-            self._release_due()
-            key = opaque_key(self._keys().index_key, identity)
+        core = self._core
+        with core.mutex:
+            spec, identity = core.resolve(collection, id, profile)
+            core.release_due()
+            key = opaque_key(core.keys().index_key, identity)
+            scope = core.scope(profile, collection)
             if spec.policy == "local":
-                return self._get_local(key)
-            siblings = self._open_siblings(key, self._scope(identity))
+                return write.get_local(core, key, scope)
+            siblings = core.open_siblings(key, scope)
             return record_from_siblings(siblings, spec.tiebreak) if siblings else None
 
     def conflicts(
@@ -301,17 +270,18 @@ class Replica:
 
         An unreadable record raises `DegradedError` unless `skip_degraded` is set.
         """
-        with self._mutex:
-            spec = self._schema.require(check_name("collection", collection))
+        core = self._core
+        with core.mutex:
+            spec = core.schema.require(check_name("collection", collection))
             check_name("profile", profile)
-            self._release_due()
-            scope = scope_key(self._keys(), profile, collection)
+            core.release_due()
+            scope = core.scope(profile, collection)
             if spec.policy == "local":
-                return self._scan_local(scope, include_deleted)
+                return write.scan_local(core, scope, include_deleted)
             records: list[Record] = []
-            for key, rows in self._rows_by_key(self._store.versions_in_scope(scope)):
+            for key, rows in rows_by_key(core.store.versions_in_scope(scope)):
                 try:
-                    record = record_from_siblings(self._open_rows(key, rows, scope), spec.tiebreak)
+                    record = record_from_siblings(core.open_rows(key, rows, scope), spec.tiebreak)
                 except DegradedError:
                     if skip_degraded:
                         continue
@@ -322,80 +292,13 @@ class Replica:
 
     def history(self, collection: str, id: str, *, profile: str = DEFAULT_PROFILE) -> list[Version]:
         """Replaced versions kept on this device (collections declared with `history`)."""
-        with self._mutex:
-            _, identity = self._resolve(collection, id, profile)
-            key = opaque_key(self._keys().index_key, identity)
-            versions = []
-            for row in self._store.history_of(key):
-                opened = self._opener_or_raise().open_row(row)
-                versions.append(Version(row.node, row.hlc, opened.deleted, opened.document))
-            return versions
-
-    @staticmethod
-    def _rows_by_key(rows: Iterator[Row]) -> Iterator[tuple[bytes, list[Row]]]:
-        current: list[Row] = []
-        for row in rows:
-            if current and row.key != current[0].key:
-                yield current[0].key, current
-                current = []
-            current.append(row)
-        if current:
-            yield current[0].key, current
-
-    def _open_siblings(self, key: bytes, scope: bytes) -> list[Opened]:
-        return self._open_rows(key, self._store.versions_of(key), scope)
-
-    def _open_rows(self, key: bytes, rows: list[Row], scope: bytes) -> list[Opened]:
-        """Open every sibling, or latch the record degraded (persisted) and raise."""
-        if self._store.is_degraded(key):
-            raise DegradedError(
-                "a record is degraded: one of its versions cannot be opened",
-                hint="run repair to quarantine the unreadable versions",
-            )
-        opener = self._opener_or_raise()
-        try:
-            return [opener.open_row(row) for row in rows]
-        except (EnvelopeError, UnknownEpochError) as exc:
-            self._mark_degraded(key, scope, str(exc))
-            raise DegradedError(
-                f"a record cannot be opened: {exc}", hint="run repair to quarantine it"
-            ) from exc
-
-    def _mark_degraded(self, key: bytes, scope: bytes | None, reason: str) -> None:
-        """Latch a record degraded; inside a transaction that is about to roll back, later."""
-        if self._store.in_transaction:
-            self._degraded_pending.append((key, scope, reason))
-            return
-        with self._store.transaction():
-            self._store.mark_degraded(key, scope, reason)
-
-    @contextmanager
-    def _write_transaction(self) -> Iterator[None]:
-        """A write transaction; when the outermost one ends, degraded latches found inside it
-        are persisted (even on rollback) and its events published (only on commit)."""
-        outermost = not self._store.in_transaction
-        committed = False
-        try:
-            with self._store.transaction():
-                yield
-            committed = True
-        finally:
-            if outermost:
-                events, self._pending_events = self._pending_events, []
-                if self._degraded_pending:
-                    pending, self._degraded_pending = self._degraded_pending, []
-                    with self._store.transaction():
-                        for key, scope, reason in pending:
-                            self._store.mark_degraded(key, scope, reason)
-                if committed:
-                    self._subscribers.publish(events)
-
-    def _publish(self, events: list[ChangeEvent]) -> None:
-        """Tell subscribers now, or when the enclosing write transaction commits."""
-        if self._store.in_transaction:
-            self._pending_events.extend(events)
-        else:
-            self._subscribers.publish(events)
+        core = self._core
+        with core.mutex:
+            _, identity = core.resolve(collection, id, profile)
+            key = opaque_key(core.keys().index_key, identity)
+            rows = core.store.history_of(key)
+            opened = core.open_rows(key, rows, core.scope(profile, collection)) if rows else []
+            return [Version(o.header.node, o.header.hlc, o.deleted, o.document) for o in opened]
 
     # -- writes ---------------------------------------------------------------------------------
 
@@ -417,7 +320,16 @@ class Replica:
         `StaleContextError` instead.
         """
         check_document(document)
-        return self._write(collection, id, profile, document, False, context, if_unchanged)
+        with self._core.mutex:
+            identity = Identity(profile, collection, id)
+            return write.write_record(
+                self._core,
+                identity,
+                document,
+                deleted=False,
+                context=context,
+                if_unchanged=if_unchanged,
+            )
 
     def delete(
         self,
@@ -429,7 +341,16 @@ class Replica:
         if_unchanged: bool = False,
     ) -> Context:
         """Write a tombstone (a version like any other: a later edit restores the record)."""
-        return self._write(collection, id, profile, None, True, context, if_unchanged)
+        with self._core.mutex:
+            identity = Identity(profile, collection, id)
+            return write.write_record(
+                self._core,
+                identity,
+                None,
+                deleted=True,
+                context=context,
+                if_unchanged=if_unchanged,
+            )
 
     def update(
         self,
@@ -442,13 +363,15 @@ class Replica:
     ) -> Context:
         """Read-modify-write one record, serialized per record; other records proceed meanwhile.
 
-        `change` gets the visible document (None if absent or deleted) and returns the new one.
+        `change` gets the visible document (None if absent or deleted) and returns the new one;
+        it runs without the replica's mutex held. If another process changed the record
+        in between, the read and `change` are repeated (up to `attempts` times).
         """
-        with self._record_mutex(collection, id, profile):
+        with self._record_mutex(profile, collection, id):
             for _ in range(attempts):
                 record = self.get(collection, id, profile=profile)
                 current = None if record is None or record.deleted else record.document
-                context = frozenset() if record is None else record.context
+                context: Context = frozenset() if record is None else record.context
                 try:
                     return self.put(
                         collection,
@@ -463,168 +386,17 @@ class Replica:
         raise StaleContextError(f"record kept changing during {attempts} update attempts")
 
     @contextmanager
-    def _record_mutex(self, collection: str, id: str, profile: str) -> Iterator[None]:
-        name = "\x00".join((profile, collection, id)).encode()
-        with self._mutex:
-            mutex = self._record_mutexes.setdefault(name, threading.Lock())
+    def _record_mutex(self, profile: str, collection: str, id: str) -> Iterator[None]:
+        with self._core.mutex:
+            mutex = self._record_mutexes.setdefault((profile, collection, id), threading.Lock())
         with mutex:
             yield
 
-    def _write(
-        self,
-        collection: str,
-        id: str,
-        profile: str,
-        document: Any,
-        deleted: bool,
-        context: Context | None,
-        if_unchanged: bool,
-    ) -> Context:
-        with self._mutex:
-            spec, identity = self._resolve(collection, id, profile)
-            if collection != PROFILES_COLLECTION:
-                self._check_profile(profile)
-            keys = self._keys()
-            key = opaque_key(keys.index_key, identity)
-            scope = self._scope(identity)
-            if spec.policy == "local":
-                return self._put_local(identity, key, scope, document, deleted)
-            with self._write_transaction():
-                now = self._options.wall_clock_ms()
-                self._release_due(now)
-                siblings = self._open_siblings(key, scope)
-                replaced = self._replaced(siblings, context, if_unchanged)
-                if spec.max_items is not None and not deleted:
-                    self._check_item_limit(spec, identity, siblings, scope)
-                new_context = self._seal_and_store(
-                    identity, key, scope, spec, siblings, replaced, document, deleted, now
-                )
-        self._publish([ChangeEvent("changed", "local", profile, collection, id)])
-        return new_context
-
-    def _replaced(
-        self, siblings: list[Opened], context: Context | None, if_unchanged: bool
-    ) -> list[Opened]:
-        current = frozenset(o.header.dot for o in siblings)
-        if context is None:
-            return siblings
-        if if_unchanged and current != context:
-            raise StaleContextError(
-                f"record changed since it was read: {len(current - context)} new sibling(s)",
-                hint="read it again and reapply the change",
-            )
-        node = self._node()
-        if any(o.header.node == node and o.header.dot not in context for o in siblings):
-            # A device's writes to a record must form a chain (see replica.merge).
-            raise StaleContextError(
-                "record was written on this device since it was read", hint="read it again"
-            )
-        return [o for o in siblings if o.header.dot in context]
-
-    def _check_item_limit(
-        self, spec: Collection, identity: Identity, siblings: list[Opened], scope: bytes
-    ) -> None:
-        if siblings and not record_from_siblings(siblings, spec.tiebreak).deleted:
-            return
-        live = sum(
-            1
-            for key, rows in self._rows_by_key(self._store.versions_in_scope(scope))
-            if not record_from_siblings(self._open_rows(key, rows, scope), None).deleted
-        )
-        assert spec.max_items is not None
-        if live >= spec.max_items:
-            raise ItemLimitError(
-                f"collection {spec.name!r} holds {live} items, max_items {spec.max_items}",
-                hint="delete an item first",
-            )
-
-    def _seal_and_store(
-        self,
-        identity: Identity,
-        key: bytes,
-        scope: bytes,
-        spec: Collection,
-        siblings: list[Opened],
-        replaced: list[Opened],
-        document: Any,
-        deleted: bool,
-        now: int,
-    ) -> Context:
-        store = self._store
-        node = self._node()
-        hlc = clock.tick(store.get_int("clock"), now)
-        vector = local_vector([o.header for o in replaced], node, hlc)
-        envelope = seal(
-            self._keys(),
-            identity,
-            hlc=hlc,
-            node=node,
-            vector=vector,
-            deleted=deleted,
-            document=document,
-            nonce=self._options.random_bytes(12),
-        )
-        old_rows = [Row(key, o.header.node, o.header.hlc, b"") for o in replaced]
-        if spec.history and replaced:
-            store.add_history(self._rows_for(key, replaced), now, spec.history)
-        store.delete_versions(old_rows)
-        store.insert_versions([(Row(key, node, hlc, envelope), scope, True)])
-        store.set_meta("clock", hlc)
-        if self._options.freshness_window_s > 0:
-            store.db.execute("DELETE FROM locks WHERE kind = 'auto' AND target = ?", (key,))
-            store.add_lock(
-                "auto", key, now + int(self._options.freshness_window_s * 1000), (node, hlc)
-            )
-        kept = {o.header.dot for o in siblings} - {o.header.dot for o in replaced}
-        return frozenset(kept | {(node, hlc)})
-
-    def _rows_for(self, key: bytes, versions: list[Opened]) -> list[Row]:
-        wanted = {o.header.dot for o in versions}
-        return [r for r in self._store.versions_of(key) if (r.node, r.hlc) in wanted]
-
-    # -- device-local records (never synced) ------------------------------------------------------
-
-    def _put_local(
-        self, identity: Identity, key: bytes, scope: bytes, document: Any, deleted: bool
-    ) -> Context:
-        with self._write_transaction():
-            now = self._options.wall_clock_ms()
-            hlc = clock.tick(self._store.get_int("clock"), now)
-            node = self._node()
-            envelope = seal(
-                self._keys(),
-                identity,
-                hlc=hlc,
-                node=node,
-                vector={node: hlc},
-                deleted=deleted,
-                document=document,
-                nonce=self._options.random_bytes(12),
-            )
-            self._store.put_local(key, scope, envelope)
-            self._store.set_meta("clock", hlc)
-        self._publish(
-            [ChangeEvent("changed", "local", identity.profile, identity.collection, identity.id)]
-        )
-        return frozenset({(node, hlc)})
-
-    def _get_local(self, key: bytes) -> Record | None:
-        envelope = self._store.get_local(key)
-        if envelope is None:
-            return None
-        return record_from_siblings(
-            [self._open_rows(key, [_local_row(key, envelope)], b"")[0]], None
-        )
-
-    def _scan_local(self, scope: bytes, include_deleted: bool) -> list[Record]:
-        records = []
-        for key, envelope in self._store.local_in_scope(scope):
-            record = record_from_siblings(
-                self._open_rows(key, [_local_row(key, envelope)], scope), None
-            )
-            if include_deleted or not record.deleted:
-                records.append(record)
-        return records
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Group writes into one transaction: all of them land, or none (and one fsync)."""
+        with self._core.mutex, self._core.write_transaction():
+            yield
 
     # -- freshness locks and held versions ------------------------------------------------------
 
@@ -636,173 +408,50 @@ class Replica:
         id: str | None = None,
         duration_s: float | None = None,
     ) -> int:
-        """Hold inbound versions of a profile, a collection in it, or one record; returns a lock id."""
-        duration_s = self._options.max_lock_s if duration_s is None else duration_s
-        if not 0 < duration_s <= self._options.max_lock_s:
-            raise InvalidArgumentError(
-                f"lock duration {duration_s} s outside (0, {self._options.max_lock_s}]"
-            )
-        with self._mutex:
-            keys = self._keys()
-            check_name("profile", profile)
-            if id is not None:
-                if collection is None:
-                    raise InvalidArgumentError("a record lock needs its collection")
-                _, identity = self._resolve(collection, id, profile)
-                kind, target = "record", opaque_key(keys.index_key, identity)
-            elif collection is not None:
-                self._schema.require(check_name("collection", collection))
-                kind, target = "collection", scope_key(keys, profile, collection)
-            else:
-                kind, target = "profile", profile_key(self._opener_or_raise(), profile)
-            with self._write_transaction():
-                expires = self._options.wall_clock_ms() + int(duration_s * 1000)
-                return self._store.add_lock(kind, target, expires)
+        """Hold every inbound version of a profile, a collection in it, or one record until
+        `release_lock` or the duration ends (at most `max_lock_s`); returns the lock's id."""
+        with self._core.mutex:
+            return held.lock_scope(self._core, profile, collection, id, duration_s)
 
     def release_lock(self, lock_id: int) -> None:
-        """End an explicit lock now; the versions it held are merged as if just arrived."""
-        with self._mutex:
-            with self._write_transaction():
-                self._store.delete_lock(lock_id)
-            self._recheck_held(("lock",))
+        """End an explicit lock now; the versions it held merge as if they had just arrived."""
+        with self._core.mutex:
+            held.release_lock(self._core, lock_id)
 
     def accept_held(self) -> int:
-        """Merge versions held for drift now (the user trusts the sender's clock)."""
-        with self._mutex:
-            self._keys()
-            with self._write_transaction():
-                rows = self._store.held_rows(("drift",))
-                self._store.unhold(rows)
-                state = self._store.get_int("clock")
-                for row in rows:
-                    state = max(state, row.hlc)
-                self._store.set_meta("clock", state)
-                result = self._merge(
-                    [r.envelope for r in rows], now_ms=None, accept_drift=True, source="held"
-                )
-            self._publish(_released(result))
-            return len(rows)
+        """Merge the versions held for drift now (the user trusts the sender's clock)."""
+        with self._core.mutex:
+            return held.accept_held(self._core)
 
     def release_due(self) -> None:
-        """Merge held versions whose lock ended or whose time came (every read and write does this)."""
-        with self._mutex:
-            self._release_due()
+        """Merge held versions whose lock ended or whose time came (reads and writes do this)."""
+        with self._core.mutex:
+            self._core.release_due()
 
-    def _release_due(self, now: int | None = None) -> None:
-        now = self._options.wall_clock_ms() if now is None else now
-        due = self._store.next_release_ms()
-        if due is not None and due <= now and self._opener is not None:
-            self._recheck_held(("drift", "lock"), now)
-
-    def _recheck_held(self, reasons: tuple[str, ...], now: int | None = None) -> None:
-        if self._opener is None:
-            return
-        with self._write_transaction():
-            rows = self._store.held_rows(reasons)
-            if not rows:
-                return
-            self._store.unhold(rows)
-            result = self._merge([r.envelope for r in rows], now_ms=now, source="held")
-        self._publish(_released(result))
-
-    def _merge(
-        self,
-        envelopes: list[bytes],
-        *,
-        now_ms: int | None,
-        source: str,
-        accept_drift: bool = False,
-    ) -> InboundResult:
-        """Merge inbound envelopes inside the caller's transaction."""
-        now = self._options.wall_clock_ms() if now_ms is None else now_ms
-        options = self._options
-        if accept_drift:
-            options = replace(options, max_drift_ms=1 << 62)
-        ctx = InboundContext(self._store, self._opener, self._schema, self._node(), options)
-        return merge_inbound(ctx, envelopes, now, source)
-
-    @contextmanager
-    def batch(self) -> Iterator[None]:
-        """Group writes into one transaction: all of them land, or none (and one fsync)."""
-        with self._mutex, self._write_transaction():
-            yield
+    # -- sync, status and subscriptions ---------------------------------------------------------
 
     def sync_session(
         self, *, max_batch_count: int = 1000, max_batch_bytes: int = 4 << 20
     ) -> SyncSession:
         """A sans-I/O sync session over this replica (see replica.sync)."""
-        return SyncSession(self, max_batch_count=max_batch_count, max_batch_bytes=max_batch_bytes)
-
-    # -- status and subscriptions ---------------------------------------------------------------
+        return SyncSession(
+            self._core, max_batch_count=max_batch_count, max_batch_bytes=max_batch_bytes
+        )
 
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
         """Call `callback` with each ChangeEvent after its transaction commits; returns unsubscribe."""
-        return self._subscribers.add(callback)
+        return self._core.subscribers.add(callback)
 
     def status(self) -> Status:
-        with self._mutex:
-            self._check_open()
-            return read_status(self._store, locked=self._opener is None, node=self._node())
-
-    # -- internals ------------------------------------------------------------------------------
-
-    def _resolve(self, collection: str, id: str, profile: str) -> tuple[Collection, Identity]:
-        check_name("collection", collection)
-        check_name("id", id)
-        check_name("profile", profile)
-        spec = self._schema.require(collection)
-        if spec.policy == "register" and id != REGISTER_ID:
-            raise InvalidArgumentError(
-                f"collection {collection!r} is a register: its only id is {REGISTER_ID!r}, got {id!r}"
-            )
-        return spec, Identity(profile, collection, id)
-
-    def _scope(self, identity: Identity) -> bytes:
-        return scope_key(self._keys(), identity.profile, identity.collection)
-
-    def _node(self) -> int:
-        return self._store.get_int("node")
-
-    def _bundle(self) -> KeyBundle:
-        self._check_open()
-        data = self._store.get_bytes("bundle")
-        if data is None:
-            raise StoreError(f"{self._store.path} holds no key bundle")
-        return bundle_from_bytes(data)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ReplicaClosedError("the replica is closed")
-
-    def _opener_or_raise(self) -> Opener:
-        self._check_open()
-        if self._opener is None:
-            raise ReplicaLockedError("the replica is locked", hint="unlock it first")
-        return self._opener
-
-    def _keys(self) -> AccountKeys:
-        return self._opener_or_raise().keys
+        core = self._core
+        with core.mutex:
+            core.check_open()
+            return read_status(core.store, locked=core.opener is None, node=core.node())
 
 
-def _local_row(key: bytes, envelope: bytes) -> Row:
-    try:
-        header = parse_header(envelope)
-    except ProtocolError:
-        return Row(key, 0, 0, envelope)
-    return Row(key, header.node, header.hlc, envelope)
-
-
-def _released(result: InboundResult) -> list[ChangeEvent]:
-    return [
-        ChangeEvent("released", e.origin, e.profile, e.collection, e.id)
-        if e.kind == "changed"
-        else e
-        for e in result.events
-    ]
-
-
-def _new_node(options: ReplicaOptions, avoid: int) -> int:
+def new_node_id(options: ReplicaOptions) -> int:
+    """A random, non-zero 64-bit node id."""
     while True:
         node = int.from_bytes(options.random_bytes(8), "big")
-        if node not in (0, avoid):
+        if node:
             return node

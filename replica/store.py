@@ -41,6 +41,7 @@ _MIGRATIONS: tuple[str, ...] = (
         id INTEGER PRIMARY KEY, kind TEXT NOT NULL, target BLOB NOT NULL,
         expires_ms INTEGER NOT NULL, dot_node INTEGER, dot_hlc INTEGER);
     CREATE INDEX locks_by_target ON locks (target);
+    CREATE INDEX locks_by_expiry ON locks (expires_ms);
     CREATE TABLE local (
         key BLOB PRIMARY KEY, scope BLOB NOT NULL, envelope BLOB NOT NULL) WITHOUT ROWID;
     CREATE TABLE quarantine (
@@ -364,6 +365,14 @@ class Store:
         )
         return int(cursor.lastrowid or 0)
 
+    def replace_auto_lock(
+        self, key: bytes, now_ms: int, expires_ms: int, dot: tuple[int, int]
+    ) -> None:
+        """The automatic lock of a record follows its latest local write; expired ones go."""
+        self.db.execute("DELETE FROM locks WHERE kind = 'auto' AND target = ?", (key,))
+        self.db.execute("DELETE FROM locks WHERE expires_ms <= ?", (now_ms,))
+        self.add_lock("auto", key, expires_ms, dot)
+
     def active_locks(self, now_ms: int) -> list[Lock]:
         rows = self.db.execute(
             "SELECT id, kind, target, expires_ms, dot_node, dot_hlc FROM locks WHERE expires_ms > ?",
@@ -376,9 +385,6 @@ class Store:
 
     def delete_lock(self, lock_id: int) -> bool:
         return self.db.execute("DELETE FROM locks WHERE id = ?", (lock_id,)).rowcount > 0
-
-    def delete_expired_locks(self, now_ms: int) -> int:
-        return self.db.execute("DELETE FROM locks WHERE expires_ms <= ?", (now_ms,)).rowcount
 
     # -- local (device-only) records ----------------------------------------------------------
 

@@ -25,7 +25,9 @@ from replica.store import Row
 from replica.wire import Page, PushBatch, PushResult, RelayState, parse_header
 
 if TYPE_CHECKING:
-    from replica.replica import Replica
+    from replica.core import Core
+
+    pass
 
 DEFAULT_BATCH_COUNT = 1000
 DEFAULT_BATCH_BYTES = 4 * 1024 * 1024
@@ -57,7 +59,7 @@ class SyncSession:
 
     def __init__(
         self,
-        replica: Replica,
+        core: Core,
         *,
         max_batch_count: int = DEFAULT_BATCH_COUNT,
         max_batch_bytes: int = DEFAULT_BATCH_BYTES,
@@ -66,8 +68,8 @@ class SyncSession:
             raise InvalidArgumentError(
                 f"batch bounds must be ≥ 1, got {max_batch_count} envelopes / {max_batch_bytes} bytes"
             )
-        self._replica = replica
-        self._store = replica._store
+        self._core = core
+        self._store = core.store
         self._max_count = max_batch_count
         self._max_bytes = max_batch_bytes
         self._after: dict[str, tuple[bytes, int, int] | None] = {"versions": None, "held": None}
@@ -76,7 +78,7 @@ class SyncSession:
 
     def next_batch(self) -> PushBatch | None:
         """The next dirty versions to push (each once per pass), or None when the pass is done."""
-        with self._replica._mutex:
+        with self._core.mutex:
             for table in ("versions", "held"):
                 rows = self._store.rows_to_push(table, self._max_count, self._after[table])
                 if rows:
@@ -97,7 +99,7 @@ class SyncSession:
                 f"{len(result.receipts)} receipts for {len(batch.envelopes)} envelopes"
             )
         seqs = [r.seq for r in result.receipts if r.seq is not None]
-        with self._replica._mutex, self._store.transaction():
+        with self._core.mutex, self._store.transaction():
             self._check_state(result.state, max(seqs, default=0))
             confirmed: list[tuple[bytes, int, int]] = []
             refused: dict[str, int] = {}
@@ -120,7 +122,7 @@ class SyncSession:
     @property
     def cursor(self) -> int:
         """Pull from here: every version with a higher seq is yet to be merged."""
-        with self._replica._mutex:
+        with self._core.mutex:
             return self._store.get_int("cursor")
 
     def apply_page(self, page: Page) -> Applied:
@@ -129,22 +131,19 @@ class SyncSession:
         A duplicated, reordered or stale page still merges (merging is idempotent and
         order-free) but never moves the cursor past versions it has not seen.
         """
-        replica = self._replica
+        core = self._core
         top_seq = max((e.seq for e in page.entries), default=0)
-        with replica._mutex:
-            with replica._write_transaction():
-                self._check_state(page.state, top_seq)
-                now = replica._options.wall_clock_ms()
-                result = replica._merge(
-                    [e.envelope for e in page.entries], now_ms=now, source="pull"
-                )
-                cursor = self._store.get_int("cursor")
-                advanced = page.cursor == cursor and page.next_cursor >= cursor
-                if advanced:
-                    cursor = page.next_cursor
-                    self._store.set_meta("cursor", cursor)
-                self._note_sync(result.max_hlc, now)
-            replica._publish(result.events)
+        with core.mutex, core.write_transaction():
+            self._check_state(page.state, top_seq)
+            now = core.options.wall_clock_ms()
+            result = core.merge([e.envelope for e in page.entries], now_ms=now, source="pull")
+            cursor = self._store.get_int("cursor")
+            advanced = page.cursor == cursor and page.next_cursor >= cursor
+            if advanced:
+                cursor = page.next_cursor
+                self._store.set_meta("cursor", cursor)
+            self._note_sync(result.max_hlc, now)
+            core.publish(result.events)
         return Applied(
             merged=result.merged,
             superseded=result.superseded,
@@ -165,7 +164,7 @@ class SyncSession:
 
     def check_relay_state(self, state: RelayState) -> None:
         """Raise `RollbackError` if `state` shows a wiped or rolled-back relay; adopt it first time."""
-        with self._replica._mutex, self._store.transaction():
+        with self._core.mutex, self._store.transaction():
             self._check_state(state, 0)
 
     def _check_state(self, state: RelayState, seen_seq: int) -> None:
@@ -195,7 +194,7 @@ class SyncSession:
 
     def reseed(self) -> None:
         """Mark every version (held ones too) for pushing, reset the cursor, forget the relay."""
-        with self._replica._mutex, self._store.transaction():
+        with self._core.mutex, self._store.transaction():
             self._store.mark_all_for_push()
             for name in ("cursor", "max_seq_seen", "relay_state"):
                 self._store.delete_meta(name)

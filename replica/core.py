@@ -1,0 +1,225 @@
+"""The shared state of an open replica and the internals every operation needs.
+
+`Replica` (the public API), `write`, `held`, `sync` and `repair` all work through one `Core`:
+the store, the keys (absent while locked), the schema, the mutex that makes the API
+thread-safe, and the two rules every write transaction follows — degraded latches found inside
+it are persisted even if it rolls back, and subscribers hear of its changes only once it commits.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+
+from replica.envelope import Identity, Opened, scope_key
+from replica.errors import (
+    DegradedError,
+    EnvelopeError,
+    InvalidArgumentError,
+    ReplicaClosedError,
+    ReplicaLockedError,
+    StoreError,
+    UnknownEpochError,
+)
+from replica.events import ChangeEvent, Subscribers
+from replica.inbound import InboundContext, InboundResult, merge_inbound
+from replica.keys import AccountKeys, KeyBundle, bundle_from_bytes
+from replica.limits import check_name
+from replica.opener import Opener
+from replica.options import ReplicaOptions
+from replica.schema import REGISTER_ID, Collection, Schema, schema_from_bytes, schema_to_bytes
+from replica.store import Row, Store
+
+DegradedMark = tuple[bytes, bytes | None, str]
+
+
+class Core:
+    """One open replica file's state; every method expects the caller to hold `mutex`."""
+
+    def __init__(self, store: Store, options: ReplicaOptions) -> None:
+        self.store = store
+        self.options = options
+        self.mutex = threading.RLock()
+        self.opener: Opener | None = None
+        self.subscribers = Subscribers()
+        self.closed = False
+        self._degraded_pending: list[DegradedMark] = []
+        self._pending_events: list[ChangeEvent] = []
+        self._scopes: dict[tuple[str, str], bytes] = {}
+        schema_bytes = store.get_bytes("schema")
+        self.schema = schema_from_bytes(schema_bytes) if schema_bytes else Schema(())
+
+    # -- transactions and events ----------------------------------------------------------------
+
+    @contextmanager
+    def write_transaction(self) -> Iterator[None]:
+        """A write transaction; when the outermost one ends, degraded latches found inside it
+        are persisted (even on rollback) and its events published (only on commit)."""
+        outermost = not self.store.in_transaction
+        committed = False
+        try:
+            with self.store.transaction():
+                yield
+            committed = True
+        finally:
+            if outermost:
+                events, self._pending_events = self._pending_events, []
+                self._persist_degraded()
+                if committed:
+                    self.subscribers.publish(events)
+
+    def _persist_degraded(self) -> None:
+        if self._degraded_pending:
+            pending, self._degraded_pending = self._degraded_pending, []
+            with self.store.transaction():
+                for key, scope, reason in pending:
+                    self.store.mark_degraded(key, scope, reason)
+
+    def publish(self, events: list[ChangeEvent]) -> None:
+        """Tell subscribers now, or when the enclosing write transaction commits."""
+        if self.store.in_transaction:
+            self._pending_events.extend(events)
+        else:
+            self.subscribers.publish(events)
+
+    # -- keys, identity, schema -----------------------------------------------------------------
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise ReplicaClosedError("the replica is closed")
+
+    def opener_or_raise(self) -> Opener:
+        self.check_open()
+        if self.opener is None:
+            raise ReplicaLockedError("the replica is locked", hint="unlock it first")
+        return self.opener
+
+    def keys(self) -> AccountKeys:
+        return self.opener_or_raise().keys
+
+    def node(self) -> int:
+        return self.store.get_int("node")
+
+    def bundle(self) -> KeyBundle:
+        self.check_open()
+        data = self.store.get_bytes("bundle")
+        if data is None:
+            raise StoreError(f"{self.store.path} holds no key bundle")
+        return bundle_from_bytes(data)
+
+    def set_schema(self, schema: Schema) -> None:
+        self.store.set_meta("schema", schema_to_bytes(schema))
+        self.schema = schema
+
+    def resolve(self, collection: str, id: str, profile: str) -> tuple[Collection, Identity]:
+        """Validate a record's names against the bounds and the schema."""
+        check_name("collection", collection)
+        check_name("id", id)
+        check_name("profile", profile)
+        spec = self.schema.require(collection)
+        if spec.policy == "register" and id != REGISTER_ID:
+            raise InvalidArgumentError(
+                f"collection {collection!r} is a register: its only id is {REGISTER_ID!r}, "
+                f"got {id!r}"
+            )
+        return spec, Identity(profile, collection, id)
+
+    def scope(self, profile: str, collection: str) -> bytes:
+        """The local index key of a collection in a profile (cached: an HMAC per call adds up)."""
+        scope = self._scopes.get((profile, collection))
+        if scope is None:
+            scope = self._scopes[(profile, collection)] = scope_key(
+                self.keys(), profile, collection
+            )
+        return scope
+
+    def forget_keys(self) -> None:
+        if self.opener is not None:
+            self.opener.keys.drop()
+            self.opener.forget()
+            self.opener = None
+        self._scopes.clear()
+
+    # -- reading versions, failing closed -------------------------------------------------------
+
+    def open_rows(self, key: bytes, rows: list[Row], scope: bytes | None) -> list[Opened]:
+        """Open every sibling, or latch the record degraded (persisted) and raise."""
+        if self.store.is_degraded(key):
+            raise DegradedError(
+                "a record is degraded: one of its versions cannot be opened",
+                hint="run repair to quarantine the unreadable versions",
+            )
+        opener = self.opener_or_raise()
+        try:
+            return [opener.open_row(row) for row in rows]
+        except (EnvelopeError, UnknownEpochError) as exc:
+            self.mark_degraded(key, scope, str(exc))
+            raise DegradedError(
+                f"a record cannot be opened: {exc}", hint="run repair to quarantine it"
+            ) from exc
+
+    def open_siblings(self, key: bytes, scope: bytes) -> list[Opened]:
+        return self.open_rows(key, self.store.versions_of(key), scope)
+
+    def mark_degraded(self, key: bytes, scope: bytes | None, reason: str) -> None:
+        """Latch a record degraded; inside a transaction that is about to roll back, later."""
+        self._degraded_pending.append((key, scope, reason))
+        if not self.store.in_transaction:
+            self._persist_degraded()
+
+    # -- inbound versions and held ones ---------------------------------------------------------
+
+    def merge(
+        self, envelopes: list[bytes], *, now_ms: int | None, source: str, accept_drift: bool = False
+    ) -> InboundResult:
+        """Merge inbound envelopes inside the caller's transaction."""
+        now = self.options.wall_clock_ms() if now_ms is None else now_ms
+        options = self.options
+        if accept_drift:
+            options = replace(options, max_drift_ms=1 << 62)
+        ctx = InboundContext(self.store, self.opener, self.schema, self.node(), options)
+        return merge_inbound(ctx, envelopes, now, source)
+
+    def recheck_held(self, reasons: tuple[str, ...], now: int | None = None) -> None:
+        """Take held versions of these reasons out and merge them again: what still needs
+        holding is held again, the rest merges as if it had just arrived."""
+        if self.opener is None:
+            return
+        with self.write_transaction():
+            rows = self.store.held_rows(reasons)
+            if not rows:
+                return
+            self.store.unhold(rows)
+            result = self.merge([r.envelope for r in rows], now_ms=now, source="held")
+            self.publish(released_events(result))
+
+    def release_due(self, now: int | None = None) -> None:
+        """Merge held versions whose lock ended or whose time came."""
+        now = self.options.wall_clock_ms() if now is None else now
+        due = self.store.next_release_ms()
+        if due is not None and due <= now and self.opener is not None:
+            self.recheck_held(("drift", "lock"), now)
+
+
+def rows_by_key(rows: Iterator[Row]) -> Iterator[tuple[bytes, list[Row]]]:
+    """Group rows sorted by key into (key, rows) runs."""
+    current: list[Row] = []
+    for row in rows:
+        if current and row.key != current[0].key:
+            yield current[0].key, current
+            current = []
+        current.append(row)
+    if current:
+        yield current[0].key, current
+
+
+def released_events(result: InboundResult) -> list[ChangeEvent]:
+    """A held version that merges is announced as released, not as a plain change."""
+    return [
+        ChangeEvent("released", e.origin, e.profile, e.collection, e.id)
+        if e.kind == "changed"
+        else e
+        for e in result.events
+    ]

@@ -1,0 +1,200 @@
+"""Local writes: a new version of a record, sealed and stored in one transaction.
+
+The clock, the node id and the record's siblings are read inside the same `BEGIN IMMEDIATE`
+transaction that stores the version, so two processes on one file cannot collide. Which
+siblings a write replaces is its causal context (DESIGN §4); the new vector is theirs merged
+plus the new dot. Every sibling is opened first: a write that could clobber unreadable data is
+refused (fail closed). Device-local collections (drafts) keep one version per record in their
+own table and never leave the device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from replica import clock
+from replica.core import Core, rows_by_key
+from replica.envelope import Identity, Opened, opaque_key, seal
+from replica.errors import InvalidArgumentError, ItemLimitError, ProtocolError, StaleContextError
+from replica.events import ChangeEvent
+from replica.merge import local_vector
+from replica.record import Context, Record, record_from_siblings
+from replica.schema import DEFAULT_PROFILE, PROFILES_COLLECTION, Collection
+from replica.store import Row
+from replica.wire import parse_header
+
+
+def write_record(
+    core: Core,
+    identity: Identity,
+    document: Any,
+    *,
+    deleted: bool,
+    context: Context | None,
+    if_unchanged: bool,
+) -> Context:
+    """Store a new version of `identity`; return the record's context after the write."""
+    spec, _ = core.resolve(identity.collection, identity.id, identity.profile)
+    if identity.collection != PROFILES_COLLECTION:
+        check_profile(core, identity.profile)
+    key = opaque_key(core.keys().index_key, identity)
+    scope = core.scope(identity.profile, identity.collection)
+    if spec.policy == "local":
+        return _write_local(core, identity, key, scope, document, deleted)
+    with core.write_transaction():
+        now = core.options.wall_clock_ms()
+        core.release_due(now)
+        siblings = core.open_siblings(key, scope)
+        replaced = _replaced(core, siblings, context, if_unchanged)
+        if spec.max_items is not None and not deleted:
+            _check_item_limit(core, spec, siblings, scope)
+        new_context = _seal_and_store(
+            core, identity, key, scope, spec, siblings, replaced, document, deleted, now
+        )
+        core.publish([ChangeEvent("changed", "local", *_names(identity))])
+    return new_context
+
+
+def _names(identity: Identity) -> tuple[str, str, str]:
+    return identity.profile, identity.collection, identity.id
+
+
+def check_profile(core: Core, profile: str) -> None:
+    """Writes go only to profiles that exist (created with `Replica.create_profile`)."""
+    if profile == DEFAULT_PROFILE:
+        return
+    key = opaque_key(core.keys().index_key, Identity(DEFAULT_PROFILE, PROFILES_COLLECTION, profile))
+    rows = core.store.versions_of(key)
+    scope = core.scope(DEFAULT_PROFILE, PROFILES_COLLECTION)
+    if not rows or record_from_siblings(core.open_rows(key, rows, scope), None).deleted:
+        raise InvalidArgumentError(
+            f"profile {profile!r} does not exist", hint="create it with create_profile"
+        )
+
+
+def _replaced(
+    core: Core, siblings: list[Opened], context: Context | None, if_unchanged: bool
+) -> list[Opened]:
+    current = frozenset(o.header.dot for o in siblings)
+    if context is None:
+        return siblings
+    if if_unchanged and current != context:
+        raise StaleContextError(
+            f"record changed since it was read: {len(current - context)} new sibling(s)",
+            hint="read it again and reapply the change",
+        )
+    node = core.node()
+    if any(o.header.node == node and o.header.dot not in context for o in siblings):
+        # A device's writes to one record must form a causal chain, or a later write's
+        # vector would cover an earlier one it never saw (see replica.merge).
+        raise StaleContextError(
+            "record was written on this device since it was read", hint="read it again"
+        )
+    return [o for o in siblings if o.header.dot in context]
+
+
+def _check_item_limit(core: Core, spec: Collection, siblings: list[Opened], scope: bytes) -> None:
+    """`max_items` bounds local additions only; merges never drop an item."""
+    if siblings and not record_from_siblings(siblings, spec.tiebreak).deleted:
+        return
+    live = sum(
+        1
+        for key, rows in rows_by_key(core.store.versions_in_scope(scope))
+        if not record_from_siblings(core.open_rows(key, rows, scope), None).deleted
+    )
+    if spec.max_items is not None and live >= spec.max_items:
+        raise ItemLimitError(
+            f"collection {spec.name!r} holds {live} items, max_items {spec.max_items}",
+            hint="delete an item first",
+        )
+
+
+def _seal_and_store(
+    core: Core,
+    identity: Identity,
+    key: bytes,
+    scope: bytes,
+    spec: Collection,
+    siblings: list[Opened],
+    replaced: list[Opened],
+    document: Any,
+    deleted: bool,
+    now: int,
+) -> Context:
+    store = core.store
+    node = core.node()
+    hlc = clock.tick(store.get_int("clock"), now)
+    vector = local_vector([o.header for o in replaced], node, hlc)
+    envelope = seal(
+        core.keys(),
+        identity,
+        hlc=hlc,
+        node=node,
+        vector=vector,
+        deleted=deleted,
+        document=document,
+        nonce=core.options.random_bytes(12),
+    )
+    replaced_dots = {o.header.dot for o in replaced}
+    if spec.history and replaced:
+        old = [r for r in store.versions_of(key) if (r.node, r.hlc) in replaced_dots]
+        store.add_history(old, now, spec.history)
+    store.delete_versions([Row(key, node_, hlc_, b"") for node_, hlc_ in replaced_dots])
+    store.insert_versions([(Row(key, node, hlc, envelope), scope, True)])
+    store.set_meta("clock", hlc)
+    window_s = core.options.freshness_window_s
+    if window_s > 0:
+        store.replace_auto_lock(key, now, now + int(window_s * 1000), (node, hlc))
+    kept = {o.header.dot for o in siblings} - replaced_dots
+    return frozenset(kept | {(node, hlc)})
+
+
+# -- device-local records (never synced) ----------------------------------------------------------
+
+
+def _write_local(
+    core: Core, identity: Identity, key: bytes, scope: bytes, document: Any, deleted: bool
+) -> Context:
+    with core.write_transaction():
+        now = core.options.wall_clock_ms()
+        hlc = clock.tick(core.store.get_int("clock"), now)
+        node = core.node()
+        envelope = seal(
+            core.keys(),
+            identity,
+            hlc=hlc,
+            node=node,
+            vector={node: hlc},
+            deleted=deleted,
+            document=document,
+            nonce=core.options.random_bytes(12),
+        )
+        core.store.put_local(key, scope, envelope)
+        core.store.set_meta("clock", hlc)
+        core.publish([ChangeEvent("changed", "local", *_names(identity))])
+    return frozenset({(node, hlc)})
+
+
+def get_local(core: Core, key: bytes, scope: bytes) -> Record | None:
+    envelope = core.store.get_local(key)
+    if envelope is None:
+        return None
+    return record_from_siblings(core.open_rows(key, [local_row(key, envelope)], scope), None)
+
+
+def scan_local(core: Core, scope: bytes, include_deleted: bool) -> list[Record]:
+    records = []
+    for key, envelope in core.store.local_in_scope(scope):
+        record = record_from_siblings(core.open_rows(key, [local_row(key, envelope)], scope), None)
+        if include_deleted or not record.deleted:
+            records.append(record)
+    return records
+
+
+def local_row(key: bytes, envelope: bytes) -> Row:
+    """A local record's row: its dot comes from its own header (or none if that is damaged)."""
+    try:
+        header = parse_header(envelope)
+    except ProtocolError:
+        return Row(key, 0, 0, envelope)
+    return Row(key, header.node, header.hlc, envelope)

@@ -24,6 +24,7 @@ from replica.events import ChangeEvent
 from replica.keys import NewAccount
 from replica.options import ReplicaOptions
 from replica.record import Context, Record, Version
+from replica.repair import Diagnosis, Finding, RepairReport
 from replica.replica import Replica
 from replica.schema import DEFAULT_PROFILE, REGISTER_ID, Collection, Schema
 from replica.status import Status
@@ -39,7 +40,9 @@ __all__ = [
     "Collection",
     "Context",
     "DegradedError",
+    "Diagnosis",
     "EnvelopeError",
+    "Finding",
     "InvalidArgumentError",
     "ItemLimitError",
     "KdfParametersError",
@@ -54,6 +57,7 @@ __all__ = [
     "Record",
     "RelayState",
     "RepairRefusedError",
+    "RepairReport",
     "Replica",
     "ReplicaClosedError",
     "ReplicaLockedError",

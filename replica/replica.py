@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from replica import held, write
+from replica import held, repair, write
 from replica.core import Core, rows_by_key
 from replica.envelope import Identity, opaque_key
 from replica.errors import DegradedError, StaleContextError, StoreError
@@ -40,6 +40,7 @@ from replica.limits import check_document, check_name
 from replica.opener import Opener
 from replica.options import ReplicaOptions
 from replica.record import Context, Record, Version, record_from_siblings
+from replica.repair import Diagnosis, RepairReport
 from replica.schema import (
     DEFAULT_PROFILE,
     PROFILES_COLLECTION,
@@ -427,6 +428,34 @@ class Replica:
         """Merge held versions whose lock ended or whose time came (reads and writes do this)."""
         with self._core.mutex:
             self._core.release_due()
+
+    # -- fail closed: diagnose, repair, clear ----------------------------------------------------
+
+    def diagnose(self) -> Diagnosis:
+        """Open every stored row and report the unreadable ones (changes nothing)."""
+        with self._core.mutex:
+            return repair.diagnose(self._core)
+
+    def repair(self, *, force: bool = False) -> RepairReport:
+        """Quarantine unreadable rows verbatim and unlatch degraded records.
+
+        Refuses (`RepairRefusedError`) when more than half the rows are undecryptable — a key
+        mismatch, not damage — unless `force`.
+        """
+        with self._core.mutex:
+            return repair.repair(self._core, force=force)
+
+    def clear(self, collection: str, *, profile: str = DEFAULT_PROFILE, force: bool = False) -> int:
+        """Empty a collection even while it is degraded: unreadable rows go to quarantine,
+        every readable record gets a tombstone. Returns the number of records deleted."""
+        core = self._core
+        with core.mutex, core.write_transaction():
+            core.schema.require(check_name("collection", collection))
+            repair.repair(core, force=force, scope=core.scope(profile, collection))
+            records = self.scan(collection, profile=profile)
+            for record in records:
+                self.delete(collection, record.id, profile=profile, context=record.context)
+            return len(records)
 
     # -- sync, status and subscriptions ---------------------------------------------------------
 

@@ -1,0 +1,148 @@
+"""Diagnose and repair a replica whose rows cannot all be opened (DESIGN §6, fail closed).
+
+Diagnosis opens every stored row and sorts each failure into *corrupt* (the bytes are not a
+well-formed envelope for that row: a damaged header, a truncated body, an envelope in another
+record's row) or *undecryptable* (well formed, but authentication fails: tampered, or sealed
+under another key). Repair moves the unreadable rows verbatim into the quarantine table with
+the reason, and unlatches the degraded records. When more than half of the rows are
+undecryptable the cause is almost surely a key mismatch, not damage: repair then refuses
+unless forced, and says to restore the matching key or backup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+from replica.core import Core
+from replica.errors import EnvelopeError, ProtocolError, RepairRefusedError, UnknownEpochError
+from replica.store import Row, node_from_sql, node_to_sql
+from replica.wire import parse_header
+from replica.write import local_row
+
+Damage = Literal["corrupt", "undecryptable"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One unreadable row: where it is, what is wrong, and why."""
+
+    table: str
+    row: Row
+    damage: Damage
+    reason: str
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    rows: int
+    findings: tuple[Finding, ...]
+    degraded_records: int
+
+    @property
+    def corrupt(self) -> int:
+        return sum(f.damage == "corrupt" for f in self.findings)
+
+    @property
+    def undecryptable(self) -> int:
+        return sum(f.damage == "undecryptable" for f in self.findings)
+
+    @property
+    def healthy(self) -> bool:
+        return not self.findings and self.degraded_records == 0
+
+    @property
+    def verdict(self) -> str:
+        if self.healthy:
+            return "healthy"
+        return "undecryptable" if self.undecryptable > self.corrupt else "corrupt"
+
+
+@dataclass(frozen=True)
+class RepairReport:
+    quarantined: int
+    unlatched_records: int
+
+
+def _stored_rows(core: Core, scope: bytes | None) -> Iterator[tuple[str, Row]]:
+    store = core.store
+    where, args = ("", ()) if scope is None else (" WHERE scope = ?", (scope,))
+    for key, node, hlc, envelope in store.db.execute(
+        f"SELECT key, node, hlc, envelope FROM versions{where}", args
+    ).fetchall():
+        yield "versions", Row(key, node_from_sql(node), hlc, envelope)
+    for key, envelope in store.db.execute(f"SELECT key, envelope FROM local{where}", args):
+        yield "local", local_row(key, envelope)
+    if scope is None:
+        for key, node, hlc, envelope in store.db.execute(
+            "SELECT key, node, hlc, envelope FROM history"
+        ).fetchall():
+            yield "history", Row(key, node_from_sql(node), hlc, envelope)
+
+
+def _check_row(core: Core, table: str, row: Row) -> Finding | None:
+    opener = core.opener_or_raise()
+    try:
+        header = parse_header(row.envelope)
+    except ProtocolError as exc:
+        return Finding(table, row, "corrupt", f"malformed header: {exc}")
+    if (header.key, header.node, header.hlc) != (row.key, row.node, row.hlc):
+        return Finding(table, row, "corrupt", "envelope does not belong to its row")
+    try:
+        opener.open(row.envelope, header)
+    except EnvelopeError as exc:
+        return Finding(table, row, "undecryptable", str(exc))
+    except UnknownEpochError as exc:
+        return Finding(table, row, "corrupt", str(exc))
+    return None
+
+
+def diagnose(core: Core, scope: bytes | None = None) -> Diagnosis:
+    """Open every stored row (of one scope, or all) and report the ones that fail."""
+    count = 0
+    findings = []
+    for table, row in _stored_rows(core, scope):
+        count += 1
+        finding = _check_row(core, table, row)
+        if finding is not None:
+            findings.append(finding)
+    return Diagnosis(count, tuple(findings), core.store.count_degraded())
+
+
+def repair(core: Core, *, force: bool = False, scope: bytes | None = None) -> RepairReport:
+    """Quarantine every unreadable row verbatim and unlatch the degraded records."""
+    with core.write_transaction():
+        diagnosis = diagnose(core, scope)
+        if diagnosis.undecryptable * 2 > diagnosis.rows and not force:
+            raise RepairRefusedError(
+                f"{diagnosis.undecryptable} of {diagnosis.rows} rows are undecryptable: "
+                "this looks like a key mismatch, not damage",
+                hint="unlock with the matching key or restore the matching backup; "
+                "force the repair only if you accept losing those rows to quarantine",
+            )
+        now = core.options.wall_clock_ms()
+        for finding in diagnosis.findings:
+            _quarantine_row(core, finding, now)
+        unlatched = core.store.count_degraded()
+        if scope is None:
+            core.store.clear_degraded()
+        else:
+            core.store.db.execute("DELETE FROM degraded WHERE scope = ?", (scope,))
+            unlatched -= core.store.count_degraded()
+    if core.opener is not None:
+        core.opener.forget()
+    return RepairReport(len(diagnosis.findings), unlatched)
+
+
+def _quarantine_row(core: Core, finding: Finding, now: int) -> None:
+    store, row = core.store, finding.row
+    reason = f"{finding.damage}: {finding.reason}"
+    store.quarantine(finding.table, row.key, row.envelope, reason, now)
+    if finding.table == "local":
+        store.db.execute("DELETE FROM local WHERE key = ?", (row.key,))
+    else:
+        store.db.execute(
+            f"DELETE FROM {finding.table} WHERE key = ? AND node = ? AND hlc = ?",
+            (row.key, node_to_sql(row.node), row.hlc),
+        )

@@ -197,9 +197,11 @@ class Core:
 
     def release_due(self, now: int | None = None) -> None:
         """Merge held versions whose lock ended or whose time came."""
+        if self.opener is None:  # locked or closed: nothing can be opened, so nothing merges
+            return
         now = self.options.wall_clock_ms() if now is None else now
         due = self.store.next_release_ms()
-        if due is not None and due <= now and self.opener is not None:
+        if due is not None and due <= now:
             self.recheck_held(("drift", "lock"), now)
 
 

@@ -79,7 +79,8 @@ def make_replica(tmp_path: Path, account: Account) -> Iterator[ReplicaFactory]:
 
     def make(name: str = "r", **option_values: object) -> Replica:
         options = ReplicaOptions(**option_values)  # type: ignore[arg-type]
-        replica = Replica.join(tmp_path / f"{name}.db", account.bundle, options=options)
+        path = tmp_path / f"{name}-{len(opened)}.db"  # unique across hypothesis examples too
+        replica = Replica.join(path, account.bundle, options=options)
         replica.unlock_with_key(account.key)
         opened.append(replica)
         return replica

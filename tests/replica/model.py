@@ -59,8 +59,12 @@ class Model:
         field_name = self.tiebreak_by_collection.get(record[1])
 
         def key(v: ModelVersion) -> tuple[Any, ...]:
-            value = v.document.get(field_name) if field_name and isinstance(v.document, dict) else None
-            tiebreak = (1, value) if isinstance(value, int) and not isinstance(value, bool) else (0, 0)
+            value = (
+                v.document.get(field_name) if field_name and isinstance(v.document, dict) else None
+            )
+            tiebreak = (
+                (1, value) if isinstance(value, int) and not isinstance(value, bool) else (0, 0)
+            )
             return (v.hlc, tiebreak, 0 if v.deleted else 1, v.node)
 
         return max(self.siblings(record), key=key)

@@ -44,13 +44,17 @@ DAY_MS = 24 * 3600 * 1000
 SKEWS_MS = [-DAY_MS, -3600_000, -60_000, 0, 0, 60_000, 3600_000, DAY_MS]
 IDS = ["a", "b", "c"]
 COLLECTIONS = ["notes", "threads", "personas"]
-SCHEMA = Schema((
-    Collection("notes", "lww"),
-    Collection("threads", "lww", tiebreak="message_count"),
-    Collection("personas", "per_item", max_items=2),
-))
+SCHEMA = Schema(
+    (
+        Collection("notes", "lww"),
+        Collection("threads", "lww", tiebreak="message_count"),
+        Collection("personas", "per_item", max_items=2),
+    )
+)
 REPLICAS = 3
-EXAMPLES = int(os.environ.get("SEALSYNC_CONVERGENCE_EXAMPLES", "200" if os.environ.get("CI") else "60"))
+EXAMPLES = int(
+    os.environ.get("SEALSYNC_CONVERGENCE_EXAMPLES", "200" if os.environ.get("CI") else "60")
+)
 
 _ACCOUNT: dict[str, Any] = {}
 
@@ -107,9 +111,7 @@ class ConvergenceMachine(RuleBasedStateMachine):
 
     @initialize(window_s=st.sampled_from([0.0, 10.0]))
     def make_devices(self, window_s: float) -> None:
-        self.devices = [
-            Device(self.folder, f"r{i}", self.clock, window_s) for i in range(REPLICAS)
-        ]
+        self.devices = [Device(self.folder, f"r{i}", self.clock, window_s) for i in range(REPLICAS)]
 
     def teardown(self) -> None:
         for device in self.devices:
@@ -118,8 +120,15 @@ class ConvergenceMachine(RuleBasedStateMachine):
 
     # -- local writes -------------------------------------------------------------------------
 
-    def _write(self, device: Device, collection: str, id: str, document: Any,
-               context: frozenset[tuple[int, int]] | None, if_unchanged: bool) -> None:
+    def _write(
+        self,
+        device: Device,
+        collection: str,
+        id: str,
+        document: Any,
+        context: frozenset[tuple[int, int]] | None,
+        if_unchanged: bool,
+    ) -> None:
         replica = device.replica
         replica.release_due()
         before = replica.get(collection, id)
@@ -128,14 +137,21 @@ class ConvergenceMachine(RuleBasedStateMachine):
             if document is None:
                 after = replica.delete(collection, id, context=context, if_unchanged=if_unchanged)
             else:
-                after = replica.put(collection, id, document, context=context,
-                                    if_unchanged=if_unchanged)
+                after = replica.put(
+                    collection, id, document, context=context, if_unchanged=if_unchanged
+                )
         except (StaleContextError, ItemLimitError):
             return
         (new_dot,) = [d for d in after if d not in current]
         replaced = sorted(current if context is None else current & set(context))
-        self.model.write(("default", collection, id), new_dot[0], new_dot[1], replaced,
-                         document is None, document)
+        self.model.write(
+            ("default", collection, id),
+            new_dot[0],
+            new_dot[1],
+            replaced,
+            document is None,
+            document,
+        )
 
     @rule(
         target=contexts,
@@ -153,13 +169,20 @@ class ConvergenceMachine(RuleBasedStateMachine):
         record = self.devices[device].replica.get(collection, id)
         return (device, collection, id, None if record is None else record.context)
 
-    @rule(device=st.integers(0, REPLICAS - 1), collection=st.sampled_from(COLLECTIONS),
-          id=st.sampled_from(IDS))
+    @rule(
+        device=st.integers(0, REPLICAS - 1),
+        collection=st.sampled_from(COLLECTIONS),
+        id=st.sampled_from(IDS),
+    )
     def delete(self, device: int, collection: str, id: str) -> None:
         self._write(self.devices[device], collection, id, None, None, False)
 
-    @rule(read=consumes(contexts), value=st.integers(0, 3), if_unchanged=st.booleans(),
-          delete=st.booleans())
+    @rule(
+        read=consumes(contexts),
+        value=st.integers(0, 3),
+        if_unchanged=st.booleans(),
+        delete=st.booleans(),
+    )
     def write_with_context(self, read: Any, value: int, if_unchanged: bool, delete: bool) -> None:
         device, collection, id, context = read
         if context is None:
@@ -169,9 +192,13 @@ class ConvergenceMachine(RuleBasedStateMachine):
 
     # -- locks, clocks, restarts --------------------------------------------------------------
 
-    @rule(device=st.integers(0, REPLICAS - 1), kind=st.sampled_from(["record", "collection", "profile"]),
-          collection=st.sampled_from(COLLECTIONS), id=st.sampled_from(IDS),
-          duration_s=st.sampled_from([1.0, 30.0, 600.0]))
+    @rule(
+        device=st.integers(0, REPLICAS - 1),
+        kind=st.sampled_from(["record", "collection", "profile"]),
+        collection=st.sampled_from(COLLECTIONS),
+        id=st.sampled_from(IDS),
+        duration_s=st.sampled_from([1.0, 30.0, 600.0]),
+    )
     def lock(self, device: int, kind: str, collection: str, id: str, duration_s: float) -> None:
         d = self.devices[device]
         lock_id = d.replica.lock_scope(
@@ -214,8 +241,11 @@ class ConvergenceMachine(RuleBasedStateMachine):
     def push(self, device: int) -> None:
         push_all(self.devices[device], self.relay)
 
-    @rule(device=st.integers(0, REPLICAS - 1),
-          mode=st.sampled_from(["normal", "duplicate", "reorder", "drop"]), seed=st.integers(0, 9))
+    @rule(
+        device=st.integers(0, REPLICAS - 1),
+        mode=st.sampled_from(["normal", "duplicate", "reorder", "drop"]),
+        seed=st.integers(0, 9),
+    )
     def pull(self, device: int, mode: str, seed: int) -> None:
         d = self.devices[device]
         pages = fetch_pages(self.relay, d.session.cursor)
@@ -263,10 +293,15 @@ class ConvergenceMachine(RuleBasedStateMachine):
                 assert got is not None, record
                 assert got.context == frozenset(v.dot for v in expected), (record, d.path)
                 assert (got.node, got.hlc, got.deleted, got.document) == (
-                    visible.node, visible.hlc, visible.deleted, visible.document
+                    visible.node,
+                    visible.hlc,
+                    visible.deleted,
+                    visible.document,
                 )
                 others = {(v.node, v.hlc, v.deleted, _freeze(v.document)) for v in expected}
-                others.discard((visible.node, visible.hlc, visible.deleted, _freeze(visible.document)))
+                others.discard(
+                    (visible.node, visible.hlc, visible.deleted, _freeze(visible.document))
+                )
                 conflicts = {(c.node, c.hlc, c.deleted, _freeze(c.document)) for c in got.conflicts}
                 assert conflicts == others, (record, d.path)
 

@@ -1,0 +1,30 @@
+"""Small helpers shared by replica tests: pages made by hand, envelopes a replica wrote."""
+
+from __future__ import annotations
+
+from replica import Page, PageEntry, PushResult, Receipt, RelayState, Replica
+
+STATE = RelayState(storage_id="s", account_epoch="e", head=1 << 40)
+
+
+def page_of(envelopes: list[bytes], cursor: int = 0, *, state: RelayState = STATE) -> Page:
+    """A page with consecutive seqs after `cursor`."""
+    entries = [PageEntry(cursor + i + 1, e) for i, e in enumerate(envelopes)]
+    return Page(cursor, entries, cursor + len(entries), False, state)
+
+
+def apply(replica: Replica, envelopes: list[bytes]) -> None:
+    """Merge envelopes into `replica` as one page that starts at its cursor."""
+    session = replica.sync_session()
+    session.apply_page(page_of(envelopes, session.cursor))
+
+
+def dirty_envelopes(replica: Replica) -> list[bytes]:
+    """Every envelope `replica` has not pushed yet, marking them pushed."""
+    session = replica.sync_session()
+    out: list[bytes] = []
+    while (batch := session.next_batch()) is not None:
+        out.extend(batch.envelopes)
+        receipts = [Receipt("stored", seq=1) for _ in batch.envelopes]
+        session.acknowledge(batch, PushResult(receipts, STATE))
+    return out

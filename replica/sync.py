@@ -169,7 +169,7 @@ class SyncSession:
 
     def _check_state(self, state: RelayState, seen_seq: int) -> None:
         stored = self._store.get_bytes("relay_state")
-        high = self._store.get_int("max_seq_seen")
+        high = max(self._store.get_int("max_seq_seen"), self._store.get_int("cursor"))
         if stored is not None:
             known = msgspec.msgpack.decode(stored, type=RelayState)
             if known.storage_id != state.storage_id:

@@ -1,0 +1,153 @@
+"""Freshness locks and drift holds (DESIGN §3, §5; specs/replica.md §held)."""
+
+from __future__ import annotations
+
+from replica import ChangeEvent, Record
+from replica.clock import hlc_ms
+from tests.conftest import FakeClock, ReplicaFactory
+from tests.replica.helpers import apply, dirty_envelopes
+
+WINDOW_S = 10
+
+
+def shared(record: Record | None) -> tuple[object, ...]:
+    assert record is not None
+    return (record.context, record.document, tuple(c.document for c in record.conflicts))
+
+
+def run_scenario(make_replica: ReplicaFactory, window_s: float) -> dict[str, object]:
+    """A edits a record; B, whose clock runs a minute ahead and who has not seen A's edit,
+    writes the same record with a higher hlc; A pulls B's version inside the window."""
+    clock = FakeClock()
+    ahead = FakeClock(clock.now_ms + 60_000)
+    a = make_replica("a", wall_clock_ms=clock, freshness_window_s=window_s)
+    b = make_replica("b", wall_clock_ms=lambda: ahead.now_ms, freshness_window_s=window_s)
+    a.put("notes", "n", {"v": "base"})
+    apply(b, dirty_envelopes(a))
+    a.put("notes", "n", {"v": "local edit"})
+    b.put("notes", "n", {"v": "stale remote"})
+    local, remote = dirty_envelopes(a), dirty_envelopes(b)
+    clock.advance(1000)
+    apply(a, remote)
+    during = a.get("notes", "n")
+    clock.advance(WINDOW_S * 1000 + 1)
+    a.release_due()
+    after = a.get("notes", "n")
+    return {"a": a, "b": b, "during": during, "after": after, "local": local, "clock": clock}
+
+
+def test_a_stale_inbound_version_waits_out_the_window(make_replica: ReplicaFactory) -> None:
+    locked = run_scenario(make_replica, WINDOW_S)
+    control = run_scenario(make_replica, 0)
+    during, control_during = locked["during"], control["during"]
+    assert isinstance(during, Record) and isinstance(control_during, Record)
+    assert during.document == {"v": "local edit"} and during.conflicts == ()
+    assert control_during.document == {"v": "stale remote"}  # higher hlc wins at once
+    assert hlc_ms(control_during.hlc) > hlc_ms(during.hlc)
+    after, control_after = locked["after"], control["after"]
+    assert isinstance(after, Record) and isinstance(control_after, Record)
+    assert after.document == control_after.document == {"v": "stale remote"}
+    assert [c.document for c in after.conflicts] == [{"v": "local edit"}]
+    assert [c.document for c in control_after.conflicts] == [{"v": "local edit"}]
+
+
+def test_a_version_that_saw_the_local_edit_applies_inside_the_window(
+    make_replica: ReplicaFactory,
+) -> None:
+    clock = FakeClock()
+    a = make_replica("a", wall_clock_ms=clock, freshness_window_s=WINDOW_S)
+    b = make_replica("b", wall_clock_ms=clock, freshness_window_s=WINDOW_S)
+    a.put("notes", "n", {"v": "local edit"})
+    apply(b, dirty_envelopes(a))
+    clock.advance(100)
+    b.put("notes", "n", {"v": "b saw it"})
+    apply(a, dirty_envelopes(b))
+    got = a.get("notes", "n")
+    assert got is not None and got.document == {"v": "b saw it"} and got.conflicts == ()
+    assert a.status().held_for_lock == 0
+
+
+def test_explicit_scope_locks_hold_everything_until_released(make_replica: ReplicaFactory) -> None:
+    clock = FakeClock()
+    a = make_replica("a", wall_clock_ms=clock, freshness_window_s=0)
+    b = make_replica("b", wall_clock_ms=clock, freshness_window_s=0)
+    events: list[ChangeEvent] = []
+    a.subscribe(events.append)
+    by_kind = {
+        "record": a.lock_scope(collection="notes", id="n1"),
+        "collection": a.lock_scope(collection="threads"),
+    }
+    b.put("notes", "n1", {"v": 1})
+    b.put("notes", "n2", {"v": 2})
+    b.put("threads", "t", {"v": 3})
+    apply(a, dirty_envelopes(b))
+    assert a.get("notes", "n1") is None and a.get("threads", "t") is None
+    assert a.get("notes", "n2") is not None
+    assert a.status().held_for_lock == 2
+    assert {(e.kind, e.id, e.reason) for e in events if e.kind == "held"} == {
+        ("held", "n1", "lock"),
+        ("held", "t", "lock"),
+    }
+    a.release_lock(by_kind["record"])
+    assert a.get("notes", "n1") is not None and a.get("threads", "t") is None
+    assert ("released", "n1") in {(e.kind, e.id) for e in events}
+    clock.advance(601_000)  # past the collection lock's maximum duration
+    assert a.get("threads", "t") is not None
+    assert a.status().held_for_lock == 0
+
+
+def test_a_profile_lock_holds_the_whole_profile(make_replica: ReplicaFactory) -> None:
+    clock = FakeClock()
+    a = make_replica("a", wall_clock_ms=clock, freshness_window_s=0)
+    b = make_replica("b", wall_clock_ms=clock, freshness_window_s=0)
+    lock = a.lock_scope(duration_s=5)
+    b.put("notes", "n", {})
+    b.put("threads", "t", {})
+    apply(a, dirty_envelopes(b))
+    assert a.status().held_for_lock == 2
+    a.release_lock(lock)
+    assert a.status().held_for_lock == 0 and a.get("threads", "t") is not None
+
+
+def test_a_local_edit_during_a_lock_stays_a_conflict_and_nothing_is_lost(
+    make_replica: ReplicaFactory,
+) -> None:
+    clock = FakeClock()
+    a = make_replica("a", wall_clock_ms=clock, freshness_window_s=0)
+    b = make_replica("b", wall_clock_ms=clock, freshness_window_s=0)
+    lock = a.lock_scope(collection="notes")
+    b.put("notes", "n", {"v": "remote"})
+    apply(a, dirty_envelopes(b))
+    clock.advance(10)
+    a.put("notes", "n", {"v": "local"})
+    a.release_lock(lock)
+    got = a.get("notes", "n")
+    assert got is not None and got.document == {"v": "local"}
+    assert [c.document for c in got.conflicts] == [{"v": "remote"}]
+
+
+def test_versions_far_ahead_are_held_for_drift_until_time_or_acceptance(
+    make_replica: ReplicaFactory,
+) -> None:
+    clock = FakeClock()
+    future = FakeClock(clock.now_ms + 3_600_000)
+    a = make_replica("a", wall_clock_ms=clock)
+    b = make_replica("b", wall_clock_ms=future)
+    b.put("notes", "far", {"v": 1})
+    b.put("notes", "later", {"v": 2})
+    apply(a, dirty_envelopes(b))
+    assert a.get("notes", "far") is None and a.status().held_for_drift == 2
+    assert a.accept_held() == 2
+    far = a.get("notes", "far")
+    assert far is not None and far.document == {"v": 1}
+    a.put("notes", "mine", {})
+    mine = a.get("notes", "mine")
+    assert mine is not None and mine.hlc > far.hlc  # the clock observed the accepted versions
+
+    c = make_replica("c", wall_clock_ms=clock)
+    b.put("notes", "third", {"v": 3})
+    apply(c, dirty_envelopes(b))
+    assert c.status().held_for_drift == 1
+    clock.advance(3_600_000 - 5 * 60_000 + 1000)  # now within the drift bound
+    got = c.get("notes", "third")
+    assert got is not None and got.document == {"v": 3}

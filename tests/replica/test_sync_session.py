@@ -1,0 +1,167 @@
+"""The sans-I/O sync session (specs/protocol.md §batches): bounded batches, receipts that clear
+dirty only when confirmed, atomic pages, and rollback detection with reseed."""
+
+from __future__ import annotations
+
+import pytest
+
+from relay.memory import MemoryRelay
+from replica import Page, PushResult, Receipt, RelayState, RollbackError
+from replica.wire import parse_header
+from tests.conftest import FakeClock, ReplicaFactory
+from tests.replica.helpers import STATE, page_of
+
+ACCOUNT = "acct"
+
+
+def test_batches_are_bounded_by_count_and_bytes(make_replica: ReplicaFactory) -> None:
+    replica = make_replica()
+    with replica.batch():
+        for i in range(25):
+            replica.put("notes", f"n{i:02}", {"text": "x" * 300})
+    by_count = replica.sync_session(max_batch_count=10)
+    sizes = []
+    while (batch := by_count.next_batch()) is not None:
+        sizes.append(len(batch.envelopes))
+    assert sizes == [10, 10, 5]
+    one = len(replica.sync_session().next_batch().envelopes[0])  # type: ignore[union-attr]
+    by_bytes = replica.sync_session(max_batch_bytes=one * 3)
+    batch = by_bytes.next_batch()
+    assert batch is not None and len(batch.envelopes) == 3
+
+
+def test_only_confirmed_versions_stop_being_dirty(make_replica: ReplicaFactory) -> None:
+    replica = make_replica()
+    for i in range(3):
+        replica.put("notes", f"n{i}", {"i": i})
+    session = replica.sync_session()
+    batch = session.next_batch()
+    assert batch is not None
+    receipts = [Receipt("stored", seq=1), Receipt("superseded"), Receipt("refused", code="clock_ahead")]
+    result = session.acknowledge(batch, PushResult(receipts, STATE))
+    assert (result.stored, result.superseded, result.refused_by_code) == (1, 1, {"clock_ahead": 1})
+    assert replica.status().dirty == 1
+    assert session.next_batch() is None  # a refused version is offered once per pass
+    session.restart()
+    again = session.next_batch()
+    assert again is not None and again.envelopes == [batch.envelopes[2]]
+
+
+def test_receipts_must_match_the_batch(make_replica: ReplicaFactory) -> None:
+    replica = make_replica()
+    replica.put("notes", "n", {})
+    session = replica.sync_session()
+    batch = session.next_batch()
+    assert batch is not None
+    with pytest.raises(ValueError, match="1 envelopes"):
+        session.acknowledge(batch, PushResult([], STATE))
+    assert replica.status().dirty == 1
+
+
+def test_a_page_merges_atomically_and_advances_the_cursor(make_replica: ReplicaFactory) -> None:
+    writer, reader = make_replica("w"), make_replica("r")
+    for i in range(4):
+        writer.put("notes", f"n{i}", {"i": i})
+    envelopes = writer.sync_session().next_batch().envelopes  # type: ignore[union-attr]
+    session = reader.sync_session()
+    applied = session.apply_page(page_of(envelopes[:2]))
+    assert applied.cursor_advanced and session.cursor == 2 and applied.merged == 2
+    stale = session.apply_page(page_of(envelopes[2:], cursor=7))  # not the next page
+    assert not stale.cursor_advanced and session.cursor == 2 and stale.merged == 2
+    assert len(reader.scan("notes")) == 4
+
+
+def test_first_contact_adopts_then_a_new_storage_id_is_a_rollback(make_replica: ReplicaFactory) -> None:
+    session = make_replica().sync_session()
+    session.check_relay_state(RelayState("s1", "e1", 5))
+    session.check_relay_state(RelayState("s1", "e1", 9))
+    with pytest.raises(RollbackError, match="storage changed from s1 to s2"):
+        session.check_relay_state(RelayState("s2", "e1", 9))
+    with pytest.raises(RollbackError, match="account epoch changed"):
+        session.check_relay_state(RelayState("s1", "e2", 9))
+
+
+def test_a_head_below_what_was_seen_is_a_rollback(make_replica: ReplicaFactory) -> None:
+    replica = make_replica()
+    session = replica.sync_session()
+    state = RelayState("s", "e", 10)
+    session.apply_page(Page(0, [], 10, False, state))
+    with pytest.raises(RollbackError, match="below sequence 10"):
+        session.apply_page(Page(10, [], 10, False, RelayState("s", "e", 4)))
+    assert session.cursor == 10
+
+
+def test_rollback_detected_through_the_reference_relay_then_reseed_restores_it(
+    make_replica: ReplicaFactory,
+) -> None:
+    clock = FakeClock()
+    relay = MemoryRelay(clock_ms=clock)
+    a = make_replica("a", wall_clock_ms=clock)
+    b = make_replica("b", wall_clock_ms=clock)
+    a.put("notes", "n1", {"v": 1})
+    sync(a, relay)
+    sync(b, relay)
+    old = relay.snapshot()
+    a.put("notes", "n2", {"v": 2})
+    sync(a, relay)
+    sync(b, relay)
+    relay.restore(old)  # the relay comes back from an older copy: head below what was seen
+    with pytest.raises(RollbackError):
+        sync(b, relay)
+    relay.reseed(ACCOUNT)
+    session = b.sync_session()
+    session.reseed()
+    assert b.status().dirty == b.status().records
+    sync(b, relay)
+    with pytest.raises(RollbackError, match="account epoch changed"):
+        sync(a, relay)
+    a.sync_session().reseed()
+    sync(a, relay)
+    c = make_replica("c", wall_clock_ms=clock)
+    sync(c, relay)
+    for replica in (a, b, c):
+        assert sorted(r.id for r in replica.scan("notes")) == ["n1", "n2"]
+
+
+def test_relay_wipe_is_detected_and_nothing_reads_as_deleted(make_replica: ReplicaFactory) -> None:
+    clock = FakeClock()
+    relay = MemoryRelay(clock_ms=clock)
+    a = make_replica("a", wall_clock_ms=clock)
+    a.put("notes", "n1", {"v": 1})
+    sync(a, relay)
+    relay.wipe()
+    with pytest.raises(RollbackError, match="storage changed"):
+        sync(a, relay)
+    assert [r.id for r in a.scan("notes")] == ["n1"]
+    a.sync_session().reseed()
+    sync(a, relay)
+    assert relay.stored_versions(ACCOUNT) == 1
+
+
+def test_acknowledged_identities_match_the_pushed_envelopes(make_replica: ReplicaFactory) -> None:
+    clock = FakeClock()
+    relay = MemoryRelay(clock_ms=clock)
+    replica = make_replica(wall_clock_ms=clock)
+    replica.put("notes", "n", {})
+    session = replica.sync_session()
+    batch = session.next_batch()
+    assert batch is not None
+    result = relay.push(ACCOUNT, batch)
+    session.acknowledge(batch, result)
+    header = parse_header(batch.envelopes[0])
+    assert replica.get("notes", "n").hlc == header.hlc  # type: ignore[union-attr]
+    assert replica.status().dirty == 0
+
+
+def sync(replica: object, relay: MemoryRelay) -> None:
+    from replica import Replica
+
+    assert isinstance(replica, Replica)
+    session = replica.sync_session()
+    while (batch := session.next_batch()) is not None:
+        session.acknowledge(batch, relay.push(ACCOUNT, batch))
+    while True:
+        page = relay.pull(ACCOUNT, session.cursor)
+        session.apply_page(page)
+        if not page.has_more:
+            return

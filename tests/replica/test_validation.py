@@ -1,0 +1,120 @@
+"""Bad input (specs/limits.md): every public write validates its arguments, names the value
+and the bound, and writes nothing."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from replica import Collection, InvalidArgumentError, Replica, Schema
+from replica.limits import MAX_DOCUMENT_BYTES, MAX_ID_CHARS, MAX_NESTING, check_document
+from tests.conftest import ReplicaFactory
+
+BAD_IDS: list[tuple[object, str]] = [
+    ("", "1..256"),
+    ("x" * (MAX_ID_CHARS + 1), "257 characters"),
+    ("a\x00b", "NUL"),
+    ("e\u0301", "NFC"),
+    (42, "must be a str"),
+]
+
+
+def nested(depth: int) -> Any:
+    value: Any = 0
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+BAD_DOCUMENTS: list[tuple[object, str]] = [
+    ({"x": math.nan}, "non-finite"),
+    ({"x": math.inf}, "non-finite"),
+    ({"x": 2**64}, "outside 64 bits"),
+    ({"x": -(2**63) - 1}, "outside 64 bits"),
+    ({1: "x"}, "not a str"),
+    ({"x": {1, 2}}, "not JSON-compatible"),
+    ({"x": b"bytes"}, "not JSON-compatible"),
+    (nested(MAX_NESTING + 1), "deeper than 64"),
+    ({"x": "y" * MAX_DOCUMENT_BYTES}, "bound 1048576"),
+]
+
+
+def assert_nothing_written(replica: Replica) -> None:
+    status = replica.status()
+    assert (status.records, status.dirty) == (0, 0)
+
+
+@pytest.mark.parametrize(("bad", "message"), BAD_IDS)
+def test_bad_ids_are_refused_with_the_bound(
+    make_replica: ReplicaFactory, bad: object, message: str
+) -> None:
+    replica = make_replica()
+    with pytest.raises(InvalidArgumentError, match=message):
+        replica.put("notes", bad, {})  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match=message):
+        replica.get("notes", bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match=message):
+        replica.put("notes", "ok", {}, profile=bad)  # type: ignore[arg-type]
+    assert_nothing_written(replica)
+
+
+@pytest.mark.parametrize(("bad", "message"), BAD_DOCUMENTS, ids=lambda v: str(v)[:30])
+def test_bad_documents_are_refused_with_the_bound(
+    make_replica: ReplicaFactory, bad: object, message: str
+) -> None:
+    replica = make_replica()
+    with pytest.raises(InvalidArgumentError, match=message):
+        replica.put("notes", "n", bad)
+    assert_nothing_written(replica)
+
+
+def test_documents_at_the_bounds_are_accepted(make_replica: ReplicaFactory) -> None:
+    replica = make_replica()
+    replica.put("notes", "x" * MAX_ID_CHARS, {"deep": nested(MAX_NESTING - 1)})
+    replica.put("notes", "ints", {"min": -(2**63), "max": 2**64 - 1})
+    big = {"x": "y" * (MAX_DOCUMENT_BYTES - 64)}
+    replica.put("notes", "big", big)
+    got = replica.get("notes", "big")
+    assert got is not None and got.document == big
+
+
+def test_undeclared_collections_are_refused(make_replica: ReplicaFactory) -> None:
+    replica = make_replica()
+    with pytest.raises(InvalidArgumentError, match="'nope' is not declared"):
+        replica.put("nope", "n", {})
+    assert_nothing_written(replica)
+
+
+def test_a_batch_that_fails_writes_nothing(make_replica: ReplicaFactory) -> None:
+    replica = make_replica()
+    with pytest.raises(InvalidArgumentError), replica.batch():
+        replica.put("notes", "ok", {"v": 1})
+        replica.put("notes", "bad", {"v": math.nan})
+    assert_nothing_written(replica)
+
+
+def test_schema_values_are_checked() -> None:
+    with pytest.raises(InvalidArgumentError, match="unknown policy"):
+        Collection("c", "bogus")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="max_items"):
+        Collection("c", "lww", max_items=3)
+    with pytest.raises(InvalidArgumentError, match="twice"):
+        Schema((Collection("c"), Collection("c")))
+    with pytest.raises(InvalidArgumentError, match="reserved"):
+        Schema((Collection("sealsync.profiles"),))
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(json_values)
+def test_every_json_compatible_value_passes_the_check(value: object) -> None:
+    check_document(value)

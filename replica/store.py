@@ -91,6 +91,7 @@ class Store:
         self, path: Path, *, synchronous: Synchronous = "full", busy_timeout_s: float = 30.0
     ):
         self.path = path
+        self.busy_timeout_s = busy_timeout_s
         self._depth = 0
         try:
             self.db = sqlite3.connect(
@@ -130,10 +131,12 @@ class Store:
         return int(self.db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]) == 0
 
     def check_format(self) -> None:
+        """Refuse a file that is not a replica; migrate (taking the write lock) only if old."""
         app_id = self.db.execute("PRAGMA application_id").fetchone()[0]
         if app_id != APPLICATION_ID:
             raise StoreError(f"{self.path} is not a sealsync replica", hint="check the path")
-        self.migrate()
+        if self.db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+            self.migrate()
 
     # -- transactions ------------------------------------------------------------------------
 
@@ -141,7 +144,7 @@ class Store:
     def transaction(self) -> Iterator[None]:
         """BEGIN IMMEDIATE at the outermost level, savepoints inside; rollback on any error."""
         if self._depth == 0:
-            self.db.execute("BEGIN IMMEDIATE")
+            self._execute_or_busy("BEGIN IMMEDIATE")
             commit, rollback = "COMMIT", "ROLLBACK"
         else:
             name = f"sp{self._depth}"
@@ -152,15 +155,36 @@ class Store:
             yield
         except BaseException as exc:
             self._depth -= 1
-            try:
-                self.db.execute(rollback)
-                if self._depth > 0:
-                    self.db.execute(commit)
-            except sqlite3.Error as rollback_error:  # keep the original error; note the second
-                exc.add_note(f"rollback also failed: {rollback_error}")
+            self._roll_back(rollback, commit, exc)
             raise
         self._depth -= 1
-        self.db.execute(commit)
+        try:
+            self._execute_or_busy(commit)
+        except BaseException as exc:
+            if self._depth == 0:  # a failed COMMIT may leave the transaction open: end it
+                self._roll_back(rollback, commit, exc)
+            raise
+
+    def _roll_back(self, rollback: str, release: str, original: BaseException) -> None:
+        try:
+            self.db.execute(rollback)
+            if self._depth > 0:
+                self.db.execute(release)
+        except sqlite3.Error as rollback_error:  # keep the original error; note the second
+            original.add_note(f"rollback also failed: {rollback_error}")
+
+    def _execute_or_busy(self, statement: str) -> None:
+        try:
+            self.db.execute(statement)
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise StoreError(
+                    f"{self.path} stayed locked by another connection past the busy timeout "
+                    f"({self.busy_timeout_s} s): {exc}",
+                    hint="another process holds a long write transaction; retry, or raise "
+                    "busy_timeout_s",
+                ) from exc
+            raise
 
     @property
     def in_transaction(self) -> bool:

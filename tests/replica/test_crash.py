@@ -318,7 +318,7 @@ def test_replica_survives_sigkill_inside_write_batches_and_page_merges(
 
 def synchronous_of(replica: Replica) -> int:
     # PRAGMA synchronous is per connection, so only the replica's own connection can tell.
-    return int(replica._store.db.execute("PRAGMA synchronous").fetchone()[0])
+    return int(replica._core.store.db.execute("PRAGMA synchronous").fetchone()[0])
 
 
 @pytest.mark.parametrize(("options", "expected"), [({}, 2), ({"synchronous": "normal"}, 1)])

@@ -136,23 +136,14 @@ def test_processes_reading_while_another_writes_see_whole_batches_and_no_error(
 # -- a file another connection keeps locked ------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Replica.open builds its Store without options.busy_timeout_s (replica/replica.py:133)",
-)
 def test_replica_open_uses_the_busy_timeout_of_its_options(
     replica_path: Path, account: Account
 ) -> None:
     with Replica.open(replica_path, options=ReplicaOptions(busy_timeout_s=0.25)) as replica:
         # The busy timeout is per connection, so only the replica's own connection can tell.
-        assert replica._store.db.execute("PRAGMA busy_timeout").fetchone()[0] == 250
+        assert replica._core.store.db.execute("PRAGMA busy_timeout").fetchone()[0] == 250
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SQLITE_BUSY from BEGIN IMMEDIATE (replica/store.py:143) escapes as a raw "
-    "sqlite3.OperationalError, not a StoreError with a hint",
-)
 def test_replica_write_to_a_file_locked_past_the_busy_timeout_raises_store_error(
     tmp_path: Path, account: Account
 ) -> None:

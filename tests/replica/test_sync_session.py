@@ -37,7 +37,11 @@ def test_only_confirmed_versions_stop_being_dirty(make_replica: ReplicaFactory) 
     session = replica.sync_session()
     batch = session.next_batch()
     assert batch is not None
-    receipts = [Receipt("stored", seq=1), Receipt("superseded"), Receipt("refused", code="clock_ahead")]
+    receipts = [
+        Receipt("stored", seq=1),
+        Receipt("superseded"),
+        Receipt("refused", code="clock_ahead"),
+    ]
     result = session.acknowledge(batch, PushResult(receipts, STATE))
     assert (result.stored, result.superseded, result.refused_by_code) == (1, 1, {"clock_ahead": 1})
     assert replica.status().dirty == 1
@@ -71,7 +75,9 @@ def test_a_page_merges_atomically_and_advances_the_cursor(make_replica: ReplicaF
     assert len(reader.scan("notes")) == 4
 
 
-def test_first_contact_adopts_then_a_new_storage_id_is_a_rollback(make_replica: ReplicaFactory) -> None:
+def test_first_contact_adopts_then_a_new_storage_id_is_a_rollback(
+    make_replica: ReplicaFactory,
+) -> None:
     session = make_replica().sync_session()
     session.check_relay_state(RelayState("s1", "e1", 5))
     session.check_relay_state(RelayState("s1", "e1", 9))

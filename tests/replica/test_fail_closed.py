@@ -1,0 +1,249 @@
+"""Fail closed (DESIGN §6): for every kind of damage, reads raise the typed error, nothing
+returns empty or default, overwrites are refused, the rest of a page merges, and repair
+quarantines exactly the damaged rows, byte for byte, and nothing else."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from replica import DegradedError, RepairRefusedError, Replica
+from replica.envelope import Identity, opaque_key, seal
+from replica.keys import AccountInfo, AccountKeys
+from replica.store import node_to_sql
+from replica.wire import parse_header
+from tests.conftest import Account, FakeClock, ReplicaFactory
+from tests.replica.helpers import apply, dirty_envelopes
+
+Damage = Callable[[bytes, dict[str, bytes]], bytes]
+IDS = ["r1", "r2", "r3", "r4"]
+
+
+def flip_bit(envelope: bytes, _: dict[str, bytes]) -> bytes:
+    position = len(envelope) - 30
+    return envelope[:position] + bytes([envelope[position] ^ 0x04]) + envelope[position + 1 :]
+
+
+def truncate(envelope: bytes, _: dict[str, bytes]) -> bytes:
+    return envelope[:-9]
+
+
+def relabel(offset: int, size: int, delta: int) -> Damage:
+    """Change one header field (the row's columns are changed to match by `damage_row`)."""
+
+    def damage(envelope: bytes, _: dict[str, bytes]) -> bytes:
+        value = int.from_bytes(envelope[offset : offset + size], "big") + delta
+        return envelope[:offset] + value.to_bytes(size, "big") + envelope[offset + size :]
+
+    return damage
+
+
+def moved_from(name: str) -> Damage:
+    """Another record's envelope in this record's row."""
+    return lambda _envelope, others: others[name]
+
+
+def resealed_under_other_key(account_id: bool) -> Damage:
+    """Sealed for this record by another key (same account id) or another account entirely,
+    then relabelled to this record's opaque key so only authentication can tell."""
+
+    def damage(envelope: bytes, others: dict[str, bytes]) -> bytes:
+        header = parse_header(envelope)
+        info = AccountInfo(others["account_id"] if account_id else b"\x07" * 16, 0)
+        stranger = AccountKeys(b"\x42" * 32, info)
+        forged = seal(
+            stranger, Identity("default", "notes", "r2"), hlc=header.hlc, node=header.node,
+            vector=header.vector, deleted=False, document={"forged": True}, nonce=b"\x00" * 12,
+        )
+        return forged[:6] + header.key + forged[22:]
+
+    return damage
+
+
+DAMAGES: dict[str, Damage] = {
+    "flipped bit": flip_bit,
+    "truncated": truncate,
+    "relabelled hlc": relabel(22, 8, 1),
+    "relabelled node": relabel(30, 8, 1),
+    "relabelled vector": relabel(48, 8, 1),
+    "relabelled epoch (known)": relabel(2, 4, 0),  # placeholder, replaced below
+    "relabelled key": relabel(6, 16, 1),
+    "moved to another record": moved_from("r3"),
+    "moved to another collection": moved_from("threads/r2"),
+    "moved to another profile": moved_from("work/r2"),
+    "moved to another account": resealed_under_other_key(account_id=False),
+    "wrong key": resealed_under_other_key(account_id=True),
+}
+del DAMAGES["relabelled epoch (known)"]  # only epoch 0 exists; see the unknown-epoch test
+
+
+def row_digests(path: Path) -> dict[tuple[bytes, int, int], str]:
+    with sqlite3.connect(path) as db:
+        rows = db.execute("SELECT key, node, hlc, envelope FROM versions").fetchall()
+    return {(k, n, h): hashlib.sha256(e).hexdigest() for k, n, h, e in rows}
+
+
+def damage_row(path: Path, key: bytes, damage: Damage, others: dict[str, bytes]) -> bytes:
+    """Damage the stored row of `key`; keep the row's columns in step with a relabelled
+    header (a careful attacker), unless the header no longer parses."""
+    with sqlite3.connect(path) as db:
+        node, hlc, envelope = db.execute(
+            "SELECT node, hlc, envelope FROM versions WHERE key = ?", (key,)
+        ).fetchone()
+        damaged = damage(envelope, others)
+        try:
+            header = parse_header(damaged)
+            if header.key == key:
+                node, hlc = node_to_sql(header.node), header.hlc
+        except Exception:
+            pass
+        db.execute("UPDATE versions SET node = ?, hlc = ?, envelope = ? WHERE key = ?",
+                   (node, hlc, damaged, key))
+    return damaged
+
+
+@pytest.fixture
+def populated(make_replica: ReplicaFactory, account: Account) -> tuple[Replica, dict[str, bytes]]:
+    replica = make_replica("victim", freshness_window_s=0)
+    replica.create_profile("work")
+    for id in IDS:
+        replica.put("notes", id, {"id": id})
+    replica.put("threads", "r2", {"id": "thread"})
+    replica.put("notes", "r2", {"id": "work"}, profile="work")
+    keys = replica._core.keys()
+    others = {"account_id": keys.account_id}
+    with sqlite3.connect(replica.path) as db:
+        for name, identity in {
+            "r3": Identity("default", "notes", "r3"),
+            "threads/r2": Identity("default", "threads", "r2"),
+            "work/r2": Identity("work", "notes", "r2"),
+        }.items():
+            key = opaque_key(keys.index_key, identity)
+            others[name] = db.execute("SELECT envelope FROM versions WHERE key = ?", (key,)).fetchone()[0]
+    return replica, others
+
+
+@pytest.mark.parametrize("kind", sorted(DAMAGES))
+def test_a_damaged_row_fails_closed_and_repair_quarantines_exactly_it(
+    populated: tuple[Replica, dict[str, bytes]], kind: str
+) -> None:
+    replica, others = populated
+    key = opaque_key(replica._core.keys().index_key, Identity("default", "notes", "r2"))
+    replica._core.opener.forget()  # type: ignore[union-attr]
+    before = row_digests(replica.path)
+    damaged = damage_row(replica.path, key, DAMAGES[kind], others)
+    damaged_digests = row_digests(replica.path)
+
+    for _ in range(2):  # the latch holds: the second read raises too
+        with pytest.raises(DegradedError):
+            replica.get("notes", "r2")
+    with pytest.raises(DegradedError):
+        replica.scan("notes")
+    with pytest.raises(DegradedError):
+        replica.put("notes", "r2", {"id": "overwrite"})
+    with pytest.raises(DegradedError):
+        replica.delete("notes", "r2")
+    assert row_digests(replica.path) == damaged_digests  # nothing was written over it
+    assert sorted(r.id for r in replica.scan("notes", skip_degraded=True)) == ["r1", "r3", "r4"]
+    assert replica.get("notes", "r1").document == {"id": "r1"}  # type: ignore[union-attr]
+    replica.put("notes", "r1", {"id": "still writable"})
+    assert replica.status().degraded == 1
+
+    before_repair = row_digests(replica.path)
+    diagnosis = replica.diagnose()
+    assert [f.row.envelope for f in diagnosis.findings] == [damaged]
+    report = replica.repair()
+    assert report.quarantined == 1 and report.unlatched_records == 1
+    with sqlite3.connect(replica.path) as db:
+        quarantined = db.execute("SELECT source, envelope FROM quarantine").fetchall()
+    assert quarantined == [("versions", damaged)]
+    assert row_digests(replica.path) == {k: v for k, v in before_repair.items() if k[0] != key}
+    assert len(before_repair) == len(before)
+    assert replica.get("notes", "r2") is None
+    assert replica.status().degraded == 0 and replica.diagnose().healthy
+
+
+@pytest.mark.parametrize("kind", sorted(DAMAGES))
+def test_a_damaged_envelope_in_a_page_is_quarantined_and_the_rest_merges(
+    make_replica: ReplicaFactory, kind: str
+) -> None:
+    clock = FakeClock()
+    writer = make_replica("w", wall_clock_ms=clock)
+    writer.create_profile("work")
+    for id in IDS:
+        writer.put("notes", id, {"id": id})
+    writer.put("threads", "r2", {"id": "thread"})
+    writer.put("notes", "r2", {"id": "work"}, profile="work")
+    envelopes = dirty_envelopes(writer)
+    keys = writer._core.keys()
+    by_identity = {}
+    for envelope in envelopes:
+        opened = writer._core.opener_or_raise().open(envelope)
+        by_identity[opened.identity] = envelope
+    others = {
+        "account_id": keys.account_id,
+        "r3": by_identity[Identity("default", "notes", "r3")],
+        "threads/r2": by_identity[Identity("default", "threads", "r2")],
+        "work/r2": by_identity[Identity("work", "notes", "r2")],
+    }
+    target = by_identity[Identity("default", "notes", "r2")]
+    damaged = DAMAGES[kind](target, others)
+    if damaged == others.get("r3") or damaged in others.values():
+        page = [e for e in envelopes if e != target]  # a moved envelope is just a duplicate
+        expected_quarantine = 0
+    else:
+        page = [damaged if e == target else e for e in envelopes]
+        expected_quarantine = 1
+    reader = make_replica("r", wall_clock_ms=clock)
+    apply(reader, page)
+    assert reader.status().quarantined == expected_quarantine
+    assert sorted(r.id for r in reader.scan("notes", skip_degraded=True)) == ["r1", "r3", "r4"]
+    assert reader.get("threads", "r2") is not None
+    if expected_quarantine:
+        with sqlite3.connect(reader.path) as db:
+            assert db.execute("SELECT envelope FROM quarantine").fetchall() == [(damaged,)]
+
+
+def test_an_envelope_of_an_unknown_epoch_is_held_not_quarantined(make_replica: ReplicaFactory) -> None:
+    writer, reader = make_replica("w"), make_replica("r")
+    writer.put("notes", "n", {})
+    (envelope,) = dirty_envelopes(writer)
+    future = envelope[:2] + struct.pack(">I", 7) + envelope[6:]
+    apply(reader, [future])
+    status = reader.status()
+    assert status.held_other == {"epoch": 1} and status.quarantined == 0 and status.degraded == 0
+
+
+def test_repair_refuses_when_most_rows_are_undecryptable(populated: tuple[Replica, dict[str, bytes]]) -> None:
+    replica, others = populated
+    keys = replica._core.keys()
+    damage = resealed_under_other_key(account_id=True)
+    with sqlite3.connect(replica.path) as db:
+        rows = db.execute("SELECT key FROM versions").fetchall()
+    for (key,) in rows:
+        damage_row(replica.path, key, damage, others)
+    del keys
+    replica._core.opener.forget()  # type: ignore[union-attr]
+    with pytest.raises(RepairRefusedError, match="key mismatch"):
+        replica.repair()
+    assert replica.status().quarantined == 0
+    report = replica.repair(force=True)
+    assert report.quarantined == len(rows)
+
+
+def test_clear_empties_a_degraded_collection(populated: tuple[Replica, dict[str, bytes]]) -> None:
+    replica, others = populated
+    key = opaque_key(replica._core.keys().index_key, Identity("default", "notes", "r2"))
+    damage_row(replica.path, key, flip_bit, others)
+    replica._core.opener.forget()  # type: ignore[union-attr]
+    with pytest.raises(DegradedError):
+        replica.get("notes", "r2")
+    assert replica.clear("notes") == 3
+    assert replica.scan("notes") == [] and replica.status().degraded == 0
+    assert replica.status().quarantined == 1
+    assert replica.get("threads", "r2") is not None

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import fnmatch
+import functools
 import importlib.util
 import json
+import re
 import struct
 import sys
 import unicodedata
@@ -17,7 +20,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from replica import InvalidArgumentError, Page, PageEntry, RelayState
+from replica import InvalidArgumentError, Page, PageEntry, RelayState, RollbackError
 from replica.envelope import (
     MIN_PADDED_BYTES,
     Identity,
@@ -76,6 +79,7 @@ def name_of(case: dict[str, Any]) -> str:
     return str(case["name"])
 
 
+@functools.cache
 def load_generator() -> ModuleType:
     spec = importlib.util.spec_from_file_location("generate_envelope", GENERATOR_PATH)
     assert spec is not None and spec.loader is not None
@@ -202,6 +206,25 @@ def test_generator_output_equals_the_committed_vectors() -> None:
     assert generator.render(generator.build_vectors()) == VECTORS_PATH.read_text(encoding="utf-8")
 
 
+SPEC_PATH = ROOT / "specs" / "envelope.md"
+
+
+def test_spec_names_only_tests_and_vectors_that_exist() -> None:
+    """specs/envelope.md says which tests check each section; those names must stay true."""
+    import tests.replica.test_keys as keys_tests
+
+    spec = SPEC_PATH.read_text(encoding="utf-8")
+    here = {n for n in globals() if n.startswith("test_")}
+    there = {n for n in vars(keys_tests) if n.startswith("test_")}
+    named = re.findall(r"`(keys::)?(test_\w+)`", spec)
+    missing = [f"{k}{n}" for k, n in named if n not in (there if k else here)]
+    cases = {c["name"] for c in TAMPERED} | {v["name"] for v in ENVELOPES}
+    patterns = re.findall(r"`\[([\w*]+)\]`", spec)
+    missing += [p for p in patterns if not fnmatch.filter(cases, p)]
+    assert len(named) > 40 and len(patterns) > 20
+    assert not missing, missing
+
+
 # ---- round-trips --------------------------------------------------------------------------------
 
 
@@ -324,6 +347,17 @@ def test_envelope_length_reveals_only_the_padded_size(envelope: tuple[bytes, int
     padded_bytes = len(sealed) - len(header.header_bytes) - NONCE_BYTES - TAG_BYTES
     assert padded_bytes >= MIN_PADDED_BYTES
     assert padme_length(padded_bytes) == padded_bytes
+
+
+@given(document=documents)
+def test_generator_messagepack_encoder_matches_msgspec(document: Any) -> None:
+    """The generator's own encoder is the canonical form the reference sealer writes."""
+    assert load_generator().pack(document) == msgspec.msgpack.encode(document)
+
+
+def test_generator_padme_matches_padme_length() -> None:
+    padme = load_generator().padme
+    assert all(padme(n) == padme_length(n) for n in range(1 << 14))
 
 
 # ---- tampering: every single bit --------------------------------------------------------------
@@ -469,6 +503,50 @@ def test_padme_length_is_a_fixed_point_of_its_own_output(length: int) -> None:
 def test_padme_length_buckets_up_to_256_bytes_are_the_spec_table() -> None:
     buckets = sorted({padme_length(n) for n in range(257)})
     assert buckets == [*range(64, 128, 8), *range(128, 257, 16)]
+
+
+# ---- threat model: what the relay can do with what it sees ----------------------------------------
+
+
+def page_of(entries: list[PageEntry], state: RelayState, cursor: int = 0) -> Page:
+    next_cursor = max((e.seq for e in entries), default=cursor)
+    return Page(cursor, entries, next_cursor, False, state)
+
+
+def test_replayed_older_version_is_superseded_and_changes_nothing(
+    make_replica: ReplicaFactory,
+) -> None:
+    replica = make_replica()
+    replica.put("notes", "n1", {"v": 1})
+    session = replica.sync_session()
+    batch = session.next_batch()
+    assert batch is not None and len(batch.envelopes) == 1
+    replica.put("notes", "n1", {"v": 2})
+    replay = page_of([PageEntry(1, batch.envelopes[0])], RelayState("s", "e", 1))
+    applied = session.apply_page(replay)
+    assert (applied.superseded, applied.merged, applied.quarantined) == (1, 0, 0)
+    record = replica.get("notes", "n1")
+    assert record is not None and record.document == {"v": 2} and not record.conflicts
+
+
+def test_relay_state_change_exposes_a_wiped_or_restored_relay(
+    make_replica: ReplicaFactory,
+) -> None:
+    replica = make_replica()
+    replica.put("notes", "n1", {"v": 1})
+    session = replica.sync_session()
+    batch = session.next_batch()
+    assert batch is not None
+    seen = RelayState("storage-1", "epoch-1", 5)
+    session.apply_page(page_of([PageEntry(5, batch.envelopes[0])], seen))
+    for changed in (
+        RelayState("storage-2", "epoch-1", 5),  # wiped or replaced
+        RelayState("storage-1", "epoch-2", 5),  # reseeded or restored
+        RelayState("storage-1", "epoch-1", 4),  # restored from an older copy
+    ):
+        with pytest.raises(RollbackError):
+            session.apply_page(page_of([], changed, cursor=5))
+    session.apply_page(page_of([], seen, cursor=5))
 
 
 # ---- bugs found in replica/ (each xfail until fixed there) ----------------------------------------

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.argon2 import Argon2id
 
 from replica import KdfParametersError, Replica, WrongKeyError
@@ -159,6 +160,29 @@ def test_passphrase_login_keys_are_argon2id_of_the_nfc_passphrase_then_hkdf() ->
     login = passphrase_login_keys(unicodedata.normalize("NFD", nfc), params)
     assert login.auth_key == hkdf(master, b"sealsync auth v1")
     assert login.wrapping_key == hkdf(master, b"sealsync kek v1")
+
+
+def test_key_bundle_layout_follows_the_spec(account: Account) -> None:
+    """Opened with the primitives alone: a MessagePack map, AES-256-GCM wraps with labels."""
+    fields = msgspec.msgpack.decode(account.bundle)
+    assert list(fields) == ["version", "kdf", "passphrase_wrap", "recovery_wrap", "sealed_info"]
+    assert list(fields["kdf"]) == ["salt", "memory_kib", "iterations", "lanes"]
+    assert fields["version"] == 1 and len(fields["kdf"]["salt"]) == SALT_BYTES
+    raw = parse_recovery_key(account.recovery_key)
+    kek = hkdf(raw, b"sealsync recovery kek v1")
+    wrap = fields["recovery_wrap"]
+    assert len(wrap) == 12 + 32 + 16
+    assert AESGCM(kek).decrypt(wrap[:12], wrap[12:], b"sealsync wrap v1 recovery key") == (
+        account.key
+    )
+    sealed = fields["sealed_info"]
+    info_key = hkdf(account.key, b"sealsync info v1")
+    info = msgspec.msgpack.decode(
+        AESGCM(info_key).decrypt(sealed[:12], sealed[12:], b"sealsync wrap v1 info")
+    )
+    assert list(info) == ["account_id", "key_epoch", "schema"]
+    assert len(info["account_id"]) == ACCOUNT_ID_BYTES and info["key_epoch"] == 0
+    assert len(fields["passphrase_wrap"]) == 12 + 32 + 16
 
 
 def test_account_keys_after_drop_refuse_with_locked_error(account: Account) -> None:
@@ -353,7 +377,8 @@ def secrets_of(account: Account) -> dict[str, bytes]:
         "epoch 0 key": hkdf(account.key, b"sealsync epoch v1 0"),
         "info key": hkdf(account.key, b"sealsync info v1"),
         "recovery key raw": parse_recovery_key(account.recovery_key),
-        "recovery key text": account.recovery_key.replace("-", "").encode(),
+        "recovery key as shown": account.recovery_key.encode(),
+        "recovery key compact": account.recovery_key.replace("-", "").encode(),
         "recovery auth key": recovery.auth_key,
         "recovery wrapping key": recovery.wrapping_key,
     }
@@ -430,7 +455,7 @@ def test_no_key_material_in_wrong_key_errors(
     secrets = secrets_of(account)
     wrong_raw = os.urandom(32)
     mistyped = mistype(account.recovery_key)
-    secrets |= {"wrong raw key": wrong_raw, "mistyped": mistyped.replace("-", "").encode()}
+    secrets |= {"wrong raw key": wrong_raw, "mistyped": mistyped.encode()}
     replica = make_replica()
     replica.lock()
     attempts = [

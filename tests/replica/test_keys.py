@@ -1,0 +1,471 @@
+"""Account keys (specs/envelope.md §Keys): KDF bounds, wrong keys, recovery key, passphrase change.
+
+Argon2id (about 0.2 s a run at the floor) runs only in the tests about passphrases; the others
+reach the keys through the session account's raw key or recovery key (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import sqlite3
+import traceback
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.argon2 import Argon2id
+
+from replica import KdfParametersError, Replica, WrongKeyError
+from replica.errors import ProtocolError, ReplicaLockedError, SealsyncError
+from replica.keys import (
+    ACCOUNT_ID_BYTES,
+    AccountInfo,
+    AccountKeys,
+    LoginKeys,
+    NewAccount,
+    bundle_from_bytes,
+    bundle_to_bytes,
+    format_recovery_key,
+    hkdf,
+    open_info,
+    parse_recovery_key,
+    passphrase_login_keys,
+    recovery_login_keys,
+    unlock_with_account_key,
+    unlock_with_passphrase,
+    unlock_with_recovery_key,
+)
+from replica.wire import (
+    MAX_ITERATIONS,
+    MAX_LANES,
+    MAX_MEMORY_KIB,
+    MIN_ITERATIONS,
+    MIN_MEMORY_KIB,
+    SALT_BYTES,
+    KdfParams,
+    PreloginResponse,
+    RegisterRequest,
+    check_kdf_params,
+    decode_message,
+    encode_message,
+)
+from tests.conftest import PASSPHRASE, Account, ReplicaFactory
+
+SALT = bytes(range(SALT_BYTES))
+BASE32_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+FIXED_RECOVERY_RAW = hashlib.sha256(b"sealsync test recovery key").digest()
+NEW_PASSPHRASE = "a new and longer passphrase"
+
+# ---- KDF parameter floors and ceilings ------------------------------------------------------------
+
+ACCEPTED_PARAMS = [
+    pytest.param(KdfParams(SALT, MIN_MEMORY_KIB, MIN_ITERATIONS, 1), id="floors"),
+    pytest.param(KdfParams(SALT, MAX_MEMORY_KIB, MAX_ITERATIONS, MAX_LANES), id="ceilings"),
+]
+REFUSED_PARAMS = [
+    pytest.param(KdfParams(SALT, MIN_MEMORY_KIB - 1, MIN_ITERATIONS, 1), id="memory-below-64MiB"),
+    pytest.param(KdfParams(SALT, MAX_MEMORY_KIB + 1, MIN_ITERATIONS, 1), id="memory-above-1GiB"),
+    pytest.param(KdfParams(SALT, MIN_MEMORY_KIB, MIN_ITERATIONS - 1, 1), id="iterations-below-3"),
+    pytest.param(KdfParams(SALT, MIN_MEMORY_KIB, MAX_ITERATIONS + 1, 1), id="iterations-above-10"),
+    pytest.param(KdfParams(SALT, MIN_MEMORY_KIB, MIN_ITERATIONS, 0), id="lanes-0"),
+    pytest.param(KdfParams(SALT, MIN_MEMORY_KIB, MIN_ITERATIONS, MAX_LANES + 1), id="lanes-17"),
+    pytest.param(KdfParams(SALT[:-1], MIN_MEMORY_KIB, MIN_ITERATIONS, 1), id="salt-15-bytes"),
+    pytest.param(KdfParams(SALT + b"!", MIN_MEMORY_KIB, MIN_ITERATIONS, 1), id="salt-17-bytes"),
+    pytest.param(KdfParams(b"", MIN_MEMORY_KIB, MIN_ITERATIONS, 1), id="salt-empty"),
+]
+COSTS = {"memory", "iterations", "lanes"}
+
+
+@pytest.mark.parametrize("params", ACCEPTED_PARAMS)
+def test_check_kdf_params_accepts_the_floors_and_ceilings(params: KdfParams) -> None:
+    check_kdf_params(params)
+
+
+@pytest.mark.parametrize("params", REFUSED_PARAMS)
+def test_kdf_params_outside_the_bounds_are_refused_when_deriving(params: KdfParams) -> None:
+    with pytest.raises(KdfParametersError, match="outside"):
+        passphrase_login_keys(PASSPHRASE, params)
+
+
+@pytest.mark.parametrize("params", REFUSED_PARAMS)
+def test_kdf_params_outside_the_bounds_are_refused_when_served(params: KdfParams) -> None:
+    served = decode_message(encode_message(PreloginResponse(kdf=params)), PreloginResponse)
+    with pytest.raises(KdfParametersError):
+        passphrase_login_keys(PASSPHRASE, served.kdf)
+
+
+def with_kdf(account: Account, params: KdfParams) -> bytes:
+    bundle = bundle_from_bytes(account.bundle)
+    return bundle_to_bytes(msgspec.structs.replace(bundle, kdf=params))
+
+
+@pytest.mark.parametrize("params", REFUSED_PARAMS)
+def test_kdf_params_outside_the_bounds_are_refused_when_a_stored_bundle_carries_them(
+    params: KdfParams, account: Account, tmp_path: Path
+) -> None:
+    bundle = with_kdf(account, params)
+    with pytest.raises(KdfParametersError):
+        unlock_with_passphrase(bundle_from_bytes(bundle), PASSPHRASE)
+    with Replica.join(tmp_path / "bad-kdf.db", bundle) as replica:
+        with pytest.raises(KdfParametersError):
+            replica.unlock(PASSPHRASE)
+        assert replica.is_locked
+
+
+@pytest.mark.parametrize(
+    "params", [p for p in REFUSED_PARAMS if any(c in str(p.id) for c in COSTS)]
+)
+def test_change_passphrase_refuses_to_carry_over_stored_costs_outside_the_bounds(
+    params: KdfParams, account: Account, tmp_path: Path
+) -> None:
+    with Replica.join(tmp_path / "bad-kdf.db", with_kdf(account, params)) as replica:
+        replica.unlock_with_key(account.key)
+        with pytest.raises(KdfParametersError):
+            replica.change_passphrase(NEW_PASSPHRASE)
+
+
+# ---- key derivation -------------------------------------------------------------------------------
+
+
+def test_account_keys_derive_with_the_spec_info_strings(account: Account) -> None:
+    keys = unlock_with_account_key(bundle_from_bytes(account.bundle), account.key)
+    assert keys.index_key == hkdf(account.key, b"sealsync index v1")
+    assert keys.scope_key == hkdf(account.key, b"sealsync scope v1")
+    assert len({keys.account_key, keys.index_key, keys.scope_key}) == 3
+    info = open_info(account.key, bundle_from_bytes(account.bundle).sealed_info)
+    assert len(info.account_id) == ACCOUNT_ID_BYTES and info.key_epoch == 0
+
+
+def test_recovery_login_keys_are_hkdf_of_the_raw_recovery_key() -> None:
+    login = recovery_login_keys(format_recovery_key(FIXED_RECOVERY_RAW))
+    assert login.auth_key == hkdf(FIXED_RECOVERY_RAW, b"sealsync recovery auth v1")
+    assert login.wrapping_key == hkdf(FIXED_RECOVERY_RAW, b"sealsync recovery kek v1")
+
+
+def test_passphrase_login_keys_are_argon2id_of_the_nfc_passphrase_then_hkdf() -> None:
+    params = KdfParams(SALT)
+    nfc = "crème brûlée"
+    master = Argon2id(
+        salt=SALT,
+        length=32,
+        iterations=MIN_ITERATIONS,
+        lanes=1,
+        memory_cost=MIN_MEMORY_KIB,
+    ).derive(nfc.encode())
+    login = passphrase_login_keys(unicodedata.normalize("NFD", nfc), params)
+    assert login.auth_key == hkdf(master, b"sealsync auth v1")
+    assert login.wrapping_key == hkdf(master, b"sealsync kek v1")
+
+
+def test_key_bundle_layout_follows_the_spec(account: Account) -> None:
+    """Opened with the primitives alone: a MessagePack map, AES-256-GCM wraps with labels."""
+    fields = msgspec.msgpack.decode(account.bundle)
+    assert list(fields) == ["version", "kdf", "passphrase_wrap", "recovery_wrap", "sealed_info"]
+    assert list(fields["kdf"]) == ["salt", "memory_kib", "iterations", "lanes"]
+    assert fields["version"] == 1 and len(fields["kdf"]["salt"]) == SALT_BYTES
+    raw = parse_recovery_key(account.recovery_key)
+    kek = hkdf(raw, b"sealsync recovery kek v1")
+    wrap = fields["recovery_wrap"]
+    assert len(wrap) == 12 + 32 + 16
+    assert AESGCM(kek).decrypt(wrap[:12], wrap[12:], b"sealsync wrap v1 recovery key") == (
+        account.key
+    )
+    sealed = fields["sealed_info"]
+    info_key = hkdf(account.key, b"sealsync info v1")
+    info = msgspec.msgpack.decode(
+        AESGCM(info_key).decrypt(sealed[:12], sealed[12:], b"sealsync wrap v1 info")
+    )
+    assert list(info) == ["account_id", "key_epoch", "schema"]
+    assert len(info["account_id"]) == ACCOUNT_ID_BYTES and info["key_epoch"] == 0
+    assert len(fields["passphrase_wrap"]) == 12 + 32 + 16
+
+
+def test_account_keys_after_drop_refuse_with_locked_error(account: Account) -> None:
+    keys = unlock_with_account_key(bundle_from_bytes(account.bundle), account.key)
+    keys.drop()
+    for read in (lambda: keys.account_key, lambda: keys.index_key, lambda: keys.aead(0)):
+        with pytest.raises(ReplicaLockedError):
+            read()
+
+
+def test_key_bundle_of_another_version_is_refused(account: Account) -> None:
+    bundle = msgspec.structs.replace(bundle_from_bytes(account.bundle), version=2)
+    with pytest.raises(ProtocolError, match="version 2"):
+        bundle_from_bytes(bundle_to_bytes(bundle))
+
+
+# ---- wrong keys -------------------------------------------------------------------------------------
+
+
+def test_unlock_with_a_wrong_passphrase_raises_wrong_key(make_replica: ReplicaFactory) -> None:
+    replica = make_replica()
+    replica.lock()
+    with pytest.raises(WrongKeyError):
+        replica.unlock("not the passphrase")
+    assert replica.is_locked
+
+
+def test_unlock_with_another_accounts_recovery_key_raises_wrong_key(
+    make_replica: ReplicaFactory,
+) -> None:
+    replica = make_replica()
+    replica.lock()
+    with pytest.raises(WrongKeyError, match="does not unlock"):
+        replica.unlock_with_recovery_key(format_recovery_key(FIXED_RECOVERY_RAW))
+    assert replica.is_locked
+
+
+@pytest.mark.parametrize("length", [32, 0, 16, 31, 33])
+def test_unlock_with_a_wrong_raw_key_raises_wrong_key(
+    make_replica: ReplicaFactory, length: int
+) -> None:
+    replica = make_replica()
+    replica.lock()
+    with pytest.raises(WrongKeyError):
+        replica.unlock_with_key(os.urandom(length))
+    assert replica.is_locked
+
+
+def test_unlock_with_the_recovery_key_yields_the_account_key(account: Account) -> None:
+    keys = unlock_with_recovery_key(bundle_from_bytes(account.bundle), account.recovery_key)
+    assert keys.account_key == account.key
+
+
+# ---- recovery key checksum ------------------------------------------------------------------------
+
+
+def typos(text: str) -> list[str]:
+    """Every recovery key one substituted character away from `text`."""
+    out = []
+    for index, char in enumerate(text):
+        if char == "-":
+            continue
+        out.extend(text[:index] + c + text[index + 1 :] for c in BASE32_ALPHABET if c != char)
+    return out
+
+
+def mistype(text: str) -> str:
+    """`text` with its first character replaced by another base32 character."""
+    return ("A" if text[0] != "A" else "B") + text[1:]
+
+
+def test_recovery_key_is_base32_in_dashed_groups_of_four() -> None:
+    text = format_recovery_key(FIXED_RECOVERY_RAW)
+    groups = text.split("-")
+    assert len(groups) == 14 and all(len(g) == 4 for g in groups)
+    check = hashlib.sha256(FIXED_RECOVERY_RAW).digest()[:3]
+    assert base64.b32decode("".join(groups)) == FIXED_RECOVERY_RAW + check
+
+
+def test_recovery_key_with_any_one_typo_fails_its_checksum() -> None:
+    text = format_recovery_key(FIXED_RECOVERY_RAW)
+    mistyped = typos(text)
+    assert len(mistyped) == 56 * 31
+    for typo in mistyped:
+        with pytest.raises(WrongKeyError, match="checksum"):
+            parse_recovery_key(typo)
+
+
+def test_recovery_key_with_two_characters_swapped_fails_its_checksum() -> None:
+    compact = format_recovery_key(FIXED_RECOVERY_RAW).replace("-", "")
+    for i in range(len(compact) - 1):
+        swapped = compact[:i] + compact[i + 1] + compact[i] + compact[i + 2 :]
+        if swapped != compact:
+            with pytest.raises(WrongKeyError, match="checksum"):
+                parse_recovery_key(swapped)
+
+
+@pytest.mark.parametrize("bad", ["1", "0", "8", "!"])
+def test_recovery_key_with_a_character_outside_base32_is_refused(bad: str) -> None:
+    text = format_recovery_key(FIXED_RECOVERY_RAW)
+    with pytest.raises(WrongKeyError, match="base32"):
+        parse_recovery_key(bad + text[1:])
+
+
+def test_recovery_key_parses_whatever_its_case_spaces_and_dashes() -> None:
+    text = format_recovery_key(FIXED_RECOVERY_RAW)
+    relaxed = " ".join(text.lower().split("-"))
+    assert parse_recovery_key(relaxed) == FIXED_RECOVERY_RAW
+
+
+def test_replica_unlock_with_a_mistyped_recovery_key_raises_wrong_key(
+    make_replica: ReplicaFactory, account: Account
+) -> None:
+    replica = make_replica()
+    replica.lock()
+    with pytest.raises(WrongKeyError, match="checksum"):
+        replica.unlock_with_recovery_key(mistype(account.recovery_key))
+    replica.unlock_with_recovery_key(account.recovery_key)
+    assert not replica.is_locked
+
+
+# ---- passphrase change ----------------------------------------------------------------------------
+
+
+def row_digests(path: Path) -> list[str]:
+    """SHA-256 of every row of the `versions` table, read straight from the file."""
+    db = sqlite3.connect(path)
+    try:
+        rows = db.execute(
+            "SELECT key, node, hlc, scope, envelope, dirty FROM versions ORDER BY key, node, hlc"
+        ).fetchall()
+    finally:
+        db.close()
+    return [hashlib.sha256(repr(row).encode()).hexdigest() for row in rows]
+
+
+def test_change_passphrase_rewraps_the_key_and_rewrites_no_record(
+    make_replica: ReplicaFactory, account: Account, tmp_path: Path
+) -> None:
+    replica = make_replica("changing")
+    replica.put("notes", "n1", {"title": "one"})
+    replica.put("notes", "n2", {"title": "two"})
+    replica.delete("notes", "n2")
+    replica.put("threads", "t1", {"title": "t", "message_count": 3})
+    path = tmp_path / "changing.db"
+    before = row_digests(path)
+    old_bundle = bundle_from_bytes(replica.key_bundle())
+
+    login = replica.change_passphrase(NEW_PASSPHRASE)
+
+    assert row_digests(path) == before and len(before) == 3
+    new_bundle = bundle_from_bytes(replica.key_bundle())
+    assert new_bundle.passphrase_wrap != old_bundle.passphrase_wrap
+    assert new_bundle.kdf.salt != old_bundle.kdf.salt
+    assert (new_bundle.recovery_wrap, new_bundle.sealed_info) == (
+        old_bundle.recovery_wrap,
+        old_bundle.sealed_info,
+    )
+    replica.close()
+    with Replica.open(path) as reopened:
+        with pytest.raises(WrongKeyError) as wrong:
+            reopened.unlock(PASSPHRASE)
+        reopened.unlock(NEW_PASSPHRASE)
+        assert reopened.account_key() == account.key
+        record = reopened.get("notes", "n1")
+        assert record is not None and record.document == {"title": "one"}
+        reopened.lock()
+        reopened.unlock_with_recovery_key(account.recovery_key)
+        assert reopened.account_key() == account.key
+    assert row_digests(path) == before
+    secrets = {
+        "auth key": login.auth_key,
+        "wrapping key": login.wrapping_key,
+        **secrets_of(account),
+    }
+    assert_no_leak(error_text(wrong.value), secrets)
+    assert_no_leak(repr(login) + str(login), secrets)
+
+
+# ---- no key material in any repr, str or error message ------------------------------------------
+
+WINDOW_BYTES = 8
+
+
+def secrets_of(account: Account) -> dict[str, bytes]:
+    """Every key of the session account, and the recovery key as bytes and as text."""
+    recovery = recovery_login_keys(account.recovery_key)
+    return {
+        "account key": account.key,
+        "index key": hkdf(account.key, b"sealsync index v1"),
+        "scope key": hkdf(account.key, b"sealsync scope v1"),
+        "epoch 0 key": hkdf(account.key, b"sealsync epoch v1 0"),
+        "info key": hkdf(account.key, b"sealsync info v1"),
+        "recovery key raw": parse_recovery_key(account.recovery_key),
+        "recovery key as shown": account.recovery_key.encode(),
+        "recovery key compact": account.recovery_key.replace("-", "").encode(),
+        "recovery auth key": recovery.auth_key,
+        "recovery wrapping key": recovery.wrapping_key,
+    }
+
+
+def leaks(text: str, secret: bytes) -> list[str]:
+    """The forms of `secret` (or of any 8-byte window of it) that appear in `text`."""
+    raw = text.encode("utf-8", "surrogateescape")
+    found = []
+    whole_forms = {
+        "repr": repr(secret)[2:-1],
+        "base64": base64.b64encode(secret).decode(),
+        "base32": base64.b32encode(secret).decode().rstrip("="),
+        "latin-1": secret.decode("latin-1"),
+    }
+    found += [name for name, form in whole_forms.items() if form in text]
+    for start in range(len(secret) - WINDOW_BYTES + 1):
+        window = secret[start : start + WINDOW_BYTES]
+        if window.hex() in text.lower():
+            found.append(f"hex of bytes {start}..{start + WINDOW_BYTES}")
+        if window in raw:
+            found.append(f"raw bytes {start}..{start + WINDOW_BYTES}")
+        if window.isascii() and window.decode().upper() in text.upper():
+            found.append(f"text {start}..{start + WINDOW_BYTES}")
+    return found
+
+
+def assert_no_leak(text: str, secrets: dict[str, bytes]) -> None:
+    found = {name: forms for name, secret in secrets.items() if (forms := leaks(text, secret))}
+    assert not found, f"key material in {text!r}: {found}"
+
+
+def error_text(error: SealsyncError) -> str:
+    """Everything a log could show of an error: message, hint, repr and the chained traceback."""
+    return "\n".join([str(error), repr(error), str(error.hint), *traceback.format_exception(error)])
+
+
+def test_leak_check_finds_a_key_in_a_default_dataclass_repr() -> None:
+    """The check below can fail: a plain dataclass shows its bytes, in full or in part."""
+
+    @dataclass
+    class Careless:
+        key: bytes
+
+    key = os.urandom(32)
+    assert leaks(repr(Careless(key)), key)
+    assert leaks(f"key={key.hex()[:20]}", key)
+    assert leaks(f"key={key[5:20].hex().upper()}", key)
+    assert not leaks(repr(Careless(b"")), key)
+
+
+def test_no_key_material_in_any_repr_or_str(make_replica: ReplicaFactory, account: Account) -> None:
+    secrets = secrets_of(account)
+    bundle = bundle_from_bytes(account.bundle)
+    keys = unlock_with_account_key(bundle, account.key)
+    keys.aead(0)
+    recovery = recovery_login_keys(account.recovery_key)
+    new = NewAccount(bundle, keys, account.recovery_key, os.urandom(32), recovery.auth_key)
+    secrets["new account auth key"] = new.auth_key
+    replica = make_replica()
+    request = RegisterRequest(
+        "alice", new.auth_key, recovery.auth_key, bundle.kdf, account.bundle, "laptop"
+    )
+    info = AccountInfo(bytes(ACCOUNT_ID_BYTES), 0)
+    shown: list[object] = [keys, new, bundle, recovery, LoginKeys(account.key, keys.index_key)]
+    shown += [replica, request, bundle.kdf, AccountKeys(account.key, info)]
+    for value in shown:
+        assert_no_leak(repr(value) + "\n" + str(value), secrets)
+
+
+def test_no_key_material_in_wrong_key_errors(
+    make_replica: ReplicaFactory, account: Account
+) -> None:
+    secrets = secrets_of(account)
+    wrong_raw = os.urandom(32)
+    mistyped = mistype(account.recovery_key)
+    secrets |= {"wrong raw key": wrong_raw, "mistyped": mistyped.encode()}
+    replica = make_replica()
+    replica.lock()
+    attempts = [
+        lambda: replica.unlock_with_key(wrong_raw),
+        lambda: replica.unlock_with_key(wrong_raw[:31]),
+        lambda: replica.unlock_with_recovery_key(mistyped),
+        lambda: replica.unlock_with_recovery_key("1" + account.recovery_key[1:]),
+        lambda: replica.unlock_with_recovery_key(format_recovery_key(FIXED_RECOVERY_RAW)),
+    ]
+    for attempt in attempts:
+        with pytest.raises(WrongKeyError) as raised:
+            attempt()
+        assert_no_leak(error_text(raised.value), secrets)

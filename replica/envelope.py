@@ -151,7 +151,7 @@ def _check_plaintext(keys: AccountKeys, header: Header, plaintext: bytes) -> Ope
     if (
         not hmac.compare_digest(key, header.key)
         or vector != header.vector
-        or deleted not in (True, False)
+        or type(deleted) is not bool
     ):
         raise EnvelopeError("envelope content does not match its header")
     return Opened(header, identity, deleted, document)

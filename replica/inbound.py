@@ -127,9 +127,6 @@ class _Merger:
 
     def _consider(self, header: Header, envelope: bytes) -> None:
         record = self.records.get(header.key)
-        self.result.max_hlc = max(self.result.max_hlc, header.hlc)
-        if header.node == self.ctx.node and not self._known_own(header, record):
-            self._change_node()
         if clock.is_ahead(header.hlc, self.now_ms, self.ctx.options.max_drift_ms):
             release = clock.hlc_ms(header.hlc) - self.ctx.options.max_drift_ms
             self._hold(header, envelope, "drift", release, None)
@@ -146,6 +143,11 @@ class _Merger:
         except EnvelopeError as exc:
             self._quarantine(header.key, envelope, str(exc), record)
             return
+        # Only an authenticated version can tell us this file was copied, or how far ahead
+        # peers' clocks run: a header alone is the relay's word.
+        self.result.max_hlc = max(self.result.max_hlc, header.hlc)
+        if header.node == self.ctx.node and not self._known_own(header, record):
+            self._change_node()
         identity = opened.identity
         scope = self._scope(opener, identity.profile, identity.collection)
         collection = self.ctx.schema.get(identity.collection)

@@ -28,12 +28,24 @@ def check_name(kind: str, value: object) -> str:
         raise InvalidArgumentError(f"{kind} has {len(value)} characters, bounds 1..{MAX_ID_CHARS}")
     if "\x00" in value:
         raise InvalidArgumentError(f"{kind} {value[:40]!r} contains NUL")
+    check_text(kind, value)
     if not unicodedata.is_normalized("NFC", value):
         raise InvalidArgumentError(
             f"{kind} {value[:40]!r} is not in Unicode NFC",
             hint="normalize it with unicodedata.normalize('NFC', value)",
         )
     return value
+
+
+def check_text(kind: str, value: str) -> None:
+    """Refuse text that has no UTF-8 form (a lone surrogate)."""
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise InvalidArgumentError(
+                f"{kind} {value[:40]!r} holds a lone surrogate, which is not valid Unicode text"
+            ) from None
 
 
 def check_document(document: Any) -> None:
@@ -43,7 +55,10 @@ def check_document(document: Any) -> None:
         value, depth = stack.pop()
         if depth > MAX_NESTING:
             raise InvalidArgumentError(f"document nests deeper than {MAX_NESTING} levels")
-        if value is None or isinstance(value, (bool, str)):
+        if value is None or isinstance(value, bool):
+            continue
+        if isinstance(value, str):
+            check_text("document text", value)
             continue
         if isinstance(value, int):
             if not MIN_INT <= value <= MAX_INT:
@@ -57,6 +72,7 @@ def check_document(document: Any) -> None:
             for key, item in value.items():
                 if not isinstance(key, str):
                     raise InvalidArgumentError(f"document object key {key!r} is not a str")
+                check_text("document object key", key)
                 stack.append((item, depth + 1))
         else:
             raise InvalidArgumentError(

@@ -549,14 +549,9 @@ def test_relay_state_change_exposes_a_wiped_or_restored_relay(
     session.apply_page(page_of([], seen, cursor=5))
 
 
-# ---- bugs found in replica/ (each xfail until fixed there) ----------------------------------------
+# ---- regressions: bugs once found in replica/ ----------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=UnicodeEncodeError,
-    reason="limits.check_name accepts a lone surrogate; seal then raises UnicodeEncodeError",
-)
 def test_replica_put_refuses_a_lone_surrogate_id_as_invalid_argument(
     make_replica: ReplicaFactory,
 ) -> None:
@@ -565,11 +560,6 @@ def test_replica_put_refuses_a_lone_surrogate_id_as_invalid_argument(
         replica.put("notes", "\ud800", {})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=UnicodeEncodeError,
-    reason="limits.check_document accepts a lone surrogate; seal then raises UnicodeEncodeError",
-)
 def test_replica_put_refuses_a_lone_surrogate_in_a_document_as_invalid_argument(
     make_replica: ReplicaFactory,
 ) -> None:
@@ -606,11 +596,6 @@ def test_seal_raw_fields_matches_seal_for_well_formed_fields() -> None:
     assert envelope == expected
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=pytest.fail.Exception,
-    reason="envelope._check_plaintext tests `deleted not in (True, False)`, which 1 and 0 pass",
-)
 def test_open_refuses_a_deleted_flag_that_is_not_a_boolean() -> None:
     envelope = seal_raw_fields(["default", "notes", "n1", 1, None, [[7, 9]]], bytes(12))
     with pytest.raises(EnvelopeError):
@@ -635,11 +620,6 @@ def test_forged_envelope_is_quarantined_and_changes_no_record(
     assert record is not None and record.document == {"x": 1}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="inbound._consider changes the node id on an unauthenticated header, before opening",
-)
 def test_forged_header_with_this_devices_node_does_not_change_its_node(
     make_replica: ReplicaFactory,
 ) -> None:

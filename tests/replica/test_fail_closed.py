@@ -57,8 +57,14 @@ def resealed_under_other_key(account_id: bool) -> Damage:
         info = AccountInfo(others["account_id"] if account_id else b"\x07" * 16, 0)
         stranger = AccountKeys(b"\x42" * 32, info)
         forged = seal(
-            stranger, Identity("default", "notes", "r2"), hlc=header.hlc, node=header.node,
-            vector=header.vector, deleted=False, document={"forged": True}, nonce=b"\x00" * 12,
+            stranger,
+            Identity("default", "notes", "r2"),
+            hlc=header.hlc,
+            node=header.node,
+            vector=header.vector,
+            deleted=False,
+            document={"forged": True},
+            nonce=b"\x00" * 12,
         )
         return forged[:6] + header.key + forged[22:]
 
@@ -102,8 +108,10 @@ def damage_row(path: Path, key: bytes, damage: Damage, others: dict[str, bytes])
                 node, hlc = node_to_sql(header.node), header.hlc
         except Exception:
             pass
-        db.execute("UPDATE versions SET node = ?, hlc = ?, envelope = ? WHERE key = ?",
-                   (node, hlc, damaged, key))
+        db.execute(
+            "UPDATE versions SET node = ?, hlc = ?, envelope = ? WHERE key = ?",
+            (node, hlc, damaged, key),
+        )
     return damaged
 
 
@@ -124,7 +132,9 @@ def populated(make_replica: ReplicaFactory, account: Account) -> tuple[Replica, 
             "work/r2": Identity("work", "notes", "r2"),
         }.items():
             key = opaque_key(keys.index_key, identity)
-            others[name] = db.execute("SELECT envelope FROM versions WHERE key = ?", (key,)).fetchone()[0]
+            others[name] = db.execute(
+                "SELECT envelope FROM versions WHERE key = ?", (key,)
+            ).fetchone()[0]
     return replica, others
 
 
@@ -209,7 +219,9 @@ def test_a_damaged_envelope_in_a_page_is_quarantined_and_the_rest_merges(
             assert db.execute("SELECT envelope FROM quarantine").fetchall() == [(damaged,)]
 
 
-def test_an_envelope_of_an_unknown_epoch_is_held_not_quarantined(make_replica: ReplicaFactory) -> None:
+def test_an_envelope_of_an_unknown_epoch_is_held_not_quarantined(
+    make_replica: ReplicaFactory,
+) -> None:
     writer, reader = make_replica("w"), make_replica("r")
     writer.put("notes", "n", {})
     (envelope,) = dirty_envelopes(writer)
@@ -219,7 +231,9 @@ def test_an_envelope_of_an_unknown_epoch_is_held_not_quarantined(make_replica: R
     assert status.held_other == {"epoch": 1} and status.quarantined == 0 and status.degraded == 0
 
 
-def test_repair_refuses_when_most_rows_are_undecryptable(populated: tuple[Replica, dict[str, bytes]]) -> None:
+def test_repair_refuses_when_most_rows_are_undecryptable(
+    populated: tuple[Replica, dict[str, bytes]],
+) -> None:
     replica, others = populated
     keys = replica._core.keys()
     damage = resealed_under_other_key(account_id=True)

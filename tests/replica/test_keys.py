@@ -327,7 +327,7 @@ def test_change_passphrase_rewraps_the_key_and_rewrites_no_record(
     replica.put("notes", "n2", {"title": "two"})
     replica.delete("notes", "n2")
     replica.put("threads", "t1", {"title": "t", "message_count": 3})
-    path = tmp_path / "changing.db"
+    path = replica.path
     before = row_digests(path)
     old_bundle = bundle_from_bytes(replica.key_bundle())
 

@@ -152,6 +152,7 @@ def _check_plaintext(keys: AccountKeys, header: Header, plaintext: bytes) -> Ope
         not hmac.compare_digest(key, header.key)
         or vector != header.vector
         or type(deleted) is not bool
+        or (deleted and document is not None)
     ):
         raise EnvelopeError("envelope content does not match its header")
     return Opened(header, identity, deleted, document)

@@ -51,7 +51,7 @@ from replica.schema import (
 from replica.status import Status, read_status
 from replica.store import Store
 from replica.sync import SyncSession
-from replica.wire import KdfParams
+from replica.wire import KdfParams, check_kdf_params
 
 HELD_RECHECK_ON_UNLOCK = ("sealed", "epoch")
 
@@ -97,9 +97,9 @@ class Replica:
         options: ReplicaOptions | None = None,
     ) -> Replica:
         """A new replica of an existing account, from its key bundle; locked until `unlock`."""
-        return cls._new_file(
-            Path(path), bundle_from_bytes(bundle), schema, options or ReplicaOptions()
-        )
+        parsed = bundle_from_bytes(bundle)
+        check_kdf_params(parsed.kdf)
+        return cls._new_file(Path(path), parsed, schema, options or ReplicaOptions())
 
     @classmethod
     def open(cls, path: str | Path, *, options: ReplicaOptions | None = None) -> Replica:

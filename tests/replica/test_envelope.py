@@ -584,7 +584,7 @@ def seal_raw_fields(fields: list[Any], nonce: bytes) -> bytes:
 
 
 def test_seal_raw_fields_matches_seal_for_well_formed_fields() -> None:
-    """The helper above is faithful, so the xfail below fails only on the deleted flag."""
+    """The helper above is faithful, so the refusals below come from the field checked."""
     fields = ["default", "notes", "n1", True, None, [[7, 9]]]
     nonce = bytes(12)
     envelope = seal_raw_fields(fields, nonce)
@@ -598,6 +598,12 @@ def test_seal_raw_fields_matches_seal_for_well_formed_fields() -> None:
 
 def test_open_refuses_a_deleted_flag_that_is_not_a_boolean() -> None:
     envelope = seal_raw_fields(["default", "notes", "n1", 1, None, [[7, 9]]], bytes(12))
+    with pytest.raises(EnvelopeError):
+        open_envelope(READER, envelope)
+
+
+def test_open_refuses_a_tombstone_that_carries_a_document() -> None:
+    envelope = seal_raw_fields(["default", "notes", "n1", True, {"x": 1}, [[7, 9]]], bytes(12))
     with pytest.raises(EnvelopeError):
         open_envelope(READER, envelope)
 

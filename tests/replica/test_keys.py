@@ -111,10 +111,22 @@ def test_kdf_params_outside_the_bounds_are_refused_when_a_stored_bundle_carries_
     bundle = with_kdf(account, params)
     with pytest.raises(KdfParametersError):
         unlock_with_passphrase(bundle_from_bytes(bundle), PASSPHRASE)
-    with Replica.join(tmp_path / "bad-kdf.db", bundle) as replica:
+    with pytest.raises(KdfParametersError):
+        Replica.join(tmp_path / "refused.db", bundle)
+    with replica_storing(tmp_path, account, bundle) as replica:
         with pytest.raises(KdfParametersError):
             replica.unlock(PASSPHRASE)
         assert replica.is_locked
+
+
+def replica_storing(tmp_path: Path, account: Account, bundle: bytes) -> Replica:
+    """A replica file whose stored bundle was replaced behind its back (join refuses it)."""
+    path = tmp_path / "bad-kdf.db"
+    Replica.join(path, account.bundle).close()
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE meta SET value = ? WHERE name = 'bundle'", (bundle,))
+    db.close()
+    return Replica.open(path)
 
 
 @pytest.mark.parametrize(
@@ -123,7 +135,7 @@ def test_kdf_params_outside_the_bounds_are_refused_when_a_stored_bundle_carries_
 def test_change_passphrase_refuses_to_carry_over_stored_costs_outside_the_bounds(
     params: KdfParams, account: Account, tmp_path: Path
 ) -> None:
-    with Replica.join(tmp_path / "bad-kdf.db", with_kdf(account, params)) as replica:
+    with replica_storing(tmp_path, account, with_kdf(account, params)) as replica:
         replica.unlock_with_key(account.key)
         with pytest.raises(KdfParametersError):
             replica.change_passphrase(NEW_PASSPHRASE)

@@ -93,6 +93,7 @@ class Store:
         self.path = path
         self.busy_timeout_s = busy_timeout_s
         self._depth = 0
+        self._next_lock_sweep_ms = 0
         try:
             self.db = sqlite3.connect(
                 path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s
@@ -392,9 +393,12 @@ class Store:
     def replace_auto_lock(
         self, key: bytes, now_ms: int, expires_ms: int, dot: tuple[int, int]
     ) -> None:
-        """The automatic lock of a record follows its latest local write; expired ones go."""
+        """The automatic lock of a record follows its latest local write; expired locks are
+        swept at most once a second (they are ignored by `active_locks` meanwhile)."""
         self.db.execute("DELETE FROM locks WHERE kind = 'auto' AND target = ?", (key,))
-        self.db.execute("DELETE FROM locks WHERE expires_ms <= ?", (now_ms,))
+        if now_ms >= self._next_lock_sweep_ms:
+            self.db.execute("DELETE FROM locks WHERE expires_ms <= ?", (now_ms,))
+            self._next_lock_sweep_ms = now_ms + 1000
         self.add_lock("auto", key, expires_ms, dot)
 
     def active_locks(self, now_ms: int) -> list[Lock]:

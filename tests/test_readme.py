@@ -1,0 +1,37 @@
+"""The README's first command runs the main job; this keeps it true at every commit."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"```sh\n(.*?)```", text, re.S)
+    assert block is not None, "the README opens with a sh block of the two commands"
+    return [line for line in block.group(1).splitlines() if line and not line.startswith("#")]
+
+
+def test_readme_opens_with_the_two_commands() -> None:
+    setup_and_run, setup_and_test = readme_commands()
+    assert "examples/converge.py" in setup_and_run
+    assert setup_and_test.endswith("-m pytest")
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert setup_and_test in ci, ".ci/run runs exactly the README's test command"
+
+
+def test_the_main_job_converges() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "converge.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "converged" in result.stdout.splitlines()[-2]

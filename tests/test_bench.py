@@ -1,0 +1,78 @@
+"""bench/run.py keeps working and keeps its output contract (the JSON lines CI and people read).
+
+Runs the script as a subprocess, as a person would, with tiny sizes so the suite stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+REQUIRED = {
+    "raw.sqlite_upsert",
+    "raw.aesgcm_open",
+    "raw.upsert_aead",
+    "replica.put",
+    "replica.put_single",
+    "replica.merge",
+}
+
+
+def run_bench(*args: str) -> list[dict[str, Any]]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--json", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+
+
+def check_lines(lines: list[dict[str, Any]]) -> None:
+    """Every line has name, a positive value and a unit; a ratio is value ÷ its baseline's."""
+    value_by_name = {line["name"]: line["value"] for line in lines}
+    assert len(value_by_name) == len(lines), "duplicate names"
+    for line in lines:
+        assert isinstance(line["name"], str) and line["name"]
+        assert isinstance(line["value"], int | float) and line["value"] > 0, line
+        assert isinstance(line["unit"], str) and line["unit"], line
+        if "ratio" in line:
+            base = value_by_name[line["baseline"]]
+            assert line["ratio"] == pytest.approx(line["value"] / base, rel=1e-9), line
+
+
+def test_bench_quick_aesgcm_prints_json_lines() -> None:
+    lines = run_bench("--quick", "--only", "raw.aesgcm")
+    check_lines(lines)
+    assert [line["name"] for line in lines] == ["raw.aesgcm_open"]
+    assert lines[0]["unit"] == "ops/s" and lines[0]["n"] > 0
+
+
+def test_bench_tiny_run_has_every_required_line_with_its_baseline() -> None:
+    lines = run_bench("--n", "100")
+    check_lines(lines)
+    by_name = {line["name"]: line for line in lines}
+    assert set(by_name) >= REQUIRED
+    assert by_name["replica.merge"]["baseline"] == "raw.upsert_aead"
+    assert by_name["replica.put"]["baseline"] == "raw.sqlite_upsert"
+    assert by_name["replica.put_single"]["baseline"] == "raw.sqlite_upsert"
+    assert all("ratio" in by_name[name] for name in ("replica.merge", "replica.put"))
+    assert by_name["replica.merge"]["n"] == by_name["raw.upsert_aead"]["n"] == 100
+
+
+def test_bench_only_pulls_in_the_baseline_it_needs() -> None:
+    lines = run_bench("--n", "50", "--only", "replica.put_single")
+    assert [line["name"] for line in lines] == ["raw.sqlite_upsert", "replica.put_single"]
+    check_lines(lines)

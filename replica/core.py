@@ -135,6 +135,9 @@ class Core:
             )
         return scope
 
+    def record_key(self, identity: Identity) -> bytes:
+        return self.keys().record_key(identity.profile, identity.collection, identity.id)
+
     def forget_keys(self) -> None:
         if self.opener is not None:
             self.opener.keys.drop()

@@ -8,7 +8,7 @@ schema). Each is merged again when its reason goes away — see `Core.recheck_he
 from __future__ import annotations
 
 from replica.core import Core, released_events
-from replica.envelope import opaque_key, profile_key
+from replica.envelope import profile_key
 from replica.errors import InvalidArgumentError
 from replica.limits import check_name
 
@@ -27,7 +27,7 @@ def lock_scope(
         if collection is None:
             raise InvalidArgumentError("a record lock needs its collection")
         _, identity = core.resolve(collection, id, profile)
-        kind, target = "record", opaque_key(keys.index_key, identity)
+        kind, target = "record", keys.record_key(identity.profile, identity.collection, identity.id)
     elif collection is not None:
         core.schema.require(check_name("collection", collection))
         kind, target = "collection", core.scope(profile, collection)

@@ -14,6 +14,7 @@ order is total and every replica shows the same version. The decision reads only
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from replica.wire import Dot, VersionVector, dominates, merge_vectors
@@ -35,10 +36,19 @@ class Versioned(Protocol):
 V = TypeVar("V", bound=Versioned)
 
 
+@dataclass(frozen=True, slots=True)
+class Sibling:
+    """A stored version as merging sees it: its dot and its vector, nothing more."""
+
+    node: int
+    hlc: int
+    vector: VersionVector
+
+
 def is_covered(siblings: Iterable[Versioned], inbound: Versioned) -> bool:
     """True when a sibling is the inbound version itself or descends from it."""
-    dot = (inbound.node, inbound.hlc)
-    return any((s.node, s.hlc) == dot or dominates(s.vector, dot) for s in siblings)
+    node, hlc = inbound.node, inbound.hlc  # a sibling's vector holds its own dot: equality too
+    return any(sibling.vector.get(node, 0) >= hlc for sibling in siblings)
 
 
 def merge_version(siblings: Sequence[V], inbound: V) -> tuple[list[V], list[V]]:

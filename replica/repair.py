@@ -65,23 +65,24 @@ class RepairReport:
     unlatched_records: int
 
 
-def _stored_rows(core: Core, scope: bytes | None) -> Iterator[tuple[str, Row]]:
+def _stored_rows(core: Core, scope: bytes | None) -> Iterator[tuple[str, Row, bytes | None]]:
+    """Every stored row, with the vector column of `versions` rows (None elsewhere)."""
     store = core.store
     where, args = ("", ()) if scope is None else (" WHERE scope = ?", (scope,))
-    for key, node, hlc, envelope in store.db.execute(
-        f"SELECT key, node, hlc, envelope FROM versions{where}", args
+    for key, node, hlc, vector, envelope in store.db.execute(
+        f"SELECT key, node, hlc, vector, envelope FROM versions{where}", args
     ).fetchall():
-        yield "versions", Row(key, node_from_sql(node), hlc, envelope)
+        yield "versions", Row(key, node_from_sql(node), hlc, envelope), vector
     for key, envelope in store.db.execute(f"SELECT key, envelope FROM local{where}", args):
-        yield "local", local_row(key, envelope)
+        yield "local", local_row(key, envelope), None
     if scope is None:
         for key, node, hlc, envelope in store.db.execute(
             "SELECT key, node, hlc, envelope FROM history"
         ).fetchall():
-            yield "history", Row(key, node_from_sql(node), hlc, envelope)
+            yield "history", Row(key, node_from_sql(node), hlc, envelope), None
 
 
-def _check_row(core: Core, table: str, row: Row) -> Finding | None:
+def _check_row(core: Core, table: str, row: Row, vector: bytes | None) -> Finding | None:
     opener = core.opener_or_raise()
     try:
         header = parse_header(row.envelope)
@@ -89,6 +90,8 @@ def _check_row(core: Core, table: str, row: Row) -> Finding | None:
         return Finding(table, row, "corrupt", f"malformed header: {exc}")
     if (header.key, header.node, header.hlc) != (row.key, row.node, row.hlc):
         return Finding(table, row, "corrupt", "envelope does not belong to its row")
+    if vector is not None and vector != header.vector_bytes:
+        return Finding(table, row, "corrupt", "the row's vector column differs from its header")
     try:
         opener.open(row.envelope, header)
     except EnvelopeError as exc:
@@ -102,9 +105,9 @@ def diagnose(core: Core, scope: bytes | None = None) -> Diagnosis:
     """Open every stored row (of one scope, or all) and report the ones that fail."""
     count = 0
     findings = []
-    for table, row in _stored_rows(core, scope):
+    for table, row, vector in _stored_rows(core, scope):
         count += 1
-        finding = _check_row(core, table, row)
+        finding = _check_row(core, table, row, vector)
         if finding is not None:
             findings.append(finding)
     return Diagnosis(count, tuple(findings), core.store.count_degraded())

@@ -17,7 +17,7 @@ from typing import Any
 
 from replica import held, repair, write
 from replica.core import Core, rows_by_key
-from replica.envelope import Identity, opaque_key
+from replica.envelope import Identity
 from replica.errors import DegradedError, StaleContextError, StoreError
 from replica.events import Subscriber
 from replica.keys import (
@@ -145,7 +145,10 @@ class Replica:
             core.check_open()
             core.forget_keys()
             core.opener = Opener(keys, core.options.cache_entries)
-            if core.store.get_bytes("schema") is None:
+            stored = core.store.get_bytes("schema")  # another process may have declared it
+            if stored is not None:
+                core.schema = schema_from_bytes(stored)
+            else:
                 info = open_info(keys.account_key, core.bundle().sealed_info)
                 if info.schema:
                     with core.write_transaction():
@@ -245,7 +248,7 @@ class Replica:
         with core.mutex:
             spec, identity = core.resolve(collection, id, profile)
             core.release_due()
-            key = opaque_key(core.keys().index_key, identity)
+            key = core.record_key(identity)
             scope = core.scope(profile, collection)
             if spec.policy == "local":
                 return write.get_local(core, key, scope)
@@ -296,7 +299,7 @@ class Replica:
         core = self._core
         with core.mutex:
             _, identity = core.resolve(collection, id, profile)
-            key = opaque_key(core.keys().index_key, identity)
+            key = core.record_key(identity)
             rows = core.store.history_of(key)
             opened = core.open_rows(key, rows, core.scope(profile, collection)) if rows else []
             return [Version(o.header.node, o.header.hlc, o.deleted, o.document) for o in opened]

@@ -27,10 +27,12 @@ _MIGRATIONS: tuple[str, ...] = (
     """
     CREATE TABLE meta (name TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
     CREATE TABLE versions (
+        id INTEGER PRIMARY KEY,
         key BLOB NOT NULL, node INTEGER NOT NULL, hlc INTEGER NOT NULL,
-        scope BLOB NOT NULL, envelope BLOB NOT NULL, dirty INTEGER NOT NULL DEFAULT 0,
-        PRIMARY KEY (key, node, hlc)) WITHOUT ROWID;
-    CREATE INDEX versions_by_scope ON versions (scope);
+        scope BLOB NOT NULL, vector BLOB NOT NULL, envelope BLOB NOT NULL,
+        dirty INTEGER NOT NULL DEFAULT 0);
+    CREATE UNIQUE INDEX versions_by_identity ON versions (key, node, hlc);
+    CREATE INDEX versions_by_scope ON versions (scope, key);
     CREATE INDEX versions_dirty ON versions (dirty) WHERE dirty = 1;
     CREATE TABLE held (
         key BLOB NOT NULL, node INTEGER NOT NULL, hlc INTEGER NOT NULL,
@@ -42,6 +44,7 @@ _MIGRATIONS: tuple[str, ...] = (
         expires_ms INTEGER NOT NULL, dot_node INTEGER, dot_hlc INTEGER);
     CREATE INDEX locks_by_target ON locks (target);
     CREATE INDEX locks_by_expiry ON locks (expires_ms);
+    CREATE INDEX held_by_release ON held (release_after_ms);
     CREATE TABLE local (
         key BLOB PRIMARY KEY, scope BLOB NOT NULL, envelope BLOB NOT NULL) WITHOUT ROWID;
     CREATE TABLE quarantine (
@@ -72,6 +75,29 @@ class Row:
     node: int
     hlc: int
     envelope: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class NewVersion:
+    """A version to store, with the cleartext header facts that queries need."""
+
+    key: bytes
+    node: int
+    hlc: int
+    scope: bytes
+    vector: bytes
+    envelope: bytes
+    dirty: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSibling:
+    """A stored version as merging sees it: its dot, scope and encoded vector."""
+
+    node: int
+    hlc: int
+    scope: bytes
+    vector: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,19 +251,6 @@ class Store:
         ).fetchall()
         return [Row(k, node_from_sql(n), h, e) for k, n, h, e in rows]
 
-    def versions_of_many(self, keys: Sequence[bytes]) -> dict[bytes, list[Row]]:
-        """Siblings of many records in one query per 500 keys (SQLite's variable limit)."""
-        found: dict[bytes, list[Row]] = {}
-        unique = list(dict.fromkeys(keys))
-        for start in range(0, len(unique), 500):
-            chunk = unique[start : start + 500]
-            marks = ",".join("?" * len(chunk))
-            for k, n, h, e in self.db.execute(
-                f"SELECT key, node, hlc, envelope FROM versions WHERE key IN ({marks})", chunk
-            ):
-                found.setdefault(k, []).append(Row(k, node_from_sql(n), h, e))
-        return found
-
     def versions_in_scope(self, scope: bytes) -> Iterator[Row]:
         cursor = self.db.execute(
             "SELECT key, node, hlc, envelope FROM versions WHERE scope = ? ORDER BY key", (scope,)
@@ -249,16 +262,29 @@ class Store:
         for k, n, h, e in self.db.execute("SELECT key, node, hlc, envelope FROM versions"):
             yield Row(k, node_from_sql(n), h, e)
 
-    def insert_versions(self, rows: Iterable[tuple[Row, bytes, bool]]) -> None:
-        """Insert (row, scope, dirty) triples; an identical identity is left as it is."""
+    def insert_versions(self, rows: Iterable[NewVersion]) -> None:
+        """Insert versions; an identity already stored is left as it is."""
         self.db.executemany(
-            "INSERT OR IGNORE INTO versions (key, node, hlc, scope, envelope, dirty) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT OR IGNORE INTO versions (key, node, hlc, scope, vector, envelope, dirty) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
             [
-                (r.key, node_to_sql(r.node), r.hlc, scope, r.envelope, int(dirty))
-                for r, scope, dirty in rows
+                (v.key, node_to_sql(v.node), v.hlc, v.scope, v.vector, v.envelope, int(v.dirty))
+                for v in rows
             ],
         )
+
+    def siblings_of_many(self, keys: Sequence[bytes]) -> dict[bytes, list[StoredSibling]]:
+        """The header facts of many records' siblings (no envelopes): what merging needs."""
+        found: dict[bytes, list[StoredSibling]] = {}
+        unique = list(dict.fromkeys(keys))
+        for start in range(0, len(unique), 500):
+            chunk = unique[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for k, n, h, scope, vector in self.db.execute(
+                f"SELECT key, node, hlc, scope, vector FROM versions WHERE key IN ({marks})", chunk
+            ):
+                found.setdefault(k, []).append(StoredSibling(node_from_sql(n), h, scope, vector))
+        return found
 
     def delete_versions(self, rows: Iterable[Row]) -> None:
         self.db.executemany(

@@ -67,15 +67,19 @@ class Header:
     def dot(self) -> Dot:
         return (self.node, self.hlc)
 
+    @property
+    def vector_bytes(self) -> bytes:
+        """The header's own encoding of the vector: u16 count ‖ (node u64, hlc u64)*."""
+        return self.header_bytes[FIXED_HEADER_BYTES - 2 :]
+
 
 def encode_header(epoch: int, key: bytes, hlc: int, node: int, vector: VersionVector) -> bytes:
     """The header bytes for one version; validated exactly as `parse_header` checks them."""
     if len(key) != KEY_BYTES:
         raise ProtocolError(f"opaque key is {len(key)} bytes, expected {KEY_BYTES}")
     check_vector(vector, node, hlc)
-    entries = sorted(vector.items())
-    fixed = _FIXED.pack(FORMAT_VERSION, ALGORITHM_AES_256_GCM, epoch, key, hlc, node, len(entries))
-    return fixed + b"".join(_ENTRY.pack(n, h) for n, h in entries)
+    fixed = _FIXED.pack(FORMAT_VERSION, ALGORITHM_AES_256_GCM, epoch, key, hlc, node, len(vector))
+    return fixed[:-2] + encode_vector(vector)
 
 
 def check_vector(vector: VersionVector, node: int, hlc: int) -> None:
@@ -113,6 +117,17 @@ def parse_header(envelope: bytes) -> Header:
     if hlc == 0 or vector.get(node) != hlc:
         raise ProtocolError(f"envelope vector does not carry its own dot ({node}, {hlc})")
     return Header(epoch, key, hlc, node, vector, envelope[:end])
+
+
+def encode_vector(vector: VersionVector) -> bytes:
+    """A vector as the header encodes it (entries sorted by node)."""
+    entries = sorted(vector.items())
+    return struct.pack(">H", len(entries)) + b"".join(_ENTRY.pack(n, h) for n, h in entries)
+
+
+def decode_vector(data: bytes) -> VersionVector:
+    """The inverse of `encode_vector`, for vectors the replica stored itself."""
+    return dict(_ENTRY.iter_unpack(data[2:]))
 
 
 def dominates(vector: VersionVector, dot: Dot) -> bool:

@@ -14,14 +14,14 @@ from typing import Any
 
 from replica import clock
 from replica.core import Core, rows_by_key
-from replica.envelope import Identity, Opened, opaque_key, seal
+from replica.envelope import Identity, Opened, seal
 from replica.errors import InvalidArgumentError, ItemLimitError, ProtocolError, StaleContextError
 from replica.events import ChangeEvent
 from replica.merge import local_vector
 from replica.record import Context, Record, record_from_siblings
 from replica.schema import DEFAULT_PROFILE, PROFILES_COLLECTION, Collection
-from replica.store import Row
-from replica.wire import parse_header
+from replica.store import NewVersion, Row
+from replica.wire import encode_vector, parse_header
 
 
 def write_record(
@@ -37,7 +37,7 @@ def write_record(
     spec, _ = core.resolve(identity.collection, identity.id, identity.profile)
     if identity.collection != PROFILES_COLLECTION:
         check_profile(core, identity.profile)
-    key = opaque_key(core.keys().index_key, identity)
+    key = core.record_key(identity)
     scope = core.scope(identity.profile, identity.collection)
     if spec.policy == "local":
         return _write_local(core, identity, key, scope, document, deleted)
@@ -63,7 +63,7 @@ def check_profile(core: Core, profile: str) -> None:
     """Writes go only to profiles that exist (created with `Replica.create_profile`)."""
     if profile == DEFAULT_PROFILE:
         return
-    key = opaque_key(core.keys().index_key, Identity(DEFAULT_PROFILE, PROFILES_COLLECTION, profile))
+    key = core.keys().record_key(DEFAULT_PROFILE, PROFILES_COLLECTION, profile)
     rows = core.store.versions_of(key)
     scope = core.scope(DEFAULT_PROFILE, PROFILES_COLLECTION)
     if not rows or record_from_siblings(core.open_rows(key, rows, scope), None).deleted:
@@ -140,7 +140,9 @@ def _seal_and_store(
         old = [r for r in store.versions_of(key) if (r.node, r.hlc) in replaced_dots]
         store.add_history(old, now, spec.history)
     store.delete_versions([Row(key, node_, hlc_, b"") for node_, hlc_ in replaced_dots])
-    store.insert_versions([(Row(key, node, hlc, envelope), scope, True)])
+    store.insert_versions(
+        [NewVersion(key, node, hlc, scope, encode_vector(vector), envelope, dirty=True)]
+    )
     store.set_meta("clock", hlc)
     window_s = core.options.freshness_window_s
     if window_s > 0:

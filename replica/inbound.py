@@ -25,7 +25,7 @@ from replica import clock
 from replica.envelope import Identity, Opened, profile_key, scope_key
 from replica.errors import EnvelopeError, ProtocolError, UnknownEpochError
 from replica.events import ChangeEvent
-from replica.locks import Lock, Targets, held_until
+from replica.locks import LockIndex, Targets
 from replica.merge import Sibling, is_covered, merge_version
 from replica.opener import Opener
 from replica.options import ReplicaOptions
@@ -72,11 +72,8 @@ class _Record:
 def _load_records(store: Store, keys: Sequence[bytes]) -> dict[bytes, _Record]:
     records: dict[bytes, _Record] = {}
     for key, stored in store.siblings_of_many(keys).items():
-        siblings: list[Sibling | Header] = [
-            Sibling(s.node, s.hlc, decode_vector(s.vector)) for s in stored
-        ]
-        dots = frozenset((s.node, s.hlc) for s in stored)
-        records[key] = _Record(siblings, stored[0].scope, dots)
+        siblings: list[Sibling | Header] = [Sibling(n, h, decode_vector(v)) for n, h, v in stored]
+        records[key] = _Record(siblings, None, frozenset((n, h) for n, h, _ in stored))
     return records
 
 
@@ -90,8 +87,7 @@ class _Merger:
         self.max_drift_ms = ctx.options.max_drift_ms
         self.result = InboundResult()
         self.clock = ctx.store.get_int("clock")
-        self.locks: list[Lock] = ctx.store.active_locks(now_ms)
-        self.has_profile_locks = any(lock.kind == "profile" for lock in self.locks)
+        self.locks = LockIndex(ctx.store.active_locks(now_ms))
         self.holds: list[tuple[Row, str, int | None, bytes | None]] = []
         self.scope_cache: dict[tuple[str, str], bytes] = {}
         self.records: dict[bytes, _Record] = {}
@@ -153,13 +149,16 @@ class _Merger:
             return
         self.clock = clock.observe(self.clock, header.hlc, self.now_ms, self.max_drift_ms)
         if self.locks:
-            profile = profile_key(opener.keys, identity.profile) if self.has_profile_locks else b""
-            until = held_until(self.locks, Targets(header.key, scope, profile), header)
+            profile = (
+                profile_key(opener.keys, identity.profile) if self.locks.has_profile_locks else b""
+            )
+            until = self.locks.held_until(Targets(header.key, scope, profile), header)
             if until is not None:
                 self._hold(header, envelope, "lock", until, scope, identity)
                 return
         if record is None:
             record = self.records[header.key] = _Record([], scope, frozenset())
+        record.scope = scope
         record.siblings, _ = merge_version(record.siblings, header)
         record.added[header.dot] = header
         record.envelopes[header.dot] = envelope
@@ -215,40 +214,45 @@ class _Merger:
         store = self.ctx.store
         store.quarantine(self.source, key, envelope, reason, self.now_ms)
         if key is not None:
-            store.mark_degraded(key, record.scope if record else None, reason)
+            store.mark_degraded(key, store.scope_of(key), reason)
         self.result.quarantined += 1
 
     def _write(self) -> None:
         store = self.ctx.store
         inserts: list[NewVersion] = []
         deletes: list[Row] = []
+        replacements: list[tuple[Row, NewVersion]] = []
         for key, record in self.records.items():
             if not record.added:
                 continue
             final = {(s.node, s.hlc) for s in record.siblings}
-            for node, hlc in record.original - final:
-                deletes.append(Row(key, node, hlc, b""))
-            for dot in final - record.original:
-                header = record.added[dot]
-                assert record.scope is not None
-                inserts.append(
-                    NewVersion(
-                        key,
-                        dot[0],
-                        dot[1],
-                        record.scope,
-                        header.vector_bytes,
-                        record.envelopes[dot],
-                        False,
-                    )
+            gone = [Row(key, node, hlc, b"") for node, hlc in record.original - final]
+            assert record.scope is not None
+            new = [
+                NewVersion(
+                    key,
+                    dot[0],
+                    dot[1],
+                    record.scope,
+                    record.added[dot].vector_bytes,
+                    record.envelopes[dot],
+                    False,
                 )
+                for dot in final - record.original
+            ]
+            if len(gone) == 1 and len(new) == 1:  # one version replaced by one: update in place
+                replacements.append((gone[0], new[0]))
+            else:
+                deletes.extend(gone)
+                inserts.extend(new)
             if self.ctx.want_events and record.identity is not None:
                 i = record.identity
                 self.result.events.append(
                     ChangeEvent("changed", "remote", i.profile, i.collection, i.id)
                 )
-        self._keep_history(deletes)
+        self._keep_history(deletes + [old for old, _ in replacements])
         store.delete_versions(deletes)
+        store.replace_versions(replacements)
         store.insert_versions(inserts)
         store.hold(self.holds)
         store.set_meta("clock", self.clock)

@@ -15,7 +15,6 @@ from typing import Literal
 from replica.wire import Dot, Header, dominates
 
 LockKind = Literal["auto", "record", "collection", "profile"]
-EXPLICIT_KINDS: tuple[LockKind, ...] = ("record", "collection", "profile")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,21 +37,37 @@ class Targets:
     profile: bytes
 
 
-def held_until(locks: list[Lock], targets: Targets, header: Header) -> int | None:
-    """The expiry of the latest lock that holds `header` back, or None to apply it now."""
-    until: int | None = None
-    for lock in locks:
-        if lock.kind == "auto":
-            holds = lock.target == targets.record and not _descends(header, lock.dot)
-        elif lock.kind == "record":
-            holds = lock.target == targets.record
-        elif lock.kind == "collection":
-            holds = lock.target == targets.scope
-        else:
-            holds = lock.target == targets.profile
-        if holds and (until is None or lock.expires_ms > until):
-            until = lock.expires_ms
-    return until
+class LockIndex:
+    """Active locks by what they name, so each inbound version checks only its own three."""
+
+    def __init__(self, locks: list[Lock]) -> None:
+        self._by_target: dict[bytes, list[Lock]] = {}
+        for lock in locks:
+            self._by_target.setdefault(lock.target, []).append(lock)
+        self.has_profile_locks = any(lock.kind == "profile" for lock in locks)
+
+    def __bool__(self) -> bool:
+        return bool(self._by_target)
+
+    def held_until(self, targets: Targets, header: Header) -> int | None:
+        """The expiry of the latest lock that holds `header` back, or None to apply it now."""
+        until: int | None = None
+        for target in (targets.record, targets.scope, targets.profile):
+            for lock in self._by_target.get(target, ()):
+                if lock.kind == "auto" and _descends(header, lock.dot):
+                    continue  # its writer saw the local edit: not stale
+                if _names(lock, targets) and (until is None or lock.expires_ms > until):
+                    until = lock.expires_ms
+        return until
+
+
+def _names(lock: Lock, targets: Targets) -> bool:
+    """A lock holds a version only through the target of its own kind."""
+    if lock.kind in ("auto", "record"):
+        return lock.target == targets.record
+    if lock.kind == "collection":
+        return lock.target == targets.scope
+    return lock.target == targets.profile
 
 
 def _descends(header: Header, dot: Dot | None) -> bool:

@@ -31,7 +31,7 @@ _MIGRATIONS: tuple[str, ...] = (
         key BLOB NOT NULL, node INTEGER NOT NULL, hlc INTEGER NOT NULL,
         scope BLOB NOT NULL, vector BLOB NOT NULL, envelope BLOB NOT NULL,
         dirty INTEGER NOT NULL DEFAULT 0);
-    CREATE UNIQUE INDEX versions_by_identity ON versions (key, node, hlc);
+    CREATE UNIQUE INDEX versions_by_identity ON versions (key, node, hlc, vector);
     CREATE INDEX versions_by_scope ON versions (scope, key);
     CREATE INDEX versions_dirty ON versions (dirty) WHERE dirty = 1;
     CREATE TABLE held (
@@ -88,16 +88,6 @@ class NewVersion:
     vector: bytes
     envelope: bytes
     dirty: bool
-
-
-@dataclass(frozen=True, slots=True)
-class StoredSibling:
-    """A stored version as merging sees it: its dot, scope and encoded vector."""
-
-    node: int
-    hlc: int
-    scope: bytes
-    vector: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,18 +263,45 @@ class Store:
             ],
         )
 
-    def siblings_of_many(self, keys: Sequence[bytes]) -> dict[bytes, list[StoredSibling]]:
-        """The header facts of many records' siblings (no envelopes): what merging needs."""
-        found: dict[bytes, list[StoredSibling]] = {}
+    def siblings_of_many(self, keys: Sequence[bytes]) -> dict[bytes, list[tuple[int, int, bytes]]]:
+        """(node, hlc, encoded vector) of many records' siblings, read from the covering
+        identity index alone: what merging needs, without a single envelope."""
+        found: dict[bytes, list[tuple[int, int, bytes]]] = {}
         unique = list(dict.fromkeys(keys))
         for start in range(0, len(unique), 500):
             chunk = unique[start : start + 500]
             marks = ",".join("?" * len(chunk))
-            for k, n, h, scope, vector in self.db.execute(
-                f"SELECT key, node, hlc, scope, vector FROM versions WHERE key IN ({marks})", chunk
+            for k, n, h, vector in self.db.execute(
+                f"SELECT key, node, hlc, vector FROM versions INDEXED BY versions_by_identity "
+                f"WHERE key IN ({marks})",
+                chunk,
             ):
-                found.setdefault(k, []).append(StoredSibling(node_from_sql(n), h, scope, vector))
+                found.setdefault(k, []).append((node_from_sql(n), h, vector))
         return found
+
+    def scope_of(self, key: bytes) -> bytes | None:
+        row = self.db.execute("SELECT scope FROM versions WHERE key = ? LIMIT 1", (key,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def replace_versions(self, pairs: Iterable[tuple[Row, NewVersion]]) -> None:
+        """Replace one version by another of the same record in place (the common merge)."""
+        self.db.executemany(
+            "UPDATE versions SET node = ?, hlc = ?, vector = ?, envelope = ?, dirty = ? "
+            "WHERE key = ? AND node = ? AND hlc = ?",
+            [
+                (
+                    node_to_sql(new.node),
+                    new.hlc,
+                    new.vector,
+                    new.envelope,
+                    int(new.dirty),
+                    old.key,
+                    node_to_sql(old.node),
+                    old.hlc,
+                )
+                for old, new in pairs
+            ],
+        )
 
     def delete_versions(self, rows: Iterable[Row]) -> None:
         self.db.executemany(

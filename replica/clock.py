@@ -1,4 +1,7 @@
-"""Hybrid logical clock: 48-bit milliseconds and a 16-bit counter in one 64-bit integer.
+"""Hybrid logical clock: milliseconds and a 16-bit counter in one 64-bit integer.
+
+The top bit stays zero (47 bits of milliseconds last until the year 6429), so every hlc fits
+SQLite's signed integers and a hostile header cannot overflow a column (wire.MAX_HLC).
 
 Pure: the wall time is always an argument. A local tick never goes backwards; when the
 counter overflows it carries into the millisecond part (the sum just keeps counting). An
@@ -10,11 +13,12 @@ caller holds such a version for drift instead (specs/replica.md §clock).
 from __future__ import annotations
 
 from replica.errors import InvalidArgumentError
+from replica.wire import MAX_HLC as WIRE_MAX_HLC
 
 COUNTER_BITS = 16
 COUNTER_MASK = (1 << COUNTER_BITS) - 1
-MAX_HLC = (1 << 64) - 1
-MAX_MS = (1 << 48) - 1
+MAX_HLC = WIRE_MAX_HLC
+MAX_MS = MAX_HLC >> COUNTER_BITS
 DEFAULT_MAX_DRIFT_MS = 5 * 60 * 1000
 
 

@@ -40,6 +40,8 @@ NONCE_BYTES = 12
 TAG_BYTES = 16
 MAX_VECTOR_ENTRIES = 1024
 MAX_U64 = (1 << 64) - 1
+MAX_HLC = (1 << 63) - 1
+"""An hlc (and a vector entry) is below 2^63: it must fit SQLite's signed integers."""
 
 _FIXED = struct.Struct(">BBI16sQQH")
 _ENTRY = struct.Struct(">QQ")
@@ -93,7 +95,7 @@ def check_vector(vector: VersionVector, node: int, hlc: int) -> None:
     if vector.get(node) != hlc:
         raise ProtocolError(f"version vector does not carry the version's own dot ({node}, {hlc})")
     for n, h in vector.items():
-        if not (0 <= n <= MAX_U64 and 0 < h <= MAX_U64):
+        if not (0 <= n <= MAX_U64 and 0 < h <= MAX_HLC):
             raise ProtocolError(f"version vector entry ({n}, {h}) out of range")
 
 
@@ -110,8 +112,8 @@ def parse_header(envelope: bytes) -> Header:
     vector: VersionVector = {}
     previous = -1
     for n, h in _ENTRY.iter_unpack(envelope[FIXED_HEADER_BYTES:end]):
-        if n <= previous or h == 0:
-            raise ProtocolError("envelope version vector is not strictly ascending by node")
+        if n <= previous or not 0 < h <= MAX_HLC:
+            raise ProtocolError("envelope vector is not ascending by node or has an hlc out of range")
         vector[n] = h
         previous = n
     if hlc == 0 or vector.get(node) != hlc:

@@ -36,6 +36,7 @@ from replica.keys import AccountInfo, AccountKeys, hkdf
 from replica.limits import MAX_INT, MIN_INT
 from replica.wire import (
     FIXED_HEADER_BYTES,
+    MAX_HLC,
     MAX_U64,
     NONCE_BYTES,
     TAG_BYTES,
@@ -239,7 +240,7 @@ names = (
 )
 identities = st.builds(Identity, names, names, names)
 u64s = st.integers(min_value=0, max_value=MAX_U64)
-hlcs = st.integers(min_value=1, max_value=MAX_U64)
+hlcs = st.integers(min_value=1, max_value=MAX_HLC)
 scalars = (
     st.none()
     | st.booleans()

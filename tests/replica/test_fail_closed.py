@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from replica import DegradedError, RepairRefusedError, Replica
+from replica import DegradedError, Page, PageEntry, RelayState, RepairRefusedError, Replica
 from replica.envelope import Identity, opaque_key, seal
 from replica.keys import AccountInfo, AccountKeys
 from replica.store import node_to_sql
@@ -261,3 +261,24 @@ def test_clear_empties_a_degraded_collection(populated: tuple[Replica, dict[str,
     assert replica.scan("notes") == [] and replica.status().degraded == 0
     assert replica.status().quarantined == 1
     assert replica.get("threads", "r2") is not None
+
+
+def test_a_header_with_an_hlc_beyond_63_bits_is_quarantined_not_a_crash(
+    make_replica: ReplicaFactory,
+) -> None:
+    """A relay with no key must not be able to wedge a device's pulls (hlc columns are
+    signed 64-bit integers)."""
+    replica = make_replica()
+    hlc = 1 << 63
+    forged = (
+        struct.pack(">BBI16sQQH", 1, 1, 0, b"k" * 16, hlc, 7, 1)
+        + struct.pack(">QQ", 7, hlc)
+        + bytes(60)
+    )
+    applied = replica.sync_session().apply_page(page_of_one(forged))
+    assert applied.quarantined == 1 and applied.cursor_advanced
+    replica.put("notes", "n", {"still": "works"})
+
+
+def page_of_one(envelope: bytes) -> Page:
+    return Page(0, [PageEntry(1, envelope)], 1, False, RelayState("s", "e", 1))

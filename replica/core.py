@@ -30,7 +30,7 @@ from replica.limits import check_name
 from replica.opener import Opener
 from replica.options import ReplicaOptions
 from replica.schema import REGISTER_ID, Collection, Schema, schema_from_bytes, schema_to_bytes
-from replica.store import Row, Store
+from replica.store import HeldRow, Row, Store
 
 DegradedMark = tuple[bytes, bytes | None, str]
 
@@ -175,15 +175,42 @@ class Core:
     # -- inbound versions and held ones ---------------------------------------------------------
 
     def merge(
-        self, envelopes: list[bytes], *, now_ms: int | None, source: str, accept_drift: bool = False
+        self,
+        envelopes: list[bytes],
+        *,
+        now_ms: int | None,
+        source: str,
+        accept_drift: bool = False,
+        to_push: frozenset[tuple[bytes, int, int]] = frozenset(),
     ) -> InboundResult:
         """Merge inbound envelopes inside the caller's transaction."""
         now = self.options.wall_clock_ms() if now_ms is None else now_ms
         options = self.options
         if accept_drift:
             options = replace(options, max_drift_ms=1 << 62)
-        ctx = InboundContext(self.store, self.opener, self.schema, self.node(), options)
+        ctx = InboundContext(
+            self.store,
+            self.opener,
+            self.schema,
+            self.node(),
+            options,
+            want_events=bool(self.subscribers),
+            to_push=to_push,
+        )
         return merge_inbound(ctx, envelopes, now, source)
+
+    def merge_held(self, rows: list[HeldRow], now: int | None, accept_drift: bool = False) -> None:
+        """Take held rows out and merge them again, keeping a reseed's push marks."""
+        self.store.unhold(rows)
+        to_push = frozenset((r.key, r.node, r.hlc) for r in rows if r.repush)
+        result = self.merge(
+            [r.envelope for r in rows],
+            now_ms=now,
+            source="held",
+            accept_drift=accept_drift,
+            to_push=to_push,
+        )
+        self.publish(released_events(result))
 
     def recheck_held(self, reasons: tuple[str, ...], now: int | None = None) -> None:
         """Take held versions of these reasons out and merge them again: what still needs
@@ -192,11 +219,8 @@ class Core:
             return
         with self.write_transaction():
             rows = self.store.held_rows(reasons)
-            if not rows:
-                return
-            self.store.unhold(rows)
-            result = self.merge([r.envelope for r in rows], now_ms=now, source="held")
-            self.publish(released_events(result))
+            if rows:
+                self.merge_held(rows, now)
 
     def release_due(self, now: int | None = None) -> None:
         """Merge held versions whose lock ended or whose time came."""

@@ -50,6 +50,10 @@ class Subscribers:
 
         return unsubscribe
 
+    def __bool__(self) -> bool:
+        """True when anyone listens (merging skips making events nobody would hear)."""
+        return bool(self._callbacks)
+
     def publish(self, events: list[ChangeEvent]) -> None:
         with self._lock:
             callbacks = list(self._callbacks)

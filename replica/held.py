@@ -7,7 +7,7 @@ schema). Each is merged again when its reason goes away — see `Core.recheck_he
 
 from __future__ import annotations
 
-from replica.core import Core, released_events
+from replica.core import Core
 from replica.envelope import profile_key
 from replica.errors import InvalidArgumentError
 from replica.limits import check_name
@@ -50,9 +50,5 @@ def accept_held(core: Core) -> int:
     core.keys()
     with core.write_transaction():
         rows = core.store.held_rows(("drift",))
-        core.store.unhold(rows)
-        result = core.merge(
-            [r.envelope for r in rows], now_ms=None, source="held", accept_drift=True
-        )
-        core.publish(released_events(result))
+        core.merge_held(rows, None, accept_drift=True)
     return len(rows)

@@ -30,7 +30,7 @@ from replica.merge import Sibling, is_covered, merge_version
 from replica.opener import Opener
 from replica.options import ReplicaOptions
 from replica.schema import Schema
-from replica.store import NewVersion, Row, Store
+from replica.store import HeldVersion, NewVersion, Row, Store
 from replica.wire import Dot, Header, decode_vector, parse_header
 
 
@@ -44,6 +44,8 @@ class InboundContext:
     node: int
     options: ReplicaOptions
     want_events: bool = True
+    to_push: frozenset[tuple[bytes, int, int]] = frozenset()
+    """Identities a reseed marked for pushing: they stay marked wherever they end up."""
 
 
 @dataclass
@@ -88,7 +90,7 @@ class _Merger:
         self.result = InboundResult()
         self.clock = ctx.store.get_int("clock")
         self.locks = LockIndex(ctx.store.active_locks(now_ms))
-        self.holds: list[tuple[Row, str, int | None, bytes | None]] = []
+        self.holds: list[HeldVersion] = []
         self.scope_cache: dict[tuple[str, str], bytes] = {}
         self.records: dict[bytes, _Record] = {}
 
@@ -198,7 +200,8 @@ class _Merger:
         identity: Identity | None = None,
     ) -> None:
         row = Row(header.key, header.node, header.hlc, envelope)
-        self.holds.append((row, reason, release_ms, scope))
+        repush = (header.key, header.node, header.hlc) in self.ctx.to_push
+        self.holds.append(HeldVersion(row, reason, release_ms, scope, repush))
         self.result.held[reason] += 1
         if self.ctx.want_events:
             event = ChangeEvent("held", "remote", None, None, None, reason)
@@ -236,7 +239,7 @@ class _Merger:
                     record.scope,
                     record.added[dot].vector_bytes,
                     record.envelopes[dot],
-                    False,
+                    dirty=(key, *dot) in self.ctx.to_push,
                 )
                 for dot in final - record.original
             ]

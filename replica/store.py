@@ -98,6 +98,19 @@ class HeldRow:
     envelope: bytes
     reason: str
     release_after_ms: int | None
+    repush: bool
+
+
+@dataclass(frozen=True, slots=True)
+class HeldVersion:
+    """A version to hold: why, until when (if known), in which scope (if known), and whether
+    a reseed still wants it pushed."""
+
+    row: Row
+    reason: str
+    release_after_ms: int | None
+    scope: bytes | None
+    repush: bool = False
 
 
 class Store:
@@ -384,28 +397,38 @@ class Store:
 
     # -- held ---------------------------------------------------------------------------------
 
-    def hold(self, rows: Iterable[tuple[Row, str, int | None, bytes | None]]) -> None:
-        """Persist (row, reason, release_after_ms, scope) held versions; never dropped."""
+    def hold(self, rows: Iterable[HeldVersion]) -> None:
+        """Persist held versions; never dropped. A reseed's push mark survives re-holding."""
         self.db.executemany(
-            "INSERT INTO held (key, node, hlc, envelope, reason, release_after_ms, scope) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key, node, hlc) DO UPDATE SET "
+            "INSERT INTO held (key, node, hlc, envelope, reason, release_after_ms, scope, repush) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key, node, hlc) DO UPDATE SET "
             "reason = excluded.reason, release_after_ms = excluded.release_after_ms, "
-            "scope = coalesce(excluded.scope, held.scope)",
+            "scope = coalesce(excluded.scope, held.scope), "
+            "repush = max(held.repush, excluded.repush)",
             [
-                (r.key, node_to_sql(r.node), r.hlc, r.envelope, why, after, scope)
-                for r, why, after, scope in rows
+                (
+                    h.row.key,
+                    node_to_sql(h.row.node),
+                    h.row.hlc,
+                    h.row.envelope,
+                    h.reason,
+                    h.release_after_ms,
+                    h.scope,
+                    int(h.repush),
+                )
+                for h in rows
             ],
         )
 
     def held_rows(self, reasons: Sequence[str] | None = None) -> list[HeldRow]:
-        query = "SELECT key, node, hlc, envelope, reason, release_after_ms FROM held"
+        query = "SELECT key, node, hlc, envelope, reason, release_after_ms, repush FROM held"
         args: tuple[str, ...] = ()
         if reasons is not None:
             query += f" WHERE reason IN ({','.join('?' * len(reasons))})"
             args = tuple(reasons)
         return [
-            HeldRow(k, node_from_sql(n), h, e, why, after)
-            for k, n, h, e, why, after in self.db.execute(query + " ORDER BY hlc", args)
+            HeldRow(k, node_from_sql(n), h, e, why, after, bool(repush))
+            for k, n, h, e, why, after, repush in self.db.execute(query + " ORDER BY hlc", args)
         ]
 
     def unhold(self, rows: Iterable[Row | HeldRow]) -> None:

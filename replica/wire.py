@@ -113,7 +113,9 @@ def parse_header(envelope: bytes) -> Header:
     previous = -1
     for n, h in _ENTRY.iter_unpack(envelope[FIXED_HEADER_BYTES:end]):
         if n <= previous or not 0 < h <= MAX_HLC:
-            raise ProtocolError("envelope vector is not ascending by node or has an hlc out of range")
+            raise ProtocolError(
+                "envelope vector is not ascending by node or has an hlc out of range"
+            )
         vector[n] = h
         previous = n
     if hlc == 0 or vector.get(node) != hlc:

@@ -171,3 +171,28 @@ def sync(replica: object, relay: MemoryRelay) -> None:
         session.apply_page(page)
         if not page.has_more:
             return
+
+
+def test_a_reseed_pushes_held_versions_even_after_they_are_released(
+    make_replica: ReplicaFactory,
+) -> None:
+    clock = FakeClock()
+    relay = MemoryRelay(clock_ms=clock)
+    a = make_replica("a", wall_clock_ms=clock, freshness_window_s=0)
+    b = make_replica("b", wall_clock_ms=clock, freshness_window_s=0)
+    lock = a.lock_scope(collection="notes")
+    b.put("notes", "only-on-b", {"v": 1})
+    sync(b, relay)
+    sync(a, relay)
+    assert a.status().held_for_lock == 1
+    b.close()  # b is gone for good: a's held copy is the only one left
+    relay.wipe()
+    with pytest.raises(RollbackError):
+        sync(a, relay)
+    a.sync_session().reseed()
+    a.release_lock(lock)  # the held version merges after the reseed marked it
+    sync(a, relay)
+    c = make_replica("c", wall_clock_ms=clock)
+    sync(c, relay)
+    got = c.get("notes", "only-on-b")
+    assert got is not None and got.document == {"v": 1}

@@ -5,9 +5,9 @@ sibling already covers it (a duplicate or a stale version: decided from the clea
 and our own authenticated siblings, so nothing is opened for it); hold it for drift if its hlc
 is too far ahead; hold it while the replica is locked; open it (unknown epoch → hold; damage →
 quarantine and mark the record degraded); spot a clone (our own node id on a version we never
-wrote); hold it if its collection is undeclared; hold it if a freshness lock protects its
-record; else merge it by `merge.merge_version`. Nothing is ever dropped that is not covered by
-a version that stays.
+wrote); hold it if its collection is undeclared (or device-local) here; hold it if a
+freshness lock protects its record; else merge it by `merge.merge_version`. Nothing is ever
+dropped that is not covered by a version that stays.
 
 This is the replica's hot path (bench: replica.merge): siblings are loaded for a whole page in
 one query without their envelopes, decisions are made in memory, and the outcome is written
@@ -142,12 +142,10 @@ class _Merger:
             self._change_node()
         scope = self._scope(opener, identity.profile, identity.collection)
         collection = self.ctx.schema.get(identity.collection)
-        if collection is None:
+        if collection is None or not collection.is_synced:
+            # Undeclared here, or device-local here but synced by its writer: keep it verbatim
+            # until a schema that syncs it is declared (never degrade this device's own draft).
             self._hold(header, envelope, "collection", None, scope)
-            return
-        if not collection.is_synced:
-            reason = "a device-local collection arrived from a peer"
-            self._quarantine(header.key, envelope, reason, record)
             return
         self.clock = clock.observe(self.clock, header.hlc, self.now_ms, self.max_drift_ms)
         if self.locks:

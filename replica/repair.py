@@ -4,9 +4,10 @@ Diagnosis opens every stored row and sorts each failure into *corrupt* (the byte
 well-formed envelope for that row: a damaged header, a truncated body, an envelope in another
 record's row) or *undecryptable* (well formed, but authentication fails: tampered, or sealed
 under another key). Repair moves the unreadable rows verbatim into the quarantine table with
-the reason, and unlatches the degraded records. When more than half of the rows are
-undecryptable the cause is almost surely a key mismatch, not damage: repair then refuses
-unless forced, and says to restore the matching key or backup.
+the reason, unlatches the degraded records, and resets the pull cursor so the relay's versions
+are merged again against the repaired siblings. When more than half of the rows (and more than
+one) are undecryptable the cause is almost surely a key mismatch, not damage: repair then
+refuses unless forced, and says to restore the matching key or backup.
 """
 
 from __future__ import annotations
@@ -117,7 +118,11 @@ def repair(core: Core, *, force: bool = False, scope: bytes | None = None) -> Re
     """Quarantine every unreadable row verbatim and unlatch the degraded records."""
     with core.write_transaction():
         diagnosis = diagnose(core, scope)
-        if diagnosis.undecryptable * 2 > diagnosis.rows and not force:
+        if (
+            diagnosis.undecryptable * 2 > diagnosis.rows
+            and diagnosis.undecryptable > 1
+            and not force
+        ):
             raise RepairRefusedError(
                 f"{diagnosis.undecryptable} of {diagnosis.rows} rows are undecryptable: "
                 "this looks like a key mismatch, not damage",
@@ -127,6 +132,10 @@ def repair(core: Core, *, force: bool = False, scope: bytes | None = None) -> Re
         now = core.options.wall_clock_ms()
         for finding in diagnosis.findings:
             _quarantine_row(core, finding, now)
+        if diagnosis.findings:
+            # A damaged row may have made merging drop versions it seemed to cover: pull
+            # everything again and merge it against the repaired siblings (merging is idempotent).
+            core.store.set_meta("cursor", 0)
         unlatched = core.store.count_degraded()
         if scope is None:
             core.store.clear_degraded()

@@ -21,7 +21,7 @@ from replica.merge import local_vector
 from replica.record import Context, Record, record_from_siblings
 from replica.schema import DEFAULT_PROFILE, PROFILES_COLLECTION, Collection
 from replica.store import NewVersion, Row
-from replica.wire import encode_vector, parse_header
+from replica.wire import MAX_VECTOR_ENTRIES, encode_vector, parse_header
 
 
 def write_record(
@@ -40,7 +40,7 @@ def write_record(
     key = core.record_key(identity)
     scope = core.scope(identity.profile, identity.collection)
     if spec.policy == "local":
-        return _write_local(core, identity, key, scope, document, deleted)
+        return _write_local(core, identity, key, scope, document, deleted, context, if_unchanged)
     with core.write_transaction():
         now = core.options.wall_clock_ms()
         core.release_due(now)
@@ -77,6 +77,11 @@ def _replaced(
 ) -> list[Opened]:
     current = frozenset(o.header.dot for o in siblings)
     if context is None:
+        if if_unchanged:
+            raise InvalidArgumentError(
+                "if_unchanged needs the context the record was read with",
+                hint="pass context=record.context from get()",
+            )
         return siblings
     if if_unchanged and current != context:
         raise StaleContextError(
@@ -125,6 +130,11 @@ def _seal_and_store(
     node = core.node()
     hlc = clock.tick(store.get_int("clock"), now)
     vector = local_vector([o.header for o in replaced], node, hlc)
+    if len(vector) > MAX_VECTOR_ENTRIES:
+        raise InvalidArgumentError(
+            f"record was written by {len(vector)} devices, bound {MAX_VECTOR_ENTRIES}",
+            hint="copy it to a new record id",
+        )
     envelope = seal(
         core.keys(),
         identity,
@@ -155,9 +165,19 @@ def _seal_and_store(
 
 
 def _write_local(
-    core: Core, identity: Identity, key: bytes, scope: bytes, document: Any, deleted: bool
+    core: Core,
+    identity: Identity,
+    key: bytes,
+    scope: bytes,
+    document: Any,
+    deleted: bool,
+    context: Context | None,
+    if_unchanged: bool,
 ) -> Context:
+    """One version per record, never synced; fails closed and honours contexts like the rest."""
     with core.write_transaction():
+        current = _local_opened(core, key)  # raises DegradedError if it cannot be opened
+        _replaced(core, current, context, if_unchanged)
         now = core.options.wall_clock_ms()
         hlc = clock.tick(core.store.get_int("clock"), now)
         node = core.node()
@@ -191,6 +211,12 @@ def scan_local(core: Core, scope: bytes, include_deleted: bool) -> list[Record]:
         if include_deleted or not record.deleted:
             records.append(record)
     return records
+
+
+def _local_opened(core: Core, key: bytes) -> list[Opened]:
+    """The device-local record's one version, opened (or DegradedError); empty if absent."""
+    envelope = core.store.get_local(key)
+    return [] if envelope is None else core.open_rows(key, [local_row(key, envelope)], None)
 
 
 def local_row(key: bytes, envelope: bytes) -> Row:

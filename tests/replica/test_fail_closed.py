@@ -282,3 +282,31 @@ def test_a_header_with_an_hlc_beyond_63_bits_is_quarantined_not_a_crash(
 
 def page_of_one(envelope: bytes) -> Page:
     return Page(0, [PageEntry(1, envelope)], 1, False, RelayState("s", "e", 1))
+
+
+def test_repair_resets_the_cursor_so_dropped_versions_come_back(
+    populated: tuple[Replica, dict[str, bytes]],
+) -> None:
+    replica, others = populated
+    session = replica.sync_session()
+    session.apply_page(Page(0, [], 40, False, RelayState("s", "e", 40)))
+    assert session.cursor == 40
+    key = opaque_key(replica._core.keys().index_key, Identity("default", "notes", "r2"))
+    damage_row(replica.path, key, flip_bit, others)
+    replica.repair()
+    assert session.cursor == 0
+
+
+def test_a_damaged_draft_is_not_overwritten(make_replica: ReplicaFactory) -> None:
+    replica = make_replica()
+    replica.put("drafts", "d", {"text": "unsent"})
+    with sqlite3.connect(replica.path) as db:
+        (envelope,) = db.execute("SELECT envelope FROM local").fetchone()
+        db.execute("UPDATE local SET envelope = ?", (flip_bit(envelope, {}),))
+    replica._core.opener.forget()  # type: ignore[union-attr]
+    with pytest.raises(DegradedError):
+        replica.put("drafts", "d", {"text": "overwrite"})
+    with pytest.raises(DegradedError):
+        replica.get("drafts", "d")
+    assert replica.repair().quarantined == 1
+    replica.put("drafts", "d", {"text": "new"})

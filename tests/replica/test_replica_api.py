@@ -336,3 +336,37 @@ def test_a_copied_replica_takes_a_new_node_id_when_it_sees_its_twin(
     assert got is not None and got.document == {"v": "twin"}
     twin.close()
     original.close()
+
+
+def test_if_unchanged_without_a_context_is_refused(make_replica: ReplicaFactory) -> None:
+    replica = make_replica()
+    with pytest.raises(InvalidArgumentError, match="needs the context"):
+        replica.put("notes", "n", {}, if_unchanged=True)
+    assert replica.get("notes", "n") is None
+
+
+def test_device_local_records_honour_contexts(make_replica: ReplicaFactory) -> None:
+    replica = make_replica()
+    first = replica.put("drafts", "d", {"v": 1})
+    replica.put("drafts", "d", {"v": 2}, context=first, if_unchanged=True)
+    with pytest.raises(StaleContextError):
+        replica.put("drafts", "d", {"v": 3}, context=first, if_unchanged=True)
+    got = replica.get("drafts", "d")
+    assert got is not None and got.document == {"v": 2}
+
+
+def test_a_peer_version_of_a_collection_that_is_local_here_is_held(
+    tmp_path: Path, account: Account, make_replica: ReplicaFactory
+) -> None:
+    synced_drafts = Schema((Collection("drafts", "lww"),))
+    writer = Replica.join(tmp_path / "synced.db", account.bundle, schema=synced_drafts)
+    writer.unlock_with_key(account.key)
+    writer.put("drafts", "d", {"from": "peer"})
+    reader = make_replica()
+    reader.put("drafts", "d", {"from": "me"})
+    apply(reader, dirty_envelopes(writer))
+    assert reader.status().held_other == {"collection": 1}
+    assert reader.status().degraded == 0
+    got = reader.get("drafts", "d")
+    assert got is not None and got.document == {"from": "me"}
+    writer.close()

@@ -119,8 +119,8 @@ class Replica:
         if path.exists() and path.stat().st_size > 0:
             raise StoreError(f"{path} already exists", hint="open it with Replica.open")
         store = Store(path, synchronous=options.synchronous, busy_timeout_s=options.busy_timeout_s)
-        store.migrate()
-        with store.transaction():
+        with store.transaction():  # one transaction: a crash leaves no half-made replica
+            store.migrate()
             store.set_meta("bundle", bundle_to_bytes(bundle))
             store.set_meta("node", str(new_node_id(options)))
             store.set_meta("clock", 0)
@@ -182,6 +182,7 @@ class Replica:
     def node(self) -> int:
         """This device's node id (changes when the file turns out to be a copy)."""
         with self._core.mutex:
+            self._core.check_open()
             return self._core.node()
 
     @property
@@ -202,23 +203,22 @@ class Replica:
     def change_passphrase(self, new_passphrase: str) -> LoginKeys:
         """Re-wrap the account key under a new passphrase; no record is re-encrypted."""
         core = self._core
-        with core.mutex:
+        with core.mutex, core.write_transaction():  # read and replace under one lock
             bundle, login = change_passphrase(
                 core.bundle(), core.keys(), new_passphrase, core.options.random_bytes
             )
-            with core.write_transaction():
-                core.store.set_meta("bundle", bundle_to_bytes(bundle))
+            core.store.set_meta("bundle", bundle_to_bytes(bundle))
             return login
 
     def declare(self, schema: Schema) -> None:
         """Replace the schema; versions held for an undeclared collection are then merged."""
         core = self._core
         with core.mutex:
-            keys, bundle = core.keys(), core.bundle()
-            info = open_info(keys.account_key, bundle.sealed_info)
-            info = AccountInfo(info.account_id, info.key_epoch, schema_to_bytes(schema))
-            sealed = with_info(bundle, keys, info, core.options.random_bytes)
-            with core.write_transaction():
+            with core.write_transaction():  # read and replace the bundle under one lock
+                keys, bundle = core.keys(), core.bundle()
+                info = open_info(keys.account_key, bundle.sealed_info)
+                info = AccountInfo(info.account_id, info.key_epoch, schema_to_bytes(schema))
+                sealed = with_info(bundle, keys, info, core.options.random_bytes)
                 core.store.set_meta("bundle", bundle_to_bytes(sealed))
                 core.set_schema(schema)
             core.recheck_held(("collection",))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from replica.errors import StoreError
+from replica.errors import ReplicaClosedError, StoreError
 from replica.locks import Lock
 
 SCHEMA_VERSION = 1
@@ -121,6 +121,7 @@ class Store:
     ):
         self.path = path
         self.busy_timeout_s = busy_timeout_s
+        self.closed = False
         self._depth = 0
         self._next_lock_sweep_ms = 0
         try:
@@ -135,6 +136,7 @@ class Store:
 
     def close(self) -> None:
         self.db.close()
+        self.closed = True
 
     # -- format and migrations ----------------------------------------------------------------
 
@@ -173,6 +175,8 @@ class Store:
     @contextmanager
     def transaction(self) -> Iterator[None]:
         """BEGIN IMMEDIATE at the outermost level, savepoints inside; rollback on any error."""
+        if self.closed:
+            raise ReplicaClosedError(f"the replica at {self.path} is closed")
         if self._depth == 0:
             self._execute_or_busy("BEGIN IMMEDIATE")
             commit, rollback = "COMMIT", "ROLLBACK"
@@ -366,16 +370,6 @@ class Store:
                 return True
         return False
 
-    def node_has_written(self, node: int) -> bool:
-        return (
-            self.db.execute(
-                "SELECT 1 FROM versions WHERE node = ? LIMIT 1", (node_to_sql(node),)
-            ).fetchone()
-            is not None
-        )
-
-    # -- history ------------------------------------------------------------------------------
-
     def add_history(self, rows: Iterable[Row], at_ms: int, keep: int) -> None:
         rows = list(rows)
         self.db.executemany(
@@ -512,9 +506,6 @@ class Store:
             self.db.execute("SELECT 1 FROM degraded WHERE key = ?", (key,)).fetchone() is not None
         )
 
-    def degraded_scopes(self) -> set[bytes]:
-        return {s for (s,) in self.db.execute("SELECT scope FROM degraded WHERE scope IS NOT NULL")}
-
     def count_degraded(self) -> int:
         return int(self.db.execute("SELECT count(*) FROM degraded").fetchone()[0])
 
@@ -528,11 +519,6 @@ class Store:
             "INSERT INTO quarantine (source, key, envelope, reason, at_ms) VALUES (?, ?, ?, ?, ?)",
             (source, key, envelope, reason, at_ms),
         )
-
-    def quarantined(self) -> list[tuple[str, bytes | None, bytes, str]]:
-        return self.db.execute(
-            "SELECT source, key, envelope, reason FROM quarantine ORDER BY id"
-        ).fetchall()
 
     def count(self, table: str) -> int:
         return int(self.db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])

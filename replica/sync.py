@@ -79,6 +79,7 @@ class SyncSession:
     def next_batch(self) -> PushBatch | None:
         """The next dirty versions to push (each once per pass), or None when the pass is done."""
         with self._core.mutex:
+            self._core.check_open()
             for table in ("versions", "held"):
                 rows = self._store.rows_to_push(table, self._max_count, self._after[table])
                 if rows:
@@ -123,6 +124,7 @@ class SyncSession:
     def cursor(self) -> int:
         """Pull from here: every version with a higher seq is yet to be merged."""
         with self._core.mutex:
+            self._core.check_open()
             return self._store.get_int("cursor")
 
     def apply_page(self, page: Page) -> Applied:

@@ -23,7 +23,7 @@ from replica import (
 )
 from replica.replica import Replica
 from tests.conftest import SCHEMA, Account, FakeClock, ReplicaFactory
-from tests.replica.helpers import apply, dirty_envelopes
+from tests.replica.helpers import apply, dirty_envelopes, page_of
 
 
 def test_put_then_get_returns_the_document_and_its_context(make_replica: ReplicaFactory) -> None:
@@ -370,3 +370,18 @@ def test_a_peer_version_of_a_collection_that_is_local_here_is_held(
     got = reader.get("drafts", "d")
     assert got is not None and got.document == {"from": "me"}
     writer.close()
+
+
+def test_a_closed_replicas_session_raises_the_typed_error(make_replica: ReplicaFactory) -> None:
+    replica = make_replica()
+    session = replica.sync_session()
+    replica.close()
+    for call in (
+        lambda: replica.node,
+        lambda: session.cursor,
+        session.next_batch,
+        session.reseed,
+        lambda: session.apply_page(page_of([])),
+    ):
+        with pytest.raises(ReplicaClosedError):
+            call()

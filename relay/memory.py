@@ -152,6 +152,8 @@ class MemoryRelay:
     def pull(self, name: str, cursor: int, limit: int | None = None) -> Page:
         if cursor < 0:
             raise InvalidArgumentError(f"cursor {cursor} must be ≥ 0")
+        if limit is not None and limit < 1:
+            raise InvalidArgumentError(f"page limit {limit} must be ≥ 1")
         limit = min(limit or self._page_size, self._page_size)
         account = self._account(name)
         entries: list[PageEntry] = []

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 import msgspec
 
@@ -192,13 +192,16 @@ def check_kdf_params(params: KdfParams) -> None:
 
 # ---- Messages between a device and the relay (specs/protocol.md) ------------------------------
 
+Seq = Annotated[int, msgspec.Meta(ge=0, le=MAX_HLC)]
+"""A sequence number or cursor: non-negative, within SQLite's signed integers."""
+
 
 class RelayState(msgspec.Struct, frozen=True):
     """Carried by every relay answer so a device can tell a wipe or a rollback."""
 
     storage_id: str
     account_epoch: str
-    head: int
+    head: Seq
 
 
 class PushBatch(msgspec.Struct, frozen=True):
@@ -214,8 +217,14 @@ class Receipt(msgspec.Struct, frozen=True):
     """The relay's word on one pushed envelope, given only after a durable commit."""
 
     status: ReceiptStatus
-    seq: int | None = None
+    seq: Seq | None = None
     code: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.status == "stored") != (self.seq is not None):
+            raise ValueError("a stored receipt carries a seq, and only a stored one")
+        if (self.status == "refused") != (self.code is not None):
+            raise ValueError("a refused receipt carries a code, and only a refused one")
 
 
 class PushResult(msgspec.Struct, frozen=True):
@@ -224,16 +233,16 @@ class PushResult(msgspec.Struct, frozen=True):
 
 
 class PageEntry(msgspec.Struct, frozen=True):
-    seq: int
+    seq: Seq
     envelope: bytes
 
 
 class Page(msgspec.Struct, frozen=True):
     """Envelopes with seq > `cursor`, in seq order; `cursor` echoes the request."""
 
-    cursor: int
+    cursor: Seq
     entries: list[PageEntry]
-    next_cursor: int
+    next_cursor: Seq
     has_more: bool
     state: RelayState
 
@@ -289,5 +298,5 @@ def decode_message(data: bytes, kind: type[T]) -> T:
     """Parse MessagePack bytes as `kind`; raise `ProtocolError` naming what was wrong."""
     try:
         return msgspec.msgpack.decode(data, type=kind)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ProtocolError(f"malformed {kind.__name__}: {exc}") from exc

@@ -371,6 +371,7 @@ class Store:
         return False
 
     def add_history(self, rows: Iterable[Row], at_ms: int, keep: int) -> None:
+        """Keep replaced versions, first in first out: the `keep` most recently replaced."""
         rows = list(rows)
         self.db.executemany(
             "INSERT OR IGNORE INTO history (key, node, hlc, envelope, replaced_at_ms) VALUES (?, ?, ?, ?, ?)",
@@ -378,14 +379,17 @@ class Store:
         )
         for key in {r.key for r in rows}:
             self.db.execute(
-                "DELETE FROM history WHERE key = ? AND hlc NOT IN "
-                "(SELECT hlc FROM history WHERE key = ? ORDER BY hlc DESC LIMIT ?)",
+                "DELETE FROM history WHERE key = ? AND (node, hlc) NOT IN "
+                "(SELECT node, hlc FROM history WHERE key = ? "
+                "ORDER BY replaced_at_ms DESC, hlc DESC LIMIT ?)",
                 (key, key, keep),
             )
 
     def history_of(self, key: bytes) -> list[Row]:
         rows = self.db.execute(
-            "SELECT key, node, hlc, envelope FROM history WHERE key = ? ORDER BY hlc DESC", (key,)
+            "SELECT key, node, hlc, envelope FROM history WHERE key = ? "
+            "ORDER BY replaced_at_ms DESC, hlc DESC",
+            (key,),
         ).fetchall()
         return [Row(k, node_from_sql(n), h, e) for k, n, h, e in rows]
 

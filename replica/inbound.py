@@ -26,12 +26,12 @@ from replica.envelope import Identity, Opened, profile_key, scope_key
 from replica.errors import EnvelopeError, ProtocolError, UnknownEpochError
 from replica.events import ChangeEvent
 from replica.locks import LockIndex, Targets
-from replica.merge import Sibling, is_covered, merge_version
+from replica.merge import Sibling, is_covered_dot, merge_version
 from replica.opener import Opener
 from replica.options import ReplicaOptions
 from replica.schema import Schema
 from replica.store import HeldVersion, NewVersion, Row, Store
-from replica.wire import Dot, Header, decode_vector, parse_header
+from replica.wire import Dot, Header, decode_vector, parse_header, peek_dot
 
 
 @dataclass
@@ -65,7 +65,8 @@ class _Record:
 
     siblings: list[Sibling | Header]
     scope: bytes | None
-    original: frozenset[Dot]
+    rowid_by_dot: dict[Dot, int]
+    """The stored siblings' row ids: what was there before the page."""
     added: dict[Dot, Header] = field(default_factory=dict)
     envelopes: dict[Dot, bytes] = field(default_factory=dict)
     identity: Identity | None = None
@@ -74,8 +75,10 @@ class _Record:
 def _load_records(store: Store, keys: Sequence[bytes]) -> dict[bytes, _Record]:
     records: dict[bytes, _Record] = {}
     for key, stored in store.siblings_of_many(keys).items():
-        siblings: list[Sibling | Header] = [Sibling(n, h, decode_vector(v)) for n, h, v in stored]
-        records[key] = _Record(siblings, None, frozenset((n, h) for n, h, _ in stored))
+        siblings: list[Sibling | Header] = [
+            Sibling(n, h, decode_vector(v)) for _, n, h, v in stored
+        ]
+        records[key] = _Record(siblings, None, {(n, h): rowid for rowid, n, h, _ in stored})
     return records
 
 
@@ -95,23 +98,23 @@ class _Merger:
         self.records: dict[bytes, _Record] = {}
 
     def run(self, envelopes: Sequence[bytes]) -> InboundResult:
-        headers: list[tuple[Header, bytes]] = []
-        for envelope in envelopes:
+        dots = [peek_dot(envelope) for envelope in envelopes]
+        self.records = _load_records(self.ctx.store, [d[0] for d in dots if d is not None])
+        for envelope, dot in zip(envelopes, dots, strict=True):
+            record = None if dot is None else self.records.get(dot[0])
+            if record is not None and dot is not None and is_covered_dot(record.siblings, dot):
+                self.result.superseded += 1  # known already: no need to parse or open it
+                continue
             try:
-                headers.append((parse_header(envelope), envelope))
+                header = parse_header(envelope)
             except ProtocolError as exc:
                 self._quarantine(None, envelope, f"malformed header: {exc}", None)
-        self.records = _load_records(self.ctx.store, [h.key for h, _ in headers])
-        for header, envelope in headers:
-            self._consider(header, envelope)
+                continue
+            self._consider(header, envelope, record)
         self._write()
         return self.result
 
-    def _consider(self, header: Header, envelope: bytes) -> None:
-        record = self.records.get(header.key)
-        if record is not None and is_covered(record.siblings, header):
-            self.result.superseded += 1
-            return
+    def _consider(self, header: Header, envelope: bytes, record: _Record | None) -> None:
         if clock.is_ahead(header.hlc, self.now_ms, self.max_drift_ms):
             release = clock.hlc_ms(header.hlc) - self.max_drift_ms
             self._hold(header, envelope, "drift", release, None)
@@ -157,7 +160,7 @@ class _Merger:
                 self._hold(header, envelope, "lock", until, scope, identity)
                 return
         if record is None:
-            record = self.records[header.key] = _Record([], scope, frozenset())
+            record = self.records[header.key] = _Record([], scope, {})
         record.scope = scope
         record.siblings, _ = merge_version(record.siblings, header)
         record.added[header.dot] = header
@@ -222,12 +225,13 @@ class _Merger:
         store = self.ctx.store
         inserts: list[NewVersion] = []
         deletes: list[Row] = []
-        replacements: list[tuple[Row, NewVersion]] = []
+        replacements: list[tuple[int, NewVersion]] = []
+        replaced: list[Row] = []
         for key, record in self.records.items():
             if not record.added:
                 continue
             final = {(s.node, s.hlc) for s in record.siblings}
-            gone = [Row(key, node, hlc, b"") for node, hlc in record.original - final]
+            gone = [Row(key, n, h, b"") for n, h in record.rowid_by_dot.keys() - final]
             assert record.scope is not None
             new = [
                 NewVersion(
@@ -239,10 +243,11 @@ class _Merger:
                     record.envelopes[dot],
                     dirty=(key, *dot) in self.ctx.to_push,
                 )
-                for dot in final - record.original
+                for dot in final - record.rowid_by_dot.keys()
             ]
             if len(gone) == 1 and len(new) == 1:  # one version replaced by one: update in place
-                replacements.append((gone[0], new[0]))
+                replacements.append((record.rowid_by_dot[gone[0].node, gone[0].hlc], new[0]))
+                replaced.append(gone[0])
             else:
                 deletes.extend(gone)
                 inserts.extend(new)
@@ -251,7 +256,7 @@ class _Merger:
                 self.result.events.append(
                     ChangeEvent("changed", "remote", i.profile, i.collection, i.id)
                 )
-        self._keep_history(deletes + [old for old, _ in replacements])
+        self._keep_history(deletes + replaced)
         store.delete_versions(deletes)
         store.replace_versions(replacements)
         store.insert_versions(inserts)

@@ -47,7 +47,12 @@ class Sibling:
 
 def is_covered(siblings: Iterable[Versioned], inbound: Versioned) -> bool:
     """True when a sibling is the inbound version itself or descends from it."""
-    node, hlc = inbound.node, inbound.hlc  # a sibling's vector holds its own dot: equality too
+    return is_covered_dot(siblings, (inbound.node, inbound.hlc))
+
+
+def is_covered_dot(siblings: Iterable[Versioned], dot: tuple[bytes, int, int] | Dot) -> bool:
+    """`is_covered` by a dot alone, or a (key, node, hlc) identity: all a header claims."""
+    node, hlc = dot[-2], dot[-1]  # a sibling's vector holds its own dot: equality too
     return any(sibling.vector.get(node, 0) >= hlc for sibling in siblings)
 
 

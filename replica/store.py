@@ -31,7 +31,7 @@ _MIGRATIONS: tuple[str, ...] = (
         key BLOB NOT NULL, node INTEGER NOT NULL, hlc INTEGER NOT NULL,
         scope BLOB NOT NULL, vector BLOB NOT NULL, envelope BLOB NOT NULL,
         dirty INTEGER NOT NULL DEFAULT 0);
-    CREATE UNIQUE INDEX versions_by_identity ON versions (key, node, hlc, vector);
+    CREATE INDEX versions_by_key ON versions (key);
     CREATE INDEX versions_by_scope ON versions (scope, key);
     CREATE INDEX versions_dirty ON versions (dirty) WHERE dirty = 1;
     CREATE TABLE held (
@@ -270,9 +270,10 @@ class Store:
             yield Row(k, node_from_sql(n), h, e)
 
     def insert_versions(self, rows: Iterable[NewVersion]) -> None:
-        """Insert versions; an identity already stored is left as it is."""
+        """Insert versions; callers insert only identities the record does not hold (merging
+        drops covered versions, and a local write's dot is new)."""
         self.db.executemany(
-            "INSERT OR IGNORE INTO versions (key, node, hlc, scope, vector, envelope, dirty) "
+            "INSERT INTO versions (key, node, hlc, scope, vector, envelope, dirty) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
             [
                 (v.key, node_to_sql(v.node), v.hlc, v.scope, v.vector, v.envelope, int(v.dirty))
@@ -280,45 +281,39 @@ class Store:
             ],
         )
 
-    def siblings_of_many(self, keys: Sequence[bytes]) -> dict[bytes, list[tuple[int, int, bytes]]]:
-        """(node, hlc, encoded vector) of many records' siblings, read from the covering
-        identity index alone: what merging needs, without a single envelope."""
-        found: dict[bytes, list[tuple[int, int, bytes]]] = {}
+    def siblings_of_many(
+        self, keys: Sequence[bytes]
+    ) -> dict[bytes, list[tuple[int, int, int, bytes]]]:
+        """(row id, node, hlc, encoded vector) of many records' siblings: what merging needs,
+        without reading a single envelope."""
+        found: dict[bytes, list[tuple[int, int, int, bytes]]] = {}
         unique = list(dict.fromkeys(keys))
         for start in range(0, len(unique), 500):
             chunk = unique[start : start + 500]
             marks = ",".join("?" * len(chunk))
-            for k, n, h, vector in self.db.execute(
-                f"SELECT key, node, hlc, vector FROM versions INDEXED BY versions_by_identity "
-                f"WHERE key IN ({marks})",
-                chunk,
+            for rowid, k, n, h, vector in self.db.execute(
+                f"SELECT id, key, node, hlc, vector FROM versions WHERE key IN ({marks})", chunk
             ):
-                found.setdefault(k, []).append((node_from_sql(n), h, vector))
+                found.setdefault(k, []).append((rowid, node_from_sql(n), h, vector))
         return found
 
     def scope_of(self, key: bytes) -> bytes | None:
         row = self.db.execute("SELECT scope FROM versions WHERE key = ? LIMIT 1", (key,)).fetchone()
         return None if row is None else bytes(row[0])
 
-    def replace_versions(self, pairs: Iterable[tuple[Row, NewVersion]]) -> None:
-        """Replace one version by another of the same record in place (the common merge)."""
+    def replace_versions(self, pairs: Iterable[tuple[int, NewVersion]]) -> None:
+        """Replace the version in row `id` by another of the same record, in place: no index
+        changes (the common merge, and the cheapest write SQLite can do here)."""
         self.db.executemany(
-            "UPDATE versions SET node = ?, hlc = ?, vector = ?, envelope = ?, dirty = ? "
-            "WHERE key = ? AND node = ? AND hlc = ?",
+            "UPDATE versions SET node = ?, hlc = ?, vector = ?, envelope = ?, dirty = ? WHERE id = ?",
             [
-                (
-                    node_to_sql(new.node),
-                    new.hlc,
-                    new.vector,
-                    new.envelope,
-                    int(new.dirty),
-                    old.key,
-                    node_to_sql(old.node),
-                    old.hlc,
-                )
-                for old, new in pairs
+                (node_to_sql(new.node), new.hlc, new.vector, new.envelope, int(new.dirty), rowid)
+                for rowid, new in pairs
             ],
         )
+
+    def delete_rows(self, rowids: Iterable[int]) -> None:
+        self.db.executemany("DELETE FROM versions WHERE id = ?", [(i,) for i in rowids])
 
     def delete_versions(self, rows: Iterable[Row]) -> None:
         self.db.executemany(

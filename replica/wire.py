@@ -137,6 +137,16 @@ def decode_vector(data: bytes) -> VersionVector:
     return dict(_ENTRY.iter_unpack(data[2:]))
 
 
+def peek_dot(envelope: bytes) -> tuple[bytes, int, int] | None:
+    """(key, node, hlc) from an envelope's fixed header, unchecked; None if too short.
+
+    Enough to tell a version the replica already covers; anything else gets `parse_header`."""
+    if len(envelope) < FIXED_HEADER_BYTES:
+        return None
+    _, _, _, key, hlc, node, _ = _FIXED.unpack_from(envelope)
+    return key, node, hlc
+
+
 def dominates(vector: VersionVector, dot: Dot) -> bool:
     """True when a version with `vector` descends from the version named by `dot`."""
     return vector.get(dot[0], 0) >= dot[1]

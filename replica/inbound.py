@@ -26,7 +26,7 @@ from replica.envelope import Identity, Opened, profile_key, scope_key
 from replica.errors import EnvelopeError, ProtocolError, UnknownEpochError
 from replica.events import ChangeEvent
 from replica.locks import LockIndex, Targets
-from replica.merge import Sibling, is_covered_dot, merge_version
+from replica.merge import Sibling, add_uncovered, is_covered_dot
 from replica.opener import Opener
 from replica.options import ReplicaOptions
 from replica.schema import Schema
@@ -74,11 +74,12 @@ class _Record:
 
 def _load_records(store: Store, keys: Sequence[bytes]) -> dict[bytes, _Record]:
     records: dict[bytes, _Record] = {}
-    for key, stored in store.siblings_of_many(keys).items():
-        siblings: list[Sibling | Header] = [
-            Sibling(n, h, decode_vector(v)) for _, n, h, v in stored
-        ]
-        records[key] = _Record(siblings, None, {(n, h): rowid for rowid, n, h, _ in stored})
+    for rowid, key, node, hlc, vector in store.sibling_rows(keys):
+        record = records.get(key)
+        if record is None:
+            record = records[key] = _Record([], None, {})
+        record.siblings.append(Sibling(node, hlc, decode_vector(vector)))
+        record.rowid_by_dot[node, hlc] = rowid
     return records
 
 
@@ -162,7 +163,7 @@ class _Merger:
         if record is None:
             record = self.records[header.key] = _Record([], scope, {})
         record.scope = scope
-        record.siblings, _ = merge_version(record.siblings, header)
+        record.siblings, _ = add_uncovered(record.siblings, header)  # run() checked coverage
         record.added[header.dot] = header
         record.envelopes[header.dot] = envelope
         record.identity = identity

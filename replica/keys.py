@@ -50,11 +50,11 @@ _LENGTH = struct.Struct(">I")
 
 def length_prefixed(*parts: str) -> bytes:
     """u32 byte length ‖ UTF-8, for each part: no two tuples of names give the same bytes."""
-    out = bytearray()
+    pieces: list[bytes] = []
     for part in parts:
         data = part.encode()
-        out += _LENGTH.pack(len(data)) + data
-    return bytes(out)
+        pieces += (_LENGTH.pack(len(data)), data)
+    return b"".join(pieces)
 
 
 def hkdf(key: bytes, info: bytes, length: int = KEY_BYTES) -> bytes:

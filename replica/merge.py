@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from replica.wire import Dot, VersionVector, dominates, merge_vectors
+from replica.wire import Dot, VersionVector, merge_vectors
 
 
 class Versioned(Protocol):
@@ -64,8 +64,16 @@ def merge_version(siblings: Sequence[V], inbound: V) -> tuple[list[V], list[V]]:
     """
     if is_covered(siblings, inbound):
         return list(siblings), []
-    replaced = [s for s in siblings if dominates(inbound.vector, (s.node, s.hlc))]
-    kept = [s for s in siblings if not dominates(inbound.vector, (s.node, s.hlc))]
+    return add_uncovered(siblings, inbound)
+
+
+def add_uncovered(siblings: Sequence[V], inbound: V) -> tuple[list[V], list[V]]:
+    """`merge_version` for a version the caller already knows no sibling covers."""
+    vector = inbound.vector
+    kept: list[V] = []
+    replaced: list[V] = []
+    for sibling in siblings:
+        (replaced if vector.get(sibling.node, 0) >= sibling.hlc else kept).append(sibling)
     kept.append(inbound)
     return kept, replaced
 

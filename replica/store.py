@@ -281,21 +281,17 @@ class Store:
             ],
         )
 
-    def siblings_of_many(
-        self, keys: Sequence[bytes]
-    ) -> dict[bytes, list[tuple[int, int, int, bytes]]]:
-        """(row id, node, hlc, encoded vector) of many records' siblings: what merging needs,
-        without reading a single envelope."""
-        found: dict[bytes, list[tuple[int, int, int, bytes]]] = {}
+    def sibling_rows(self, keys: Sequence[bytes]) -> Iterator[tuple[int, bytes, int, int, bytes]]:
+        """(row id, key, node, hlc, encoded vector) of many records' siblings: what merging
+        needs, without reading a single envelope."""
         unique = list(dict.fromkeys(keys))
         for start in range(0, len(unique), 500):
             chunk = unique[start : start + 500]
             marks = ",".join("?" * len(chunk))
-            for rowid, k, n, h, vector in self.db.execute(
+            for rowid, key, node, hlc, vector in self.db.execute(
                 f"SELECT id, key, node, hlc, vector FROM versions WHERE key IN ({marks})", chunk
             ):
-                found.setdefault(k, []).append((rowid, node_from_sql(n), h, vector))
-        return found
+                yield rowid, key, node + (1 << 64) if node < 0 else node, hlc, vector
 
     def scope_of(self, key: bytes) -> bytes | None:
         row = self.db.execute("SELECT scope FROM versions WHERE key = ? LIMIT 1", (key,)).fetchone()

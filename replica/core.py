@@ -29,6 +29,7 @@ from replica.keys import AccountKeys, KeyBundle, bundle_from_bytes
 from replica.limits import check_name
 from replica.opener import Opener
 from replica.options import ReplicaOptions
+from replica.record import record_from_siblings
 from replica.schema import REGISTER_ID, Collection, Schema, schema_from_bytes, schema_to_bytes
 from replica.store import HeldRow, Row, Store
 
@@ -163,6 +164,14 @@ class Core:
                 f"a record cannot be opened: {exc}", hint="run repair to quarantine it"
             ) from exc
 
+    def count_live(self, scope: bytes, tiebreak: str | None) -> int:
+        """How many records of a scope show a document (not a tombstone)."""
+        return sum(
+            1
+            for key, rows in rows_by_key(self.store.versions_in_scope(scope))
+            if not record_from_siblings(self.open_rows(key, rows, scope), tiebreak).deleted
+        )
+
     def open_siblings(self, key: bytes, scope: bytes) -> list[Opened]:
         return self.open_rows(key, self.store.versions_of(key), scope)
 
@@ -197,7 +206,21 @@ class Core:
             want_events=bool(self.subscribers),
             to_push=to_push,
         )
-        return merge_inbound(ctx, envelopes, now, source)
+        result = merge_inbound(ctx, envelopes, now, source)
+        if ctx.want_events:
+            result.events.extend(self._over_limit(result.per_item_scopes))
+        return result
+
+    def _over_limit(self, scopes: set[tuple[str, str]]) -> list[ChangeEvent]:
+        """Tell the app when a merge left a per_item set over its bound (nothing is dropped)."""
+        events = []
+        for profile, name in sorted(scopes):
+            spec = self.schema.get(name)
+            live = self.count_live(self.scope(profile, name), spec.tiebreak if spec else None)
+            if spec is not None and spec.max_items is not None and live > spec.max_items:
+                reason = f"{live} items, max_items {spec.max_items}"
+                events.append(ChangeEvent("over_limit", "remote", profile, name, None, reason))
+        return events
 
     def merge_held(self, rows: list[HeldRow], now: int | None, accept_drift: bool = False) -> None:
         """Take held rows out and merge them again, keeping a reseed's push marks."""

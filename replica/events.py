@@ -10,12 +10,14 @@ from typing import Literal
 
 log = logging.getLogger(__name__)
 
-EventKind = Literal["changed", "held", "released", "node_changed"]
+EventKind = Literal["changed", "held", "released", "node_changed", "over_limit"]
 
 
 @dataclass(frozen=True, slots=True)
 class ChangeEvent:
-    """One record changed (`origin` local or remote), was held, or was released.
+    """One record changed (`origin` local or remote), was held, or was released; or a merge
+    left a per_item collection over its `max_items` (`over_limit`, `id` None: merges never
+    drop an item, so the app decides what to remove); or the node id changed (a copied file).
 
     `profile`, `collection` and `id` are None when a version was held before it could be
     opened (the replica was locked, or the key epoch is unknown).

@@ -57,6 +57,8 @@ class InboundResult:
     events: list[ChangeEvent] = field(default_factory=list)
     clone_of_node: int | None = None
     max_hlc: int = 0
+    per_item_scopes: set[tuple[str, str]] = field(default_factory=set)
+    """(profile, collection) of per_item collections that merged a version."""
 
 
 @dataclass(slots=True)
@@ -167,6 +169,8 @@ class _Merger:
         record.added[header.dot] = header
         record.envelopes[header.dot] = envelope
         record.identity = identity
+        if collection.max_items is not None:
+            self.result.per_item_scopes.add((identity.profile, identity.collection))
         self.result.merged += 1
 
     def _known_own(self, header: Header) -> bool:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from replica import clock
-from replica.errors import InvalidArgumentError, RollbackError
+from replica.errors import InvalidArgumentError, ProtocolError, RollbackError
 from replica.store import Row
 from replica.wire import Page, PushBatch, PushResult, RelayState, parse_header
 
@@ -77,17 +77,37 @@ class SyncSession:
     # -- push -----------------------------------------------------------------------------------
 
     def next_batch(self) -> PushBatch | None:
-        """The next dirty versions to push (each once per pass), or None when the pass is done."""
+        """The next dirty versions to push (each once per pass), or None when the pass is done.
+
+        A stored envelope whose header no longer names its own row is damaged: it is latched
+        degraded and kept back, so local damage never spreads to the other devices.
+        """
         with self._core.mutex:
             self._core.check_open()
             for table in ("versions", "held"):
-                rows = self._store.rows_to_push(table, self._max_count, self._after[table])
-                if rows:
+                while rows := self._store.rows_to_push(table, self._max_count, self._after[table]):
                     chosen = _fit(rows, self._max_bytes)
                     last = chosen[-1]
                     self._after[table] = (last.key, last.node, last.hlc)
-                    return PushBatch([row.envelope for row in chosen])
+                    sound = [row.envelope for row in chosen if self._is_sound(row)]
+                    if sound:
+                        return PushBatch(sound)
             return None
+
+    def _is_sound(self, row: Row) -> bool:
+        try:
+            header = parse_header(row.envelope)
+        except ProtocolError:
+            header = None
+        if header is not None and (header.key, header.node, header.hlc) == (
+            row.key,
+            row.node,
+            row.hlc,
+        ):
+            return True
+        reason = "a stored envelope to push is damaged"
+        self._core.mark_degraded(row.key, self._store.scope_of(row.key), reason)
+        return False
 
     def restart(self) -> None:
         """Start a new pass over the dirty versions (after a failed or refused push)."""

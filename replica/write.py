@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from replica import clock
-from replica.core import Core, rows_by_key
+from replica.core import Core
 from replica.envelope import Identity, Opened, seal
 from replica.errors import InvalidArgumentError, ItemLimitError, ProtocolError, StaleContextError
 from replica.events import ChangeEvent
@@ -102,11 +102,7 @@ def _check_item_limit(core: Core, spec: Collection, siblings: list[Opened], scop
     """`max_items` bounds local additions only; merges never drop an item."""
     if siblings and not record_from_siblings(siblings, spec.tiebreak).deleted:
         return
-    live = sum(
-        1
-        for key, rows in rows_by_key(core.store.versions_in_scope(scope))
-        if not record_from_siblings(core.open_rows(key, rows, scope), None).deleted
-    )
+    live = core.count_live(scope, spec.tiebreak)
     if spec.max_items is not None and live >= spec.max_items:
         raise ItemLimitError(
             f"collection {spec.name!r} holds {live} items, max_items {spec.max_items}",

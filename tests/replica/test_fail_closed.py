@@ -310,3 +310,21 @@ def test_a_damaged_draft_is_not_overwritten(make_replica: ReplicaFactory) -> Non
         replica.get("drafts", "d")
     assert replica.repair().quarantined == 1
     replica.put("drafts", "d", {"text": "new"})
+
+
+def test_a_damaged_version_is_never_pushed(make_replica: ReplicaFactory) -> None:
+    replica = make_replica()
+    replica.put("notes", "good", {})
+    replica.put("notes", "bad", {})
+    key = opaque_key(replica._core.keys().index_key, Identity("default", "notes", "bad"))
+    damage_row(replica.path, key, truncate_header, {})
+    session = replica.sync_session()
+    pushed = [e for batch in iter(session.next_batch, None) for e in batch.envelopes]
+    assert [parse_header(e).key for e in pushed] != [] and key not in {
+        parse_header(e).key for e in pushed
+    }
+    assert replica.status().degraded == 1
+
+
+def truncate_header(envelope: bytes, _: dict[str, bytes]) -> bytes:
+    return envelope[:30]

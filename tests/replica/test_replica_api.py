@@ -385,3 +385,20 @@ def test_a_closed_replicas_session_raises_the_typed_error(make_replica: ReplicaF
     ):
         with pytest.raises(ReplicaClosedError):
             call()
+
+
+def test_a_merge_past_max_items_tells_the_app_and_drops_nothing(
+    make_replica: ReplicaFactory,
+) -> None:
+    clock = FakeClock()
+    a = make_replica("a", wall_clock_ms=clock)
+    b = make_replica("b", wall_clock_ms=clock)
+    for i in range(3):
+        a.put("personas", f"a{i}", {})
+        b.put("personas", f"b{i}", {})
+    events: list[ChangeEvent] = []
+    a.subscribe(events.append)
+    apply(a, dirty_envelopes(b))
+    over = [e for e in events if e.kind == "over_limit"]
+    assert [(e.collection, e.reason) for e in over] == [("personas", "6 items, max_items 3")]
+    assert len(a.scan("personas")) == 6

@@ -42,6 +42,11 @@ class ReplicaOptions:
                 "freshness_window_s and max_drift_ms must be ≥ 0 and max_lock_s > 0, got "
                 f"{self.freshness_window_s}, {self.max_drift_ms}, {self.max_lock_s}"
             )
+        if self.busy_timeout_s < 0 or self.cache_entries < 0:
+            raise InvalidArgumentError(
+                "busy_timeout_s and cache_entries must be ≥ 0, got "
+                f"{self.busy_timeout_s}, {self.cache_entries}"
+            )
         if self.synchronous not in ("full", "normal"):
             raise InvalidArgumentError(
                 f"synchronous must be 'full' or 'normal', got {self.synchronous!r}"

@@ -124,3 +124,31 @@ json_values = st.recursive(
 @given(json_values)
 def test_every_json_compatible_value_passes_the_check(value: object) -> None:
     check_document(value)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"freshness_window_s": -1},
+        {"max_lock_s": 0},
+        {"max_drift_ms": -5},
+        {"busy_timeout_s": -1},
+        {"cache_entries": -1},
+        {"synchronous": "off"},
+    ],
+)
+def test_options_out_of_bounds_are_refused(values: dict[str, object]) -> None:
+    from replica import ReplicaOptions
+
+    with pytest.raises(InvalidArgumentError):
+        ReplicaOptions(**values)  # type: ignore[arg-type]
+
+
+def test_lock_durations_out_of_bounds_are_refused(make_replica: ReplicaFactory) -> None:
+    replica = make_replica(max_lock_s=60)
+    for duration in (0, -1, 61):
+        with pytest.raises(InvalidArgumentError, match="lock duration"):
+            replica.lock_scope(collection="notes", duration_s=duration)
+    with pytest.raises(InvalidArgumentError, match="needs its collection"):
+        replica.lock_scope(id="n")
+    assert replica.lock_scope(collection="notes", duration_s=60) > 0

@@ -2,7 +2,7 @@
 reordered and dropped pages, clock skew, freshness locks and restarts, end identical — and equal
 to the independent reference model in tests/replica/model.py.
 
-Examples: 200 under CI; set SEALSYNC_CONVERGENCE_EXAMPLES for more.
+Examples: 300 under CI (50 steps each); set SEALSYNC_CONVERGENCE_EXAMPLES for more.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ SCHEMA = Schema(
 )
 REPLICAS = 3
 EXAMPLES = int(
-    os.environ.get("SEALSYNC_CONVERGENCE_EXAMPLES", "200" if os.environ.get("CI") else "60")
+    os.environ.get("SEALSYNC_CONVERGENCE_EXAMPLES", "300" if os.environ.get("CI") else "60")
 )
 
 _ACCOUNT: dict[str, Any] = {}
@@ -339,6 +339,6 @@ class ConvergenceTest(ConvergenceMachine):
 
 
 ConvergenceTest.TestCase.settings = settings(
-    max_examples=EXAMPLES, stateful_step_count=30, deadline=None
+    max_examples=EXAMPLES, stateful_step_count=50, deadline=None
 )
 test_convergence = pytest.mark.slow(ConvergenceTest.TestCase)

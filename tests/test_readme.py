@@ -35,3 +35,20 @@ def test_the_main_job_converges() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "converged" in result.stdout.splitlines()[-2]
+
+
+def test_the_readme_python_example_runs(tmp_path: Path) -> None:
+    text = (ROOT / "README.md").read_text()
+    (example,) = re.findall(r"```python\n(.*?)```", text, re.S)
+    script = tmp_path / "example.py"
+    script.write_text(example)
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "write this down:" in result.stdout

@@ -165,12 +165,15 @@ class Core:
             ) from exc
 
     def count_live(self, scope: bytes, tiebreak: str | None) -> int:
-        """How many records of a scope show a document (not a tombstone)."""
-        return sum(
-            1
-            for key, rows in rows_by_key(self.store.versions_in_scope(scope))
-            if not record_from_siblings(self.open_rows(key, rows, scope), tiebreak).deleted
-        )
+        """How many records of a scope show a document (not a tombstone). A degraded record
+        counts as live: it may well be, and counting never raises (merges call this)."""
+        live = 0
+        for key, rows in rows_by_key(self.store.versions_in_scope(scope)):
+            try:
+                live += not record_from_siblings(self.open_rows(key, rows, scope), tiebreak).deleted
+            except DegradedError:
+                live += 1
+        return live
 
     def open_siblings(self, key: bytes, scope: bytes) -> list[Opened]:
         return self.open_rows(key, self.store.versions_of(key), scope)

@@ -25,7 +25,7 @@ from cryptography.exceptions import InvalidTag
 
 from replica.errors import EnvelopeError, ProtocolError
 from replica.keys import AccountKeys, length_prefixed
-from replica.limits import check_document_size
+from replica.limits import check_document_size, check_name
 from replica.wire import NONCE_BYTES, Header, VersionVector, encode_header, parse_header
 
 MIN_PADDED_BYTES = 64
@@ -137,14 +137,16 @@ def _check_plaintext(keys: AccountKeys, header: Header, plaintext: bytes) -> Ope
         (length,) = _LENGTH.unpack_from(plaintext)
         fields = _decoder.decode(plaintext[4 : 4 + length])
         profile, collection, record_id, deleted, document, pairs = fields
-        vector = {int(node): int(hlc) for node, hlc in pairs}
+        for kind, name in (("profile", profile), ("collection", collection), ("id", record_id)):
+            check_name(kind, name)
         identity = Identity(profile, collection, record_id)
         key = keys.record_key(profile, collection, record_id)
     except (struct.error, msgspec.DecodeError, ValueError, TypeError, AttributeError):
         raise EnvelopeError("envelope plaintext is malformed") from None
     if (
         not hmac.compare_digest(key, header.key)
-        or vector != header.vector
+        or pairs != [[node, hlc] for node, hlc in sorted(header.vector.items())]
+        or any(type(value) is not int for pair in pairs for value in pair)
         or type(deleted) is not bool
         or (deleted and document is not None)
     ):

@@ -108,7 +108,3 @@ def visible_key(
 ) -> tuple[Any, ...]:
     """The total order that picks the visible sibling (greatest wins)."""
     return (hlc, tiebreak_value(document, tiebreak), 0 if deleted else 1, node)
-
-
-def dots(versions: Iterable[Versioned]) -> frozenset[Dot]:
-    return frozenset((v.node, v.hlc) for v in versions)

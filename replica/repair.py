@@ -150,7 +150,7 @@ def repair(core: Core, *, force: bool = False, scope: bytes | None = None) -> Re
 def _quarantine_row(core: Core, finding: Finding, now: int) -> None:
     store, row = core.store, finding.row
     reason = f"{finding.damage}: {finding.reason}"
-    store.quarantine(finding.table, row.key, row.envelope, reason, now)
+    store.quarantine(finding.table, row.key, row.envelope, reason, now, (row.node, row.hlc))
     if finding.table == "local":
         store.db.execute("DELETE FROM local WHERE key = ?", (row.key,))
     else:

@@ -53,7 +53,8 @@ from replica.store import Store
 from replica.sync import SyncSession
 from replica.wire import KdfParams, check_kdf_params
 
-HELD_RECHECK_ON_UNLOCK = ("sealed", "epoch")
+HELD_RECHECK_ON_UNLOCK = ("sealed", "epoch", "collection")
+"""Unlocking gives keys, and reloads the schema another process may have declared."""
 
 
 class Replica:
@@ -301,7 +302,7 @@ class Replica:
             _, identity = core.resolve(collection, id, profile)
             key = core.record_key(identity)
             rows = core.store.history_of(key)
-            opened = core.open_rows(key, rows, core.scope(profile, collection)) if rows else []
+            opened = core.open_rows(key, rows, core.scope(profile, collection))
             return [Version(o.header.node, o.header.hlc, o.deleted, o.document) for o in opened]
 
     # -- writes ---------------------------------------------------------------------------------

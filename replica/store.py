@@ -48,8 +48,8 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE local (
         key BLOB PRIMARY KEY, scope BLOB NOT NULL, envelope BLOB NOT NULL) WITHOUT ROWID;
     CREATE TABLE quarantine (
-        id INTEGER PRIMARY KEY, source TEXT NOT NULL, key BLOB, envelope BLOB NOT NULL,
-        reason TEXT NOT NULL, at_ms INTEGER NOT NULL);
+        id INTEGER PRIMARY KEY, source TEXT NOT NULL, key BLOB, node INTEGER, hlc INTEGER,
+        envelope BLOB NOT NULL, reason TEXT NOT NULL, at_ms INTEGER NOT NULL);
     CREATE TABLE degraded (key BLOB PRIMARY KEY, scope BLOB, reason TEXT NOT NULL) WITHOUT ROWID;
     CREATE TABLE history (
         key BLOB NOT NULL, node INTEGER NOT NULL, hlc INTEGER NOT NULL,
@@ -265,10 +265,6 @@ class Store:
         for k, n, h, e in cursor:
             yield Row(k, node_from_sql(n), h, e)
 
-    def all_versions(self) -> Iterator[Row]:
-        for k, n, h, e in self.db.execute("SELECT key, node, hlc, envelope FROM versions"):
-            yield Row(k, node_from_sql(n), h, e)
-
     def insert_versions(self, rows: Iterable[NewVersion]) -> None:
         """Insert versions; callers insert only identities the record does not hold (merging
         drops covered versions, and a local write's dot is new)."""
@@ -307,9 +303,6 @@ class Store:
                 for rowid, new in pairs
             ],
         )
-
-    def delete_rows(self, rowids: Iterable[int]) -> None:
-        self.db.executemany("DELETE FROM versions WHERE id = ?", [(i,) for i in rowids])
 
     def delete_versions(self, rows: Iterable[Row]) -> None:
         self.db.executemany(
@@ -353,7 +346,7 @@ class Store:
 
     def has_identity(self, key: bytes, node: int, hlc: int) -> bool:
         args = (key, node_to_sql(node), hlc)
-        for table in ("versions", "held", "history"):
+        for table in ("versions", "held", "history", "quarantine"):
             found = self.db.execute(
                 f"SELECT 1 FROM {table} WHERE key = ? AND node = ? AND hlc = ?", args
             ).fetchone()
@@ -508,11 +501,20 @@ class Store:
         self.db.execute("DELETE FROM degraded")
 
     def quarantine(
-        self, source: str, key: bytes | None, envelope: bytes, reason: str, at_ms: int
+        self,
+        source: str,
+        key: bytes | None,
+        envelope: bytes,
+        reason: str,
+        at_ms: int,
+        dot: tuple[int, int] | None = None,
     ) -> None:
+        """Keep unreadable bytes verbatim; `dot` names a row this replica itself held."""
+        node, hlc = (None, None) if dot is None else (node_to_sql(dot[0]), dot[1])
         self.db.execute(
-            "INSERT INTO quarantine (source, key, envelope, reason, at_ms) VALUES (?, ?, ?, ?, ?)",
-            (source, key, envelope, reason, at_ms),
+            "INSERT INTO quarantine (source, key, node, hlc, envelope, reason, at_ms) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (source, key, node, hlc, envelope, reason, at_ms),
         )
 
     def count(self, table: str) -> int:

@@ -172,7 +172,7 @@ def _write_local(
 ) -> Context:
     """One version per record, never synced; fails closed and honours contexts like the rest."""
     with core.write_transaction():
-        current = _local_opened(core, key)  # raises DegradedError if it cannot be opened
+        current = _local_opened(core, key, scope)  # DegradedError if it cannot be opened
         _replaced(core, current, context, if_unchanged)
         now = core.options.wall_clock_ms()
         hlc = clock.tick(core.store.get_int("clock"), now)
@@ -209,10 +209,10 @@ def scan_local(core: Core, scope: bytes, include_deleted: bool) -> list[Record]:
     return records
 
 
-def _local_opened(core: Core, key: bytes) -> list[Opened]:
+def _local_opened(core: Core, key: bytes, scope: bytes) -> list[Opened]:
     """The device-local record's one version, opened (or DegradedError); empty if absent."""
     envelope = core.store.get_local(key)
-    return [] if envelope is None else core.open_rows(key, [local_row(key, envelope)], None)
+    return [] if envelope is None else core.open_rows(key, [local_row(key, envelope)], scope)
 
 
 def local_row(key: bytes, envelope: bytes) -> Row:

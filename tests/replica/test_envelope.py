@@ -714,3 +714,35 @@ def test_fixed_header_size_matches_the_spec() -> None:
     assert FIXED_HEADER_BYTES == 40  # the fixed part, vector count included
     assert NONCE_BYTES == 12
     assert TAG_BYTES == 16
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        ["default", "notes", "", False, None, [[7, 9]]],
+        ["default", "notes", "e\u0301", False, None, [[7, 9]]],
+        ["default", "no\x00tes", "n1", False, None, [[7, 9]]],
+        ["default", "notes", "n1", False, None, [[7, 9.0]]],
+        ["default", "notes", "n1", False, None, [["7", 9]]],
+        ["default", "notes", "n1", False, None, [[7, 9], [7, 9]]],
+    ],
+    ids=["empty-id", "not-nfc", "nul", "float-hlc", "string-node", "repeated-pair"],
+)
+def test_open_refuses_names_and_pairs_that_break_the_format(fields: list[Any]) -> None:
+    header_fields = ["default", "notes", "n1", False, None, [[7, 9]]]
+    header_fields[:3] = [f if isinstance(f, str) else "x" for f in fields[:3]]
+    envelope = seal_raw_fields_with_header(fields, header_fields, bytes(12))
+    with pytest.raises(EnvelopeError):
+        open_envelope(READER, envelope)
+
+
+def seal_raw_fields_with_header(fields: list[Any], header_fields: list[Any], nonce: bytes) -> bytes:
+    """Seal `fields` under the header `seal_raw_fields` would make for `header_fields`."""
+    header = seal_raw_fields(header_fields, nonce)[: FIXED_HEADER_BYTES + 16]
+    body = msgspec.msgpack.encode(fields)
+    framed = struct.pack(">I", len(body)) + body
+    padded = framed + bytes(padme_length(len(framed)) - len(framed))
+    ciphertext = AESGCM(hkdf(READER.account_key, b"sealsync epoch v1 0")).encrypt(
+        nonce, padded, header + READER.account_id
+    )
+    return header + nonce + ciphertext

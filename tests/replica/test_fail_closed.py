@@ -12,13 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from relay.memory import MemoryRelay
 from replica import DegradedError, Page, PageEntry, RelayState, RepairRefusedError, Replica
 from replica.envelope import Identity, opaque_key, seal
 from replica.keys import AccountInfo, AccountKeys
 from replica.store import node_to_sql
 from replica.wire import parse_header
 from tests.conftest import Account, FakeClock, ReplicaFactory
-from tests.replica.helpers import apply, dirty_envelopes
+from tests.replica.helpers import apply, dirty_envelopes, page_of
+from tests.replica.test_sync_session import sync
 
 Damage = Callable[[bytes, dict[str, bytes]], bytes]
 IDS = ["r1", "r2", "r3", "r4"]
@@ -328,3 +330,41 @@ def test_a_damaged_version_is_never_pushed(make_replica: ReplicaFactory) -> None
 
 def truncate_header(envelope: bytes, _: dict[str, bytes]) -> bytes:
     return envelope[:30]
+
+
+def test_a_degraded_item_never_wedges_pulls_of_its_per_item_set(
+    make_replica: ReplicaFactory,
+) -> None:
+    """Counting a per_item set for `over_limit` must not raise on an unreadable item."""
+    clock = FakeClock()
+    writer = make_replica("w", wall_clock_ms=clock)
+    reader = make_replica("r", wall_clock_ms=clock)
+    writer.put("personas", "p1", {})
+    apply(reader, dirty_envelopes(writer))
+    key = opaque_key(reader._core.keys().index_key, Identity("default", "personas", "p1"))
+    damage_row(reader.path, key, flip_bit, {})
+    reader._core.opener.forget()  # type: ignore[union-attr]
+    reader.subscribe(lambda _: None)
+    writer.put("personas", "p2", {})
+    session = reader.sync_session()
+    applied = session.apply_page(page_of(dirty_envelopes(writer), session.cursor))
+    assert applied.merged == 1 and applied.cursor_advanced
+
+
+def test_repair_then_re_pull_is_not_mistaken_for_a_copied_file(
+    make_replica: ReplicaFactory,
+) -> None:
+    clock = FakeClock()
+    relay = MemoryRelay(clock_ms=clock)
+    replica = make_replica(wall_clock_ms=clock, freshness_window_s=0)
+    replica.put("notes", "mine", {"v": 1})
+    sync(replica, relay)
+    key = opaque_key(replica._core.keys().index_key, Identity("default", "notes", "mine"))
+    damage_row(replica.path, key, flip_bit, {})
+    replica._core.opener.forget()  # type: ignore[union-attr]
+    node = replica.node
+    replica.repair()
+    sync(replica, relay)
+    assert replica.node == node
+    got = replica.get("notes", "mine")
+    assert got is not None and got.document == {"v": 1}  # the relay's copy came back

@@ -402,3 +402,25 @@ def test_a_merge_past_max_items_tells_the_app_and_drops_nothing(
     over = [e for e in events if e.kind == "over_limit"]
     assert [(e.collection, e.reason) for e in over] == [("personas", "6 items, max_items 3")]
     assert len(a.scan("personas")) == 6
+
+
+def test_unlock_merges_versions_held_for_a_collection_another_process_declared(
+    tmp_path: Path, account: Account, make_replica: ReplicaFactory
+) -> None:
+    narrow = Schema((Collection("threads"),))
+    path = tmp_path / "shared.db"
+    first = Replica.join(path, account.bundle, schema=narrow)
+    first.unlock_with_key(account.key)
+    second = Replica.open(path)
+    second.unlock_with_key(account.key)
+    first.declare(SCHEMA)  # the other process learns of "notes"
+    writer = make_replica("w")
+    writer.put("notes", "n", {"v": 1})
+    apply(second, dirty_envelopes(writer))  # second still has the narrow schema
+    assert second.status().held_other == {"collection": 1}
+    second.lock()
+    second.unlock_with_key(account.key)  # reloads the schema and re-examines the hold
+    got = second.get("notes", "n")
+    assert got is not None and got.document == {"v": 1}
+    first.close()
+    second.close()

@@ -25,6 +25,7 @@ from replica.wire import (
     Receipt,
     RelayState,
     dominates,
+    hlc_ms,
     parse_header,
 )
 
@@ -123,7 +124,7 @@ class MemoryRelay:
             header = parse_header(envelope)
         except ProtocolError:
             return Receipt("refused", code="malformed")
-        if (header.hlc >> 16) > self._clock_ms() + self._max_drift_ms:
+        if hlc_ms(header.hlc) > self._clock_ms() + self._max_drift_ms:
             return Receipt("refused", code="clock_ahead")
         siblings = account.by_key.get(header.key, [])
         for stored in siblings:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from replica.errors import InvalidArgumentError
 from replica.wire import MAX_HLC as WIRE_MAX_HLC
+from replica.wire import hlc_ms as hlc_ms  # noqa: PLC0414  (re-exported: the clock's own view)
 
 COUNTER_BITS = 16
 COUNTER_MASK = (1 << COUNTER_BITS) - 1
@@ -29,11 +30,6 @@ def pack_hlc(ms: int, counter: int) -> int:
             f"hlc parts out of range: ms={ms} (0..{MAX_MS}), counter={counter} (0..{COUNTER_MASK})"
         )
     return (ms << COUNTER_BITS) | counter
-
-
-def hlc_ms(hlc: int) -> int:
-    """The millisecond part of an hlc."""
-    return hlc >> COUNTER_BITS
 
 
 def hlc_counter(hlc: int) -> int:

@@ -59,12 +59,15 @@ class Core:
         """A write transaction; when the outermost one ends, degraded latches found inside it
         are persisted (even on rollback) and its events published (only on commit)."""
         outermost = not self.store.in_transaction
+        queued = len(self._pending_events)
         committed = False
         try:
             with self.store.transaction():
                 yield
             committed = True
         finally:
+            if not committed:  # a rolled-back savepoint's events never happened
+                del self._pending_events[queued:]
             if outermost:
                 events, self._pending_events = self._pending_events, []
                 self._persist_degraded()

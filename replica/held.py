@@ -1,8 +1,9 @@
 """Explicit freshness locks and the versions held back: take them, end them, accept them.
 
-Versions are held, never dropped, for four reasons besides drift and locks: `sealed` (pulled
-while the replica was locked), `epoch` (an unknown key epoch), `collection` (undeclared in the
-schema). Each is merged again when its reason goes away — see `Core.recheck_held`.
+Versions are held, never dropped, for three reasons besides drift and locks: `sealed` (pulled
+while the replica was locked), `epoch` (an unknown key epoch), `collection` (undeclared, or
+device-local, in this replica's schema). Each is merged again when its reason goes away —
+see `Core.recheck_held`.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -37,6 +38,11 @@ class ReplicaOptions:
     random_bytes: Callable[[int], bytes] = os.urandom
 
     def __post_init__(self) -> None:
+        numbers = (self.freshness_window_s, self.max_lock_s, self.busy_timeout_s)
+        if not all(math.isfinite(n) for n in numbers):
+            raise InvalidArgumentError(
+                f"freshness_window_s, max_lock_s and busy_timeout_s must be finite, got {numbers}"
+            )
         if self.freshness_window_s < 0 or self.max_lock_s <= 0 or self.max_drift_ms < 0:
             raise InvalidArgumentError(
                 "freshness_window_s and max_drift_ms must be ≥ 0 and max_lock_s > 0, got "

@@ -104,6 +104,7 @@ def _check_row(core: Core, table: str, row: Row, vector: bytes | None) -> Findin
 
 def diagnose(core: Core, scope: bytes | None = None) -> Diagnosis:
     """Open every stored row (of one scope, or all) and report the ones that fail."""
+    core.opener_or_raise()
     count = 0
     findings = []
     for table, row, vector in _stored_rows(core, scope):

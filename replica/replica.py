@@ -50,7 +50,7 @@ from replica.schema import (
 )
 from replica.status import Status, read_status
 from replica.store import Store
-from replica.sync import SyncSession
+from replica.sync import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_COUNT, SyncSession
 from replica.wire import KdfParams, check_kdf_params
 
 HELD_RECHECK_ON_UNLOCK = ("sealed", "epoch", "collection")
@@ -63,6 +63,7 @@ class Replica:
     def __init__(self, store: Store, options: ReplicaOptions) -> None:
         self._core = Core(store, options)
         self._record_mutexes: dict[tuple[str, str, str], threading.Lock] = {}
+        self._batching = threading.local()
 
     def __repr__(self) -> str:
         core = self._core
@@ -392,6 +393,11 @@ class Replica:
 
     @contextmanager
     def _record_mutex(self, profile: str, collection: str, id: str) -> Iterator[None]:
+        if getattr(self._batching, "depth", 0):
+            # Inside batch() this thread holds the replica's mutex, which serializes it
+            # already; waiting for a record lock here could deadlock with another update().
+            yield
+            return
         with self._core.mutex:
             mutex = self._record_mutexes.setdefault((profile, collection, id), threading.Lock())
         with mutex:
@@ -401,7 +407,11 @@ class Replica:
     def batch(self) -> Iterator[None]:
         """Group writes into one transaction: all of them land, or none (and one fsync)."""
         with self._core.mutex, self._core.write_transaction():
-            yield
+            self._batching.depth = getattr(self._batching, "depth", 0) + 1
+            try:
+                yield
+            finally:
+                self._batching.depth -= 1
 
     # -- freshness locks and held versions ------------------------------------------------------
 
@@ -464,7 +474,10 @@ class Replica:
     # -- sync, status and subscriptions ---------------------------------------------------------
 
     def sync_session(
-        self, *, max_batch_count: int = 1000, max_batch_bytes: int = 4 << 20
+        self,
+        *,
+        max_batch_count: int = DEFAULT_BATCH_COUNT,
+        max_batch_bytes: int = DEFAULT_BATCH_BYTES,
     ) -> SyncSession:
         """A sans-I/O sync session over this replica (see replica.sync)."""
         return SyncSession(

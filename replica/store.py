@@ -287,7 +287,7 @@ class Store:
             for rowid, key, node, hlc, vector in self.db.execute(
                 f"SELECT id, key, node, hlc, vector FROM versions WHERE key IN ({marks})", chunk
             ):
-                yield rowid, key, node + (1 << 64) if node < 0 else node, hlc, vector
+                yield rowid, key, node_from_sql(node), hlc, vector
 
     def scope_of(self, key: bytes) -> bytes | None:
         row = self.db.execute("SELECT scope FROM versions WHERE key = ? LIMIT 1", (key,)).fetchone()

@@ -27,8 +27,6 @@ from replica.wire import Page, PushBatch, PushResult, RelayState, parse_header
 if TYPE_CHECKING:
     from replica.core import Core
 
-    pass
-
 DEFAULT_BATCH_COUNT = 1000
 DEFAULT_BATCH_BYTES = 4 * 1024 * 1024
 
@@ -116,7 +114,7 @@ class SyncSession:
     def acknowledge(self, batch: PushBatch, result: PushResult) -> Acknowledged:
         """Clear dirty for versions the relay stored or already covered; refused stay dirty."""
         if len(result.receipts) != len(batch.envelopes):
-            raise InvalidArgumentError(
+            raise ProtocolError(
                 f"{len(result.receipts)} receipts for {len(batch.envelopes)} envelopes"
             )
         seqs = [r.seq for r in result.receipts if r.seq is not None]

@@ -137,6 +137,11 @@ def decode_vector(data: bytes) -> VersionVector:
     return dict(_ENTRY.iter_unpack(data[2:]))
 
 
+def hlc_ms(hlc: int) -> int:
+    """The millisecond part of an hlc (its low 16 bits count events within a millisecond)."""
+    return hlc >> 16
+
+
 def peek_dot(envelope: bytes) -> tuple[bytes, int, int] | None:
     """(key, node, hlc) from an envelope's fixed header, unchecked; None if too short.
 

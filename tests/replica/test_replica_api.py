@@ -424,3 +424,35 @@ def test_unlock_merges_versions_held_for_a_collection_another_process_declared(
     assert got is not None and got.document == {"v": 1}
     first.close()
     second.close()
+
+
+def test_update_inside_a_batch_does_not_deadlock_with_another_threads_update(
+    make_replica: ReplicaFactory,
+) -> None:
+    replica = make_replica(freshness_window_s=0)
+    in_change = threading.Event()
+    release = threading.Event()
+
+    def slow(doc: object) -> dict[str, int]:
+        in_change.set()
+        release.wait(5)
+        return {"n": 1}
+
+    other = threading.Thread(target=lambda: replica.update("notes", "c", slow))
+    other.start()
+    assert in_change.wait(5)
+    done = threading.Event()
+
+    def batch_update() -> None:
+        with replica.batch():
+            replica.update("notes", "c", lambda doc: {"n": 2})
+        done.set()
+
+    mine = threading.Thread(target=batch_update)
+    mine.start()
+    release.set()
+    mine.join(10)
+    other.join(10)
+    assert done.is_set() and not other.is_alive()
+    got = replica.get("notes", "c")
+    assert got is not None and got.document in ({"n": 1}, {"n": 2})

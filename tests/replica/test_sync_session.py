@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from relay.memory import MemoryRelay
-from replica import Page, PushResult, Receipt, RelayState, RollbackError
+from replica import Page, ProtocolError, PushResult, Receipt, RelayState, RollbackError
 from replica.wire import parse_header
 from tests.conftest import FakeClock, ReplicaFactory
 from tests.replica.helpers import STATE, page_of
@@ -57,7 +57,7 @@ def test_receipts_must_match_the_batch(make_replica: ReplicaFactory) -> None:
     session = replica.sync_session()
     batch = session.next_batch()
     assert batch is not None
-    with pytest.raises(ValueError, match="1 envelopes"):
+    with pytest.raises(ProtocolError, match="1 envelopes"):
         session.acknowledge(batch, PushResult([], STATE))
     assert replica.status().dirty == 1
 

@@ -438,7 +438,7 @@ def test_update_inside_a_batch_does_not_deadlock_with_another_threads_update(
         release.wait(5)
         return {"n": 1}
 
-    other = threading.Thread(target=lambda: replica.update("notes", "c", slow))
+    other = threading.Thread(target=lambda: replica.update("notes", "c", slow), daemon=True)
     other.start()
     assert in_change.wait(5)
     done = threading.Event()
@@ -448,7 +448,7 @@ def test_update_inside_a_batch_does_not_deadlock_with_another_threads_update(
             replica.update("notes", "c", lambda doc: {"n": 2})
         done.set()
 
-    mine = threading.Thread(target=batch_update)
+    mine = threading.Thread(target=batch_update, daemon=True)
     mine.start()
     release.set()
     mine.join(10)

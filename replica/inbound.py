@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from replica import clock
 from replica.envelope import Identity, Opened, profile_key, scope_key
-from replica.errors import EnvelopeError, ProtocolError, UnknownEpochError
+from replica.errors import EnvelopeError, ProtocolError, StoreError, UnknownEpochError
 from replica.events import ChangeEvent
 from replica.locks import LockIndex, Targets
 from replica.merge import Sibling, add_uncovered, is_covered_dot
@@ -32,6 +32,9 @@ from replica.options import ReplicaOptions
 from replica.schema import Schema
 from replica.store import HeldVersion, NewVersion, Row, Store
 from replica.wire import Dot, Header, decode_vector, parse_header, peek_dot
+
+MAX_UNVERIFIED_HELD_BYTES = 256 * 1024 * 1024
+QUARANTINE_PREFIX_BYTES = 4096
 
 
 @dataclass
@@ -99,6 +102,7 @@ class _Merger:
         self.holds: list[HeldVersion] = []
         self.scope_cache: dict[tuple[str, str], bytes] = {}
         self.records: dict[bytes, _Record] = {}
+        self.unverified_bytes: int | None = None
 
     def run(self, envelopes: Sequence[bytes]) -> InboundResult:
         dots = [peek_dot(envelope) for envelope in envelopes]
@@ -118,18 +122,14 @@ class _Merger:
         return self.result
 
     def _consider(self, header: Header, envelope: bytes, record: _Record | None) -> None:
-        if clock.is_ahead(header.hlc, self.now_ms, self.max_drift_ms):
-            release = clock.hlc_ms(header.hlc) - self.max_drift_ms
-            self._hold(header, envelope, "drift", release, None)
-            return
         opener = self.ctx.opener
         if opener is None:
-            self._hold(header, envelope, "sealed", None, None)
+            self._hold_unverified(header, envelope, "sealed")
             return
         try:
             opened = opener.open(envelope, header)
         except UnknownEpochError:
-            self._hold(header, envelope, "epoch", None, None)
+            self._hold_unverified(header, envelope, "epoch")
             return
         except EnvelopeError as exc:
             self._quarantine(header.key, envelope, str(exc), record)
@@ -141,12 +141,16 @@ class _Merger:
     ) -> None:
         """An authenticated version that no sibling covers: hold it or merge it."""
         header, identity = opened.header, opened.identity
-        # Only an authenticated version can tell us this file was copied, or how far ahead
-        # peers' clocks run: a header alone is the relay's word.
+        # Only an authenticated version can tell us how far ahead peers' clocks run, or that
+        # this file was copied: a header alone is the relay's word.
         self.result.max_hlc = max(self.result.max_hlc, header.hlc)
+        scope = self._scope(opener, identity.profile, identity.collection)
+        if clock.is_ahead(header.hlc, self.now_ms, self.max_drift_ms):  # drift before locks
+            release = clock.hlc_ms(header.hlc) - self.max_drift_ms
+            self._hold(header, envelope, "drift", release, scope, identity)
+            return
         if header.node == self.ctx.node and not self._known_own(header):
             self._change_node()
-        scope = self._scope(opener, identity.profile, identity.collection)
         collection = self.ctx.schema.get(identity.collection)
         if collection is None or not collection.is_synced:
             # Undeclared here, or device-local here but synced by its writer: keep it verbatim
@@ -217,10 +221,29 @@ class _Merger:
                 )
             self.result.events.append(event)
 
+    def _hold_unverified(self, header: Header, envelope: bytes, reason: str) -> None:
+        """Hold what cannot be authenticated yet, within a bound: past it, the page is refused
+        (nothing applied, the cursor stays) rather than let a relay fill the disk."""
+        if self.unverified_bytes is None:
+            self.unverified_bytes = self.ctx.store.unverified_held_bytes()
+        self.unverified_bytes += len(envelope)
+        if self.unverified_bytes > MAX_UNVERIFIED_HELD_BYTES:
+            raise StoreError(
+                f"{self.unverified_bytes} bytes of versions that cannot be verified yet are "
+                f"held, bound {MAX_UNVERIFIED_HELD_BYTES}",
+                hint="unlock the replica (or learn the new key epoch) before pulling more",
+            )
+        self._hold(header, envelope, reason, None, None)
+
     def _quarantine(
         self, key: bytes | None, envelope: bytes, reason: str, record: _Record | None
     ) -> None:
+        """Keep a pulled envelope that fails to open (its first 4 KiB: the relay keeps the
+        rest) and latch its record degraded."""
         store = self.ctx.store
+        if len(envelope) > QUARANTINE_PREFIX_BYTES:
+            reason = f"{reason} (first {QUARANTINE_PREFIX_BYTES} of {len(envelope)} bytes kept)"
+            envelope = envelope[:QUARANTINE_PREFIX_BYTES]
         store.quarantine(self.source, key, envelope, reason, self.now_ms)
         if key is not None:
             store.mark_degraded(key, store.scope_of(key), reason)

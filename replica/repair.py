@@ -133,9 +133,10 @@ def repair(core: Core, *, force: bool = False, scope: bytes | None = None) -> Re
         now = core.options.wall_clock_ms()
         for finding in diagnosis.findings:
             _quarantine_row(core, finding, now)
-        if diagnosis.findings:
-            # A damaged row may have made merging drop versions it seemed to cover: pull
-            # everything again and merge it against the repaired siblings (merging is idempotent).
+        if diagnosis.findings or diagnosis.degraded_records:
+            # A damaged row may have made merging drop versions it seemed to cover, and a
+            # record latched by a pulled forgery may have lost its genuine copy: pull
+            # everything again and merge it against the repaired siblings (idempotent).
             core.store.set_meta("cursor", 0)
         unlatched = core.store.count_degraded()
         if scope is None:

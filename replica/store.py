@@ -9,6 +9,7 @@ original error. Node ids are unsigned 64-bit; SQLite integers are signed, hence 
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -35,10 +36,10 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX versions_by_scope ON versions (scope, key);
     CREATE INDEX versions_dirty ON versions (dirty) WHERE dirty = 1;
     CREATE TABLE held (
-        key BLOB NOT NULL, node INTEGER NOT NULL, hlc INTEGER NOT NULL,
+        key BLOB NOT NULL, node INTEGER NOT NULL, hlc INTEGER NOT NULL, digest BLOB NOT NULL,
         envelope BLOB NOT NULL, reason TEXT NOT NULL, release_after_ms INTEGER,
         scope BLOB, repush INTEGER NOT NULL DEFAULT 0,
-        PRIMARY KEY (key, node, hlc)) WITHOUT ROWID;
+        PRIMARY KEY (key, node, hlc, digest));
     CREATE TABLE locks (
         id INTEGER PRIMARY KEY, kind TEXT NOT NULL, target BLOB NOT NULL,
         expires_ms INTEGER NOT NULL, dot_node INTEGER, dot_hlc INTEGER);
@@ -57,6 +58,10 @@ _MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (key, node, hlc)) WITHOUT ROWID;
     """,
 )
+
+
+def envelope_digest(envelope: bytes) -> bytes:
+    return hashlib.sha256(envelope).digest()[:16]
 
 
 def node_to_sql(node: int) -> int:
@@ -380,10 +385,14 @@ class Store:
     # -- held ---------------------------------------------------------------------------------
 
     def hold(self, rows: Iterable[HeldVersion]) -> None:
-        """Persist held versions; never dropped. A reseed's push mark survives re-holding."""
+        """Persist held versions; never dropped. A reseed's push mark survives re-holding.
+
+        Held copies are told apart by their bytes too: an unverified forgery held under a
+        genuine version's identity must not push the genuine bytes out."""
         self.db.executemany(
-            "INSERT INTO held (key, node, hlc, envelope, reason, release_after_ms, scope, repush) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key, node, hlc) DO UPDATE SET "
+            "INSERT INTO held (key, node, hlc, digest, envelope, reason, release_after_ms, scope, "
+            "repush) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (key, node, hlc, digest) DO UPDATE SET "
             "reason = excluded.reason, release_after_ms = excluded.release_after_ms, "
             "scope = coalesce(excluded.scope, held.scope), "
             "repush = max(held.repush, excluded.repush)",
@@ -392,6 +401,7 @@ class Store:
                     h.row.key,
                     node_to_sql(h.row.node),
                     h.row.hlc,
+                    envelope_digest(h.row.envelope),
                     h.row.envelope,
                     h.reason,
                     h.release_after_ms,
@@ -413,11 +423,19 @@ class Store:
             for k, n, h, e, why, after, repush in self.db.execute(query + " ORDER BY hlc", args)
         ]
 
-    def unhold(self, rows: Iterable[Row | HeldRow]) -> None:
+    def unhold(self, rows: Iterable[HeldRow]) -> None:
         self.db.executemany(
-            "DELETE FROM held WHERE key = ? AND node = ? AND hlc = ?",
-            [(r.key, node_to_sql(r.node), r.hlc) for r in rows],
+            "DELETE FROM held WHERE key = ? AND node = ? AND hlc = ? AND digest = ?",
+            [(r.key, node_to_sql(r.node), r.hlc, envelope_digest(r.envelope)) for r in rows],
         )
+
+    def unverified_held_bytes(self) -> int:
+        """Bytes held that could not be authenticated yet (pulled while locked, unknown epoch)."""
+        row = self.db.execute(
+            "SELECT coalesce(sum(length(envelope)), 0) FROM held "
+            "WHERE reason IN ('sealed', 'epoch')"
+        ).fetchone()
+        return int(row[0])
 
     def next_release_ms(self) -> int | None:
         row = self.db.execute("SELECT min(release_after_ms) FROM held").fetchone()

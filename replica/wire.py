@@ -40,6 +40,8 @@ NONCE_BYTES = 12
 TAG_BYTES = 16
 MAX_VECTOR_ENTRIES = 1024
 MAX_U64 = (1 << 64) - 1
+MAX_ENVELOPE_BYTES = 1_100_000
+"""Above the largest envelope a replica can seal: 1 MiB of padded content, 1024 vector entries."""
 MAX_HLC = (1 << 63) - 1
 """An hlc (and a vector entry) is below 2^63: it must fit SQLite's signed integers."""
 
@@ -101,8 +103,11 @@ def check_vector(vector: VersionVector, node: int, hlc: int) -> None:
 
 def parse_header(envelope: bytes) -> Header:
     """Parse and check an envelope's cleartext header; raise `ProtocolError` if malformed."""
-    if len(envelope) < FIXED_HEADER_BYTES + NONCE_BYTES + TAG_BYTES:
-        raise ProtocolError(f"envelope of {len(envelope)} bytes is too short for a header")
+    if not FIXED_HEADER_BYTES + NONCE_BYTES + TAG_BYTES <= len(envelope) <= MAX_ENVELOPE_BYTES:
+        raise ProtocolError(
+            f"envelope of {len(envelope)} bytes outside "
+            f"{FIXED_HEADER_BYTES + NONCE_BYTES + TAG_BYTES}..{MAX_ENVELOPE_BYTES}"
+        )
     version, algorithm, epoch, key, hlc, node, count = _FIXED.unpack_from(envelope)
     if version != FORMAT_VERSION or algorithm != ALGORITHM_AES_256_GCM:
         raise ProtocolError(f"unknown envelope format {version} / algorithm {algorithm}")

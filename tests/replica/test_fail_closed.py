@@ -13,11 +13,19 @@ from pathlib import Path
 import pytest
 
 from relay.memory import MemoryRelay
-from replica import DegradedError, Page, PageEntry, RelayState, RepairRefusedError, Replica
+from replica import (
+    DegradedError,
+    Page,
+    PageEntry,
+    RelayState,
+    RepairRefusedError,
+    Replica,
+    StoreError,
+)
 from replica.envelope import Identity, opaque_key, seal
 from replica.keys import AccountInfo, AccountKeys
 from replica.store import node_to_sql
-from replica.wire import parse_header
+from replica.wire import MAX_ENVELOPE_BYTES, parse_header
 from tests.conftest import Account, FakeClock, ReplicaFactory
 from tests.replica.helpers import apply, dirty_envelopes, page_of
 from tests.replica.test_sync_session import sync
@@ -368,3 +376,52 @@ def test_repair_then_re_pull_is_not_mistaken_for_a_copied_file(
     assert replica.node == node
     got = replica.get("notes", "mine")
     assert got is not None and got.document == {"v": 1}  # the relay's copy came back
+
+
+def test_a_forged_copy_held_first_never_displaces_the_genuine_version(
+    make_replica: ReplicaFactory, account: Account
+) -> None:
+    writer, reader = make_replica("w"), make_replica("r")
+    writer.put("notes", "n", {"v": "genuine"})
+    (genuine,) = dirty_envelopes(writer)
+    forged = genuine[:-1] + bytes([genuine[-1] ^ 1])  # same identity, tag flipped
+    reader.lock()  # a background sync still pulls while the app is locked
+    apply(reader, [forged, genuine])
+    assert reader.status().held_other == {"sealed": 2}
+    reader.unlock_with_key(account.key)
+    reader.repair()  # whichever copy came first, the forged one may have latched the record
+    got = reader.get("notes", "n")
+    assert got is not None and got.document == {"v": "genuine"}
+
+
+def test_an_oversized_envelope_is_refused_and_only_its_prefix_kept(
+    make_replica: ReplicaFactory,
+) -> None:
+    replica = make_replica()
+    huge = struct.pack(">BBI16sQQH", 1, 1, 0, b"k" * 16, 5, 7, 1) + struct.pack(">QQ", 7, 5)
+    huge += bytes(MAX_ENVELOPE_BYTES)
+    applied = replica.sync_session().apply_page(page_of_one(huge))
+    assert applied.quarantined == 1
+    with sqlite3.connect(replica.path) as db:
+        ((kept, reason),) = db.execute("SELECT envelope, reason FROM quarantine").fetchall()
+    assert kept == huge[:4096] and f"of {len(huge)} bytes kept" in reason
+
+
+def test_unverifiable_holds_are_bounded(
+    make_replica: ReplicaFactory, account: Account, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import replica.inbound
+
+    monkeypatch.setattr(replica.inbound, "MAX_UNVERIFIED_HELD_BYTES", 1000)
+    writer, reader = make_replica("w"), make_replica("r")
+    for i in range(8):
+        writer.put("notes", f"n{i}", {"text": "x" * 200})
+    envelopes = dirty_envelopes(writer)
+    reader.lock()
+    session = reader.sync_session()
+    with pytest.raises(StoreError, match="cannot be verified yet"):
+        session.apply_page(page_of(envelopes))
+    assert session.cursor == 0 and reader.status().held_other == {}  # nothing half applied
+    reader.unlock_with_key(account.key)
+    session.apply_page(page_of(envelopes))
+    assert len(reader.scan("notes")) == 8

@@ -164,7 +164,9 @@ class MemoryRelay:
             if stored is not None:
                 entries.append(PageEntry(stored.seq, stored.envelope))
             index += 1
-        has_more = any(seq in account.by_seq for seq in account.seqs[index:])
+        while index < len(account.seqs) and account.seqs[index] not in account.by_seq:
+            index += 1  # skip compacted seqs, so has_more looks at one live entry at most
+        has_more = index < len(account.seqs)
         next_cursor = entries[-1].seq if has_more else max(account.head, cursor)
         self._compact_seqs(account)
         return Page(cursor, entries, next_cursor, has_more, self.state(name))

@@ -115,7 +115,7 @@ class _Merger:
             try:
                 header = parse_header(envelope)
             except ProtocolError as exc:
-                self._quarantine(None, envelope, f"malformed header: {exc}", None)
+                self._quarantine(None, envelope, f"malformed header: {exc}")
                 continue
             self._consider(header, envelope, record)
         self._write()
@@ -132,7 +132,7 @@ class _Merger:
             self._hold_unverified(header, envelope, "epoch")
             return
         except EnvelopeError as exc:
-            self._quarantine(header.key, envelope, str(exc), record)
+            self._quarantine(header.key, envelope, str(exc))
             return
         self._accept(opener, opened, envelope, record)
 
@@ -235,9 +235,7 @@ class _Merger:
             )
         self._hold(header, envelope, reason, None, None)
 
-    def _quarantine(
-        self, key: bytes | None, envelope: bytes, reason: str, record: _Record | None
-    ) -> None:
+    def _quarantine(self, key: bytes | None, envelope: bytes, reason: str) -> None:
         """Keep a pulled envelope that fails to open (its first 4 KiB: the relay keeps the
         rest) and latch its record degraded."""
         store = self.ctx.store

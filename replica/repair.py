@@ -142,7 +142,11 @@ def repair(core: Core, *, force: bool = False, scope: bytes | None = None) -> Re
         if scope is None:
             core.store.clear_degraded()
         else:
-            core.store.db.execute("DELETE FROM degraded WHERE scope = ?", (scope,))
+            core.store.db.execute(  # latched by a pulled forgery, the scope may be unknown
+                "DELETE FROM degraded WHERE scope = ? OR key IN "
+                "(SELECT key FROM versions WHERE scope = ?)",
+                (scope, scope),
+            )
             unlatched -= core.store.count_degraded()
     if core.opener is not None:
         core.opener.forget()

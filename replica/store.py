@@ -174,6 +174,19 @@ class Store:
             raise StoreError(f"{self.path} is not a sealsync replica", hint="check the path")
         if self.db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
             self.migrate()
+        self._check_layout()
+
+    def _check_layout(self) -> None:
+        """Format 1 is still pre-release: refuse a file an earlier build laid out differently
+        instead of failing on its first write."""
+        for table, column in (("versions", "vector"), ("held", "digest"), ("quarantine", "hlc")):
+            columns = {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}
+            if column not in columns:
+                raise StoreError(
+                    f"{self.path} was made by a pre-release build of sealsync "
+                    f"({table} has no {column} column)",
+                    hint="create the replica again and sync it from the relay",
+                )
 
     # -- transactions ------------------------------------------------------------------------
 

@@ -72,8 +72,8 @@ class _Record:
     scope: bytes | None
     rowid_by_dot: dict[Dot, int]
     """The stored siblings' row ids: what was there before the page."""
-    added: dict[Dot, Header] = field(default_factory=dict)
-    envelopes: dict[Dot, bytes] = field(default_factory=dict)
+    added: dict[Dot, tuple[Header, bytes]] | None = None
+    """Versions this page merged, with their envelopes (None: nothing yet, the usual case)."""
     identity: Identity | None = None
 
 
@@ -170,8 +170,9 @@ class _Merger:
             record = self.records[header.key] = _Record([], scope, {})
         record.scope = scope
         record.siblings, _ = add_uncovered(record.siblings, header)  # run() checked coverage
-        record.added[header.dot] = header
-        record.envelopes[header.dot] = envelope
+        if record.added is None:
+            record.added = {}
+        record.added[header.dot] = (header, envelope)
         record.identity = identity
         if collection.max_items is not None:
             self.result.per_item_scopes.add((identity.profile, identity.collection))
@@ -254,7 +255,8 @@ class _Merger:
         replacements: list[tuple[int, NewVersion]] = []
         replaced: list[Row] = []
         for key, record in self.records.items():
-            if not record.added:
+            added = record.added
+            if not added:
                 continue
             final = {(s.node, s.hlc) for s in record.siblings}
             gone = [Row(key, n, h, b"") for n, h in record.rowid_by_dot.keys() - final]
@@ -265,8 +267,8 @@ class _Merger:
                     dot[0],
                     dot[1],
                     record.scope,
-                    record.added[dot].vector_bytes,
-                    record.envelopes[dot],
+                    added[dot][0].vector_bytes,
+                    added[dot][1],
                     dirty=(key, *dot) in self.ctx.to_push,
                 )
                 for dot in final - record.rowid_by_dot.keys()

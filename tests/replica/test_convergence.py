@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -30,8 +31,10 @@ from hypothesis.stateful import (
 from relay.memory import MemoryRelay
 from replica import (
     Collection,
+    DegradedError,
     ItemLimitError,
     Page,
+    PageEntry,
     Replica,
     ReplicaOptions,
     Schema,
@@ -108,6 +111,7 @@ class ConvergenceMachine(RuleBasedStateMachine):
         self.model = Model({"threads": "message_count"})
         self.devices: list[Device] = []
         self.rng = random.Random(0)
+        self.tampered = False
 
     @initialize(window_s=st.sampled_from([0.0, 10.0]))
     def make_devices(self, window_s: float) -> None:
@@ -131,7 +135,11 @@ class ConvergenceMachine(RuleBasedStateMachine):
     ) -> None:
         replica = device.replica
         replica.release_due()
-        before = replica.get(collection, id)
+        try:
+            before = replica.get(collection, id)
+        except DegradedError:  # a forged copy latched it: reads and writes refuse until repair
+            assert self.tampered
+            return
         current = set() if before is None else set(before.context)
         try:
             if document is None:
@@ -166,7 +174,10 @@ class ConvergenceMachine(RuleBasedStateMachine):
         if count is not None:
             document["message_count"] = count
         self._write(self.devices[device], collection, id, document, None, False)
-        record = self.devices[device].replica.get(collection, id)
+        try:
+            record = self.devices[device].replica.get(collection, id)
+        except DegradedError:
+            return (device, collection, id, None)
         return (device, collection, id, None if record is None else record.context)
 
     @rule(
@@ -243,7 +254,7 @@ class ConvergenceMachine(RuleBasedStateMachine):
 
     @rule(
         device=st.integers(0, REPLICAS - 1),
-        mode=st.sampled_from(["normal", "duplicate", "reorder", "drop"]),
+        mode=st.sampled_from(["normal", "duplicate", "reorder", "drop", "tamper"]),
         seed=st.integers(0, 9),
     )
     def pull(self, device: int, mode: str, seed: int) -> None:
@@ -256,6 +267,9 @@ class ConvergenceMachine(RuleBasedStateMachine):
             rng.shuffle(pages)
         elif mode == "drop" and pages:
             pages.pop(rng.randrange(len(pages)))
+        elif mode == "tamper":  # a hostile relay slips a forged copy in before a real one
+            pages = [tampered(page, rng) for page in pages]
+            self.tampered = True
         for page in pages:
             d.session.apply_page(page)
 
@@ -282,9 +296,15 @@ class ConvergenceMachine(RuleBasedStateMachine):
                     d.session.apply_page(page)
                 d.replica.release_due()
         for d in self.devices:
+            if d.replica.status().degraded:  # latched by a forged copy: repair re-pulls
+                assert self.tampered
+                d.replica.repair()
+                for page in fetch_pages(self.relay, d.session.cursor):
+                    d.session.apply_page(page)
+        for d in self.devices:
             status = d.replica.status()
             assert status.dirty == 0 and status.held_for_lock == 0 and status.held_for_drift == 0
-            assert status.quarantined == 0 and status.degraded == 0
+            assert status.degraded == 0 and (status.quarantined == 0 or self.tampered)
         for record in sorted(self.model.records()):
             expected = self.model.siblings(record)
             visible = self.model.visible(record)
@@ -304,6 +324,19 @@ class ConvergenceMachine(RuleBasedStateMachine):
                 )
                 conflicts = {(c.node, c.hlc, c.deleted, _freeze(c.document)) for c in got.conflicts}
                 assert conflicts == others, (record, d.path)
+
+
+def tampered(page: Page, rng: random.Random) -> Page:
+    """The page with a bit-flipped copy of one of its envelopes placed before the original."""
+    if not page.entries:
+        return page
+    index = rng.randrange(len(page.entries))
+    entry = page.entries[index]
+    data = bytearray(entry.envelope)
+    data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+    entries = list(page.entries)
+    entries.insert(index, PageEntry(entry.seq, bytes(data)))
+    return msgspec.structs.replace(page, entries=entries)
 
 
 def _freeze(document: Any) -> Any:

@@ -1,13 +1,13 @@
 """Merging versions that arrive from elsewhere: pulled pages and released held versions.
 
-For each envelope, in order: parse the header (malformed → quarantine); drop it if a stored
-sibling already covers it (a duplicate or a stale version: decided from the cleartext header
-and our own authenticated siblings, so nothing is opened for it); hold it for drift if its hlc
-is too far ahead; hold it while the replica is locked; open it (unknown epoch → hold; damage →
-quarantine and mark the record degraded); spot a clone (our own node id on a version we never
-wrote); hold it if its collection is undeclared (or device-local) here; hold it if a
-freshness lock protects its record; else merge it by `merge.merge_version`. Nothing is ever
-dropped that is not covered by a version that stays.
+For each envelope, in order (specs/merge.md §9): drop it if a stored sibling already covers
+the dot its fixed header claims (a duplicate or a stale version: nothing is parsed or opened
+for it); parse the header (malformed → quarantine); hold it, within a bound, while the
+replica is locked or its key epoch is unknown; open it (damage → quarantine and mark the
+record degraded); from here on it is authenticated: hold it for drift if its hlc is too far
+ahead; spot a clone (our own node id on a version we never held); hold it if its collection
+is undeclared (or device-local) here; hold it if a freshness lock protects its record; else
+merge it. Nothing is ever dropped that is not covered by a version that stays.
 
 This is the replica's hot path (bench: replica.merge): siblings are loaded for a whole page in
 one query without their envelopes, decisions are made in memory, and the outcome is written

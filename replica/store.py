@@ -1,10 +1,11 @@
 """The replica file: one SQLite database, its tables and transactions (specs/replica.md).
 
 Only SQL lives here: no keys, no decisions. Rows hold sealed envelopes (the bytes that
-travel) plus the cleartext of their headers that queries need. Writes run in `BEGIN IMMEDIATE`
-transactions, so several processes sharing one file serialize on SQLite's lock (with a busy
-timeout) instead of failing; nested `transaction()` calls become savepoints that never hide the
-original error. Node ids are unsigned 64-bit; SQLite integers are signed, hence `node_to_sql`.
+travel) plus the cleartext header facts that queries need (dot, encoded vector). Writes run
+in `BEGIN IMMEDIATE` transactions, so several processes sharing one file serialize on SQLite's
+lock (with a busy timeout) instead of failing; nested `transaction()` calls become savepoints
+that never hide the original error. Node ids are unsigned 64-bit; SQLite integers are signed,
+hence `node_to_sql`.
 """
 
 from __future__ import annotations

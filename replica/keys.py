@@ -19,6 +19,7 @@ import struct
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import msgspec
 from cryptography.exceptions import InvalidTag
@@ -150,6 +151,20 @@ def bundle_from_bytes(data: bytes) -> KeyBundle:
     return bundle
 
 
+class _HmacState(Protocol):
+    def copy(self) -> _HmacState: ...
+    def update(self, message: bytes) -> None: ...
+    def digest(self) -> bytes: ...
+
+
+def _keyed_state(key: bytes) -> _HmacState:
+    """HMAC-SHA256 keyed once. The OpenSSL object behind hmac.HMAC copies without the Python
+    wrapper's overhead; where the standard library has none, the wrapper itself serves."""
+    state = hmac.new(key, digestmod=hashlib.sha256)
+    inner: _HmacState | None = getattr(state, "_hmac", None)
+    return inner if inner is not None else state
+
+
 class AccountKeys:
     """The unlocked account key and what derives from it; `drop()` forgets all of it."""
 
@@ -159,9 +174,9 @@ class AccountKeys:
         self.key_epoch = info.key_epoch
         self._index_key: bytes | None = hkdf(account_key, b"sealsync index v1")
         self._scope_key: bytes | None = hkdf(account_key, b"sealsync scope v1")
-        # Keyed HMAC states, copied per use: half the cost of hmac.digest on the hot paths.
-        self._index_hmac: hmac.HMAC | None = hmac.new(self._index_key, digestmod=hashlib.sha256)
-        self._scope_hmac: hmac.HMAC | None = hmac.new(self._scope_key, digestmod=hashlib.sha256)
+        # Keyed HMAC states, copied per use: a fraction of hmac.digest's cost on hot paths.
+        self._index_hmac: _HmacState | None = _keyed_state(self._index_key)
+        self._scope_hmac: _HmacState | None = _keyed_state(self._scope_key)
         self._aead_by_epoch: dict[int, AESGCM] = {}
 
     def __repr__(self) -> str:
@@ -195,7 +210,7 @@ class AccountKeys:
         return self._keyed(self._scope_hmac, message)
 
     @staticmethod
-    def _keyed(state: hmac.HMAC | None, message: bytes) -> bytes:
+    def _keyed(state: _HmacState | None, message: bytes) -> bytes:
         if state is None:
             raise ReplicaLockedError("the account keys were dropped", hint="unlock the replica")
         mac = state.copy()

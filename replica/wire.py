@@ -114,18 +114,27 @@ def parse_header(envelope: bytes) -> Header:
     end = FIXED_HEADER_BYTES + count * _ENTRY.size
     if not 1 <= count <= MAX_VECTOR_ENTRIES or len(envelope) < end + NONCE_BYTES + TAG_BYTES:
         raise ProtocolError(f"envelope version vector of {count} entries does not fit")
+    if count == 1:  # one writer so far: the common case, on the merge hot path
+        n, h = _ENTRY.unpack_from(envelope, FIXED_HEADER_BYTES)
+        vector: VersionVector = {n: h}
+    else:
+        vector = _vector_entries(envelope[FIXED_HEADER_BYTES:end])
+    if not 0 < hlc <= MAX_HLC or vector.get(node) != hlc:
+        raise ProtocolError(f"envelope vector does not carry its own dot ({node}, {hlc})")
+    return Header(epoch, key, hlc, node, vector, envelope[:end])
+
+
+def _vector_entries(data: bytes) -> VersionVector:
     vector: VersionVector = {}
     previous = -1
-    for n, h in _ENTRY.iter_unpack(envelope[FIXED_HEADER_BYTES:end]):
+    for n, h in _ENTRY.iter_unpack(data):
         if n <= previous or not 0 < h <= MAX_HLC:
             raise ProtocolError(
                 "envelope vector is not ascending by node or has an hlc out of range"
             )
         vector[n] = h
         previous = n
-    if hlc == 0 or vector.get(node) != hlc:
-        raise ProtocolError(f"envelope vector does not carry its own dot ({node}, {hlc})")
-    return Header(epoch, key, hlc, node, vector, envelope[:end])
+    return vector
 
 
 def encode_vector(vector: VersionVector) -> bytes:

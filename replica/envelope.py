@@ -18,7 +18,7 @@ from __future__ import annotations
 import hmac
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from cryptography.exceptions import InvalidTag
@@ -41,8 +41,7 @@ class Identity:
     id: str
 
 
-@dataclass(frozen=True, slots=True)
-class Opened:
+class Opened(NamedTuple):
     """A decrypted version: its header, identity, tombstone flag and document."""
 
     header: Header

@@ -14,8 +14,7 @@ order is total and every replica shows the same version. The decision reads only
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from replica.wire import Dot, VersionVector, merge_vectors
 
@@ -36,8 +35,7 @@ class Versioned(Protocol):
 V = TypeVar("V", bound=Versioned)
 
 
-@dataclass(frozen=True, slots=True)
-class Sibling:
+class Sibling(NamedTuple):
     """A stored version as merging sees it: its dot and its vector, nothing more."""
 
     node: int

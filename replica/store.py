@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from replica.errors import ReplicaClosedError, StoreError
 from replica.locks import Lock
@@ -73,8 +73,7 @@ def node_from_sql(value: int) -> int:
     return value + (1 << 64) if value < 0 else value
 
 
-@dataclass(frozen=True, slots=True)
-class Row:
+class Row(NamedTuple):
     """One stored version: where it lives in the file and its sealed bytes."""
 
     key: bytes
@@ -83,8 +82,7 @@ class Row:
     envelope: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class NewVersion:
+class NewVersion(NamedTuple):
     """A version to store, with the cleartext header facts that queries need."""
 
     key: bytes

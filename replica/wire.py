@@ -25,8 +25,7 @@ A's vector covers B's dot: ``A.vv[B.node] >= B.hlc`` (specs/merge.md).
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Literal, NamedTuple, TypeVar
 
 import msgspec
 
@@ -56,8 +55,7 @@ Dot = tuple[int, int]
 """(node, hlc): names one version of a record; unique because a node's hlc never repeats."""
 
 
-@dataclass(frozen=True, slots=True)
-class Header:
+class Header(NamedTuple):
     """The cleartext header of an envelope: everything the relay may know about a version."""
 
     epoch: int

@@ -240,6 +240,49 @@ def bench_replica_merge(bench: Bench) -> list[Line]:
     return [Line("replica.merge", n / seconds, "rows/s", "raw.upsert_aead", extra)]
 
 
+def target_holding(bench: Bench, name: str, envelopes: list[bytes]) -> Path:
+    """A closed replica file holding `envelopes` (one version of each record)."""
+    target, path = bench.replica(name, MERGE_OPTIONS)
+    apply_pages(target, pages_of(envelopes, 1, 2 * len(envelopes)))
+    target.close()
+    check_equal(f"{name} rows", count_versions(path), len(envelopes))
+    return path
+
+
+def merge_path_line(bench: Bench, name: str, held: list[bytes], inbound: list[bytes]) -> Line:
+    """Rows/s of one merge path alone: every inbound version is dropped as covered
+    (`dominated`), or every one replaces the stored version in place (`dominating`)."""
+    n = len(inbound)
+    template = target_holding(bench, f"{name}-target", held)
+    pages = pages_of(inbound, n + 1, 2 * n)
+    results: list[Applied] = []
+    covered = name.endswith("dominated")
+
+    def run(state: tuple[Replica, Path]) -> None:
+        results[:] = apply_pages(state[0], pages)
+
+    def verify(state: tuple[Replica, Path]) -> None:
+        state[0].close()
+        got = sum(a.superseded if covered else a.merged for a in results)
+        check_equal(f"{name} {'superseded' if covered else 'merged'}", got, n)
+
+    seconds = best_seconds(
+        bench, bench.sizes.merge_repeats, lambda: open_copy(bench, template), run, verify
+    )
+    return Line(name, n / seconds, "rows/s", "raw.upsert_aead", {"n": n})
+
+
+@benchmark("replica.merge_paths", needs=("raw.upsert_aead",))
+def bench_replica_merge_paths(bench: Bench) -> list[Line]:
+    """The two halves of replica.merge, measured apart: where the time goes."""
+    n = bench.sizes.merge_rows
+    data = bench.memo("merge_data", lambda: make_merge_data(bench, n))
+    return [
+        merge_path_line(bench, "replica.merge_paths.dominated", data.v2, data.v1),
+        merge_path_line(bench, "replica.merge_paths.dominating", data.v1, data.v2),
+    ]
+
+
 def prepare_local_writes(bench: Bench, count: int, window_s: float) -> tuple[Replica, Path]:
     """A replica that just wrote `count` records of its own, each locked for `window_s`."""
     replica, path = bench.replica("merge-locks", ReplicaOptions(freshness_window_s=window_s))

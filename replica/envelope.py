@@ -141,6 +141,25 @@ def _is_plain_name(name: object) -> bool:
     )
 
 
+def _pairs_match(pairs: Any, header: Header) -> bool:
+    """The decrypted vector is exactly the header's: integer pairs, ascending by node."""
+    if type(pairs) is not list:
+        return False
+    if len(pairs) == 1:  # one writer: the common case
+        (pair,) = pairs
+        return (
+            type(pair) is list
+            and len(pair) == 2
+            and type(pair[0]) is int
+            and type(pair[1]) is int
+            and pair[0] == header.node
+            and pair[1] == header.hlc
+            and len(header.vector) == 1
+        )
+    expected = [[node, hlc] for node, hlc in sorted(header.vector.items())]
+    return pairs == expected and all(type(v) is int for pair in pairs for v in pair)
+
+
 def _check_plaintext(keys: AccountKeys, header: Header, plaintext: bytes) -> Opened:
     try:
         (length,) = _LENGTH.unpack_from(plaintext)
@@ -155,8 +174,7 @@ def _check_plaintext(keys: AccountKeys, header: Header, plaintext: bytes) -> Ope
         raise EnvelopeError("envelope plaintext is malformed") from None
     if (
         not hmac.compare_digest(key, header.key)
-        or pairs != [[node, hlc] for node, hlc in sorted(header.vector.items())]
-        or any(type(value) is not int for pair in pairs for value in pair)
+        or not _pairs_match(pairs, header)
         or type(deleted) is not bool
         or (deleted and document is not None)
     ):

@@ -127,7 +127,7 @@ class _Merger:
             self._hold_unverified(header, envelope, "sealed")
             return
         try:
-            opened = opener.open(envelope, header)
+            opened = opener.open(envelope, header, remember=False)
         except UnknownEpochError:
             self._hold_unverified(header, envelope, "epoch")
             return

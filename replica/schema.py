@@ -6,7 +6,7 @@ the command line know it. A tiebreak is a field name, never a function (specs/me
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 import msgspec
@@ -63,6 +63,7 @@ class Schema:
     """The collections of an app, by name."""
 
     collections: tuple[Collection, ...]
+    _by_name: dict[str, Collection] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         names = [c.name for c in self.collections]
@@ -70,14 +71,12 @@ class Schema:
             raise InvalidArgumentError(f"schema declares a collection twice: {sorted(names)}")
         if PROFILES_COLLECTION in names:
             raise InvalidArgumentError(f"{PROFILES_COLLECTION!r} is reserved for sealsync")
+        object.__setattr__(self, "_by_name", {c.name: c for c in self.collections})
 
     def get(self, name: str) -> Collection | None:
         if name == PROFILES_COLLECTION:
             return _PROFILES
-        for collection in self.collections:
-            if collection.name == name:
-                return collection
-        return None
+        return self._by_name.get(name)
 
     def require(self, name: str) -> Collection:
         """The declared collection `name`, or a clear error for an undeclared one."""

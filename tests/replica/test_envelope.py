@@ -631,8 +631,21 @@ def test_fixed_header_size_matches_the_spec() -> None:
         ["default", "notes", "n1", False, None, [[7, 9.0]]],
         ["default", "notes", "n1", False, None, [["7", 9]]],
         ["default", "notes", "n1", False, None, [[7, 9], [7, 9]]],
+        ["default", "notes", "n1", False, None, 7],
+        ["default", "notes", "n1", False, None, [7]],
+        ["default", "notes", "n1", False, None, [[7, 9, 1]]],
     ],
-    ids=["empty-id", "not-nfc", "nul", "float-hlc", "string-node", "repeated-pair"],
+    ids=[
+        "empty-id",
+        "not-nfc",
+        "nul",
+        "float-hlc",
+        "string-node",
+        "repeated-pair",
+        "pairs-not-a-list",
+        "pair-not-a-list",
+        "pair-of-three",
+    ],
 )
 def test_open_refuses_names_and_pairs_that_break_the_format(fields: list[Any]) -> None:
     header_fields = ["default", "notes", "n1", False, None, [[7, 9]]]

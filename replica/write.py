@@ -76,6 +76,11 @@ def _replaced(
     core: Core, siblings: list[Opened], context: Context | None, if_unchanged: bool
 ) -> list[Opened]:
     current = frozenset(o.header.dot for o in siblings)
+    if context is not None and not _is_context(context):
+        raise InvalidArgumentError(
+            f"context must be a set of (node, hlc) pairs as get() returns, got {type(context).__name__}",
+            hint="pass record.context",
+        )
     if context is None:
         if if_unchanged:
             raise InvalidArgumentError(
@@ -96,6 +101,13 @@ def _replaced(
             "record was written on this device since it was read", hint="read it again"
         )
     return [o for o in siblings if o.header.dot in context]
+
+
+def _is_context(value: object) -> bool:
+    return isinstance(value, (set, frozenset)) and all(
+        isinstance(dot, tuple) and len(dot) == 2 and all(type(x) is int for x in dot)
+        for dot in value
+    )
 
 
 def _check_item_limit(core: Core, spec: Collection, siblings: list[Opened], scope: bytes) -> None:

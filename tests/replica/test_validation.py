@@ -152,3 +152,11 @@ def test_lock_durations_out_of_bounds_are_refused(make_replica: ReplicaFactory) 
     with pytest.raises(InvalidArgumentError, match="needs its collection"):
         replica.lock_scope(id="n")
     assert replica.lock_scope(collection="notes", duration_s=60) > 0
+
+
+@pytest.mark.parametrize("context", ["abc", [(1, 2)], frozenset({("a", 1)}), frozenset({(1,)})])
+def test_a_malformed_context_is_refused(make_replica: ReplicaFactory, context: object) -> None:
+    replica = make_replica()
+    with pytest.raises(InvalidArgumentError, match="context must be"):
+        replica.put("notes", "n", {}, context=context)  # type: ignore[arg-type]
+    assert_nothing_written(replica)

@@ -20,7 +20,7 @@ def lock_scope(
     """Store an explicit lock on a profile, a collection in it, or one record."""
     max_lock_s = core.options.max_lock_s
     duration_s = max_lock_s if duration_s is None else duration_s
-    if not 0 < duration_s <= max_lock_s:
+    if not isinstance(duration_s, (int, float)) or not 0 < duration_s <= max_lock_s:
         raise InvalidArgumentError(f"lock duration {duration_s} s outside (0, {max_lock_s}]")
     keys = core.keys()
     check_name("profile", profile)

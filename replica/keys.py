@@ -74,7 +74,7 @@ class LoginKeys:
 def passphrase_login_keys(passphrase: str, params: KdfParams) -> LoginKeys:
     """Run Argon2id (after checking its bounds) and split the result with HKDF."""
     check_kdf_params(params)
-    if not passphrase or len(passphrase) > MAX_PASSPHRASE_CHARS:
+    if not isinstance(passphrase, str) or not passphrase or len(passphrase) > MAX_PASSPHRASE_CHARS:
         raise InvalidArgumentError(f"passphrase must be 1..{MAX_PASSPHRASE_CHARS} characters")
     secret = unicodedata.normalize("NFC", passphrase).encode()
     master = Argon2id(

@@ -62,7 +62,9 @@ class SyncSession:
         max_batch_count: int = DEFAULT_BATCH_COUNT,
         max_batch_bytes: int = DEFAULT_BATCH_BYTES,
     ) -> None:
-        if max_batch_count < 1 or max_batch_bytes < 1:
+        if not (isinstance(max_batch_count, int) and isinstance(max_batch_bytes, int)) or (
+            max_batch_count < 1 or max_batch_bytes < 1
+        ):
             raise InvalidArgumentError(
                 f"batch bounds must be ≥ 1, got {max_batch_count} envelopes / {max_batch_bytes} bytes"
             )

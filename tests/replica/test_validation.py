@@ -160,3 +160,17 @@ def test_a_malformed_context_is_refused(make_replica: ReplicaFactory, context: o
     with pytest.raises(InvalidArgumentError, match="context must be"):
         replica.put("notes", "n", {}, context=context)  # type: ignore[arg-type]
     assert_nothing_written(replica)
+
+
+def test_wrong_types_raise_the_typed_error_not_a_type_error(make_replica: ReplicaFactory) -> None:
+    replica = make_replica()
+    calls = [
+        lambda: replica.lock_scope(collection="notes", duration_s="soon"),  # type: ignore[arg-type]
+        lambda: replica.sync_session(max_batch_count="many"),  # type: ignore[arg-type]
+        lambda: replica.unlock(12345),  # type: ignore[arg-type]
+        lambda: replica.scan(7),  # type: ignore[arg-type]
+        lambda: replica.create_profile(None),  # type: ignore[arg-type]
+    ]
+    for call in calls:
+        with pytest.raises(InvalidArgumentError):
+            call()

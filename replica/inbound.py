@@ -254,13 +254,32 @@ class _Merger:
         deletes: list[Row] = []
         replacements: list[tuple[int, NewVersion]] = []
         replaced: list[Row] = []
+        to_push = self.ctx.to_push
         for key, record in self.records.items():
             added = record.added
             if not added:
                 continue
+            if self.ctx.want_events and record.identity is not None:
+                i = record.identity
+                self.result.events.append(
+                    ChangeEvent("changed", "remote", i.profile, i.collection, i.id)
+                )
+            assert record.scope is not None
+            siblings, rowids = record.siblings, record.rowid_by_dot
+            if len(siblings) == 1 and len(rowids) == 1 and len(added) == 1:
+                # The common merge: one stored version replaced by one newer one, in place.
+                ((dot, (header, envelope)),) = added.items()
+                ((old, rowid),) = rowids.items()
+                if siblings[0] is header:
+                    dirty = (key, *dot) in to_push
+                    new_version = NewVersion(
+                        key, dot[0], dot[1], record.scope, header.vector_bytes, envelope, dirty
+                    )
+                    replacements.append((rowid, new_version))
+                    replaced.append(Row(key, old[0], old[1], b""))
+                    continue
             final = {(s.node, s.hlc) for s in record.siblings}
             gone = [Row(key, n, h, b"") for n, h in record.rowid_by_dot.keys() - final]
-            assert record.scope is not None
             new = [
                 NewVersion(
                     key,
@@ -269,7 +288,7 @@ class _Merger:
                     record.scope,
                     added[dot][0].vector_bytes,
                     added[dot][1],
-                    dirty=(key, *dot) in self.ctx.to_push,
+                    dirty=(key, *dot) in to_push,
                 )
                 for dot in final - record.rowid_by_dot.keys()
             ]
@@ -279,11 +298,6 @@ class _Merger:
             else:
                 deletes.extend(gone)
                 inserts.extend(new)
-            if self.ctx.want_events and record.identity is not None:
-                i = record.identity
-                self.result.events.append(
-                    ChangeEvent("changed", "remote", i.profile, i.collection, i.id)
-                )
         self._keep_history(deletes + replaced)
         store.delete_versions(deletes)
         store.replace_versions(replacements)

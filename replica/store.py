@@ -332,7 +332,10 @@ class Store:
     ) -> list[Row]:
         """Dirty versions (`versions`) or held versions marked by a reseed (`held`), in identity
         order after `after` (keyset pagination, so a refused version is not offered twice)."""
-        flag = {"versions": "dirty", "held": "repush"}[table]
+        # Held copies nobody could authenticate yet (sealed, epoch) are never pushed: a forged
+        # copy must not reach a reseeded relay before the genuine one. They are pushed once
+        # they open (the mark survives re-examination).
+        flag = {"versions": "dirty", "held": "repush AND reason NOT IN ('sealed', 'epoch')"}[table]
         where: str = ""
         args: tuple[object, ...] = ()
         if after is not None:

@@ -425,3 +425,30 @@ def test_unverifiable_holds_are_bounded(
     reader.unlock_with_key(account.key)
     session.apply_page(page_of(envelopes))
     assert len(reader.scan("notes")) == 8
+
+
+def test_a_forged_held_copy_never_reaches_a_reseeded_relay(
+    make_replica: ReplicaFactory, account: Account
+) -> None:
+    clock = FakeClock()
+    relay = MemoryRelay(clock_ms=clock)
+    writer = make_replica("w", wall_clock_ms=clock)
+    reader = make_replica("r", wall_clock_ms=clock)
+    writer.put("notes", "n", {"v": "genuine"})
+    (genuine,) = dirty_envelopes(writer)
+    writer.close()  # the reader's copy is the only one left
+    forged = genuine[:-1] + bytes([genuine[-1] ^ 1])
+    reader.lock()
+    apply(reader, [forged, genuine])  # both held, unverified
+    relay.wipe()
+    session = reader.sync_session()
+    session.reseed()
+    assert session.next_batch() is None  # nothing unverified is pushed while locked
+    reader.unlock_with_key(account.key)
+    reader.repair()
+    sync(reader, relay)
+    fresh = make_replica("f", wall_clock_ms=clock)
+    sync(fresh, relay)
+    got = fresh.get("notes", "n")
+    assert got is not None and got.document == {"v": "genuine"}
+    assert fresh.status().quarantined == 0

@@ -103,6 +103,7 @@ class _Merger:
         self.scope_cache: dict[tuple[str, str], bytes] = {}
         self.records: dict[bytes, _Record] = {}
         self.unverified_bytes: int | None = None
+        self.suspects: list[tuple[bytes, Dot | None, str]] = []
 
     def run(self, envelopes: Sequence[bytes]) -> InboundResult:
         dots = [peek_dot(envelope) for envelope in envelopes]
@@ -132,7 +133,7 @@ class _Merger:
             self._hold_unverified(header, envelope, "epoch")
             return
         except EnvelopeError as exc:
-            self._quarantine(header.key, envelope, str(exc))
+            self._quarantine(header.key, envelope, str(exc), header.dot)
             return
         self._accept(opener, opened, envelope, record)
 
@@ -236,17 +237,28 @@ class _Merger:
             )
         self._hold(header, envelope, reason, None, None)
 
-    def _quarantine(self, key: bytes | None, envelope: bytes, reason: str) -> None:
+    def _quarantine(
+        self, key: bytes | None, envelope: bytes, reason: str, dot: Dot | None = None
+    ) -> None:
         """Keep a pulled envelope that fails to open (its first 4 KiB: the relay keeps the
-        rest) and latch its record degraded."""
-        store = self.ctx.store
+        rest); its record is latched degraded when the batch is written (`_latch`)."""
         if len(envelope) > QUARANTINE_PREFIX_BYTES:
             reason = f"{reason} (first {QUARANTINE_PREFIX_BYTES} of {len(envelope)} bytes kept)"
             envelope = envelope[:QUARANTINE_PREFIX_BYTES]
-        store.quarantine(self.source, key, envelope, reason, self.now_ms)
+        self.ctx.store.quarantine(self.source, key, envelope, reason, self.now_ms)
         if key is not None:
-            store.mark_degraded(key, store.scope_of(key), reason)
+            self.suspects.append((key, dot, reason))
         self.result.quarantined += 1
+
+    def _latch(self) -> None:
+        """Mark degraded the records of envelopes that failed to open — unless a genuine
+        copy of that very version merged in the same batch (a forgery sent just before it)."""
+        store = self.ctx.store
+        for key, dot, reason in self.suspects:
+            record = self.records.get(key)
+            if record is not None and dot is not None and is_covered_dot(record.siblings, dot):
+                continue
+            store.mark_degraded(key, store.scope_of(key), reason)
 
     def _write(self) -> None:
         store = self.ctx.store
@@ -304,6 +316,7 @@ class _Merger:
         store.insert_versions(inserts)
         store.hold(self.holds)
         store.set_meta("clock", self.clock)
+        self._latch()
 
     def _keep_history(self, deletes: list[Row]) -> None:
         """Replaced versions of collections declared with `history` move to the history table."""

@@ -388,8 +388,8 @@ def test_a_forged_copy_held_first_never_displaces_the_genuine_version(
     reader.lock()  # a background sync still pulls while the app is locked
     apply(reader, [forged, genuine])
     assert reader.status().held_other == {"sealed": 2}
-    reader.unlock_with_key(account.key)
-    reader.repair()  # whichever copy came first, the forged one may have latched the record
+    reader.unlock_with_key(account.key)  # both are re-examined in one batch
+    assert reader.status().degraded == 0  # the genuine copy merged: nothing to latch
     got = reader.get("notes", "n")
     assert got is not None and got.document == {"v": "genuine"}
 

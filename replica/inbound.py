@@ -58,7 +58,6 @@ class InboundResult:
     quarantined: int = 0
     held: Counter[str] = field(default_factory=Counter)
     events: list[ChangeEvent] = field(default_factory=list)
-    clone_of_node: int | None = None
     max_hlc: int = 0
     per_item_scopes: set[tuple[str, str]] = field(default_factory=set)
     """(profile, collection) of per_item collections that merged a version."""
@@ -185,13 +184,9 @@ class _Merger:
 
     def _change_node(self) -> None:
         """This file was copied: take a new node id so two devices never write as one."""
-        old = self.ctx.node
-        new = old
-        while new in (old, 0):
-            new = int.from_bytes(self.ctx.options.random_bytes(8), "big")
+        new = self.ctx.options.new_node_id(avoid=self.ctx.node)
         self.ctx.node = new
         self.ctx.store.set_meta("node", str(new))
-        self.result.clone_of_node = old
         self.result.events.append(ChangeEvent("node_changed", "remote", None, None, None, "clone"))
 
     def _scope(self, opener: Opener, profile: str, collection: str) -> bytes:

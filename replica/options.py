@@ -37,6 +37,13 @@ class ReplicaOptions:
     wall_clock_ms: Callable[[], int] = system_clock_ms
     random_bytes: Callable[[int], bytes] = os.urandom
 
+    def new_node_id(self, avoid: int = 0) -> int:
+        """A random, non-zero 64-bit node id other than `avoid`."""
+        while True:
+            node = int.from_bytes(self.random_bytes(8), "big")
+            if node not in (0, avoid):
+                return node
+
     def __post_init__(self) -> None:
         numbers = (self.freshness_window_s, self.max_lock_s, self.busy_timeout_s)
         if not all(math.isfinite(n) for n in numbers):

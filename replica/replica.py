@@ -124,7 +124,7 @@ class Replica:
         with store.transaction():  # one transaction: a crash leaves no half-made replica
             store.migrate()
             store.set_meta("bundle", bundle_to_bytes(bundle))
-            store.set_meta("node", str(new_node_id(options)))
+            store.set_meta("node", str(options.new_node_id()))
             store.set_meta("clock", 0)
             if schema is not None:
                 store.set_meta("schema", schema_to_bytes(schema))
@@ -493,11 +493,3 @@ class Replica:
         with core.mutex:
             core.check_open()
             return read_status(core.store, locked=core.opener is None, node=core.node())
-
-
-def new_node_id(options: ReplicaOptions) -> int:
-    """A random, non-zero 64-bit node id."""
-    while True:
-        node = int.from_bytes(options.random_bytes(8), "big")
-        if node:
-            return node

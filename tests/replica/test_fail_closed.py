@@ -177,6 +177,7 @@ def test_a_damaged_row_fails_closed_and_repair_quarantines_exactly_it(
     before_repair = row_digests(replica.path)
     diagnosis = replica.diagnose()
     assert [f.row.envelope for f in diagnosis.findings] == [damaged]
+    assert diagnosis.verdict == diagnosis.findings[0].damage and not diagnosis.healthy
     report = replica.repair()
     assert report.quarantined == 1 and report.unlatched_records == 1
     with sqlite3.connect(replica.path) as db:
@@ -185,7 +186,7 @@ def test_a_damaged_row_fails_closed_and_repair_quarantines_exactly_it(
     assert row_digests(replica.path) == {k: v for k, v in before_repair.items() if k[0] != key}
     assert len(before_repair) == len(before)
     assert replica.get("notes", "r2") is None
-    assert replica.status().degraded == 0 and replica.diagnose().healthy
+    assert replica.status().degraded == 0 and replica.diagnose().verdict == "healthy"
 
 
 @pytest.mark.parametrize("kind", sorted(DAMAGES))

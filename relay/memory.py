@@ -5,6 +5,7 @@ for each opaque key, exactly the versions no other stored version of that key do
 with a sequence number; pushes get one receipt per envelope; pulls return pages in seq order.
 Every answer carries the relay state (storage id, account epoch, head) that lets a device
 detect a wipe (`wipe`), a restore from an older copy (`snapshot` / `restore`) or a reseed.
+Data operations create an account on first use, so replica tests need no registration.
 """
 
 from __future__ import annotations
@@ -12,47 +13,45 @@ from __future__ import annotations
 import bisect
 import copy
 import secrets
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from replica.errors import InvalidArgumentError, ProtocolError
-from replica.wire import (
-    Header,
-    Page,
-    PageEntry,
-    PushBatch,
-    PushResult,
-    Receipt,
-    RelayState,
-    dominates,
-    hlc_ms,
-    parse_header,
+from relay.errors import AccountExistsError, ForbiddenError, QuotaExceededError
+from relay.storage import (
+    AccountRecord,
+    AccountSummary,
+    Device,
+    HeadListener,
+    TokenRecord,
+    VersionRules,
 )
+from relay.versions import Store, StoredVersion, check_envelope, decide, new_version
+from replica.errors import InvalidArgumentError
+from replica.wire import KdfParams, Page, PageEntry, PushBatch, PushResult, Receipt, RelayState
 
 DEFAULT_PAGE_SIZE = 1000
 DEFAULT_MAX_DRIFT_MS = 5 * 60 * 1000
 
 
 @dataclass
-class _Stored:
-    seq: int
-    header: Header
-    envelope: bytes
-
-
-@dataclass
 class _Account:
     epoch: str
+    record: AccountRecord | None = None
     head: int = 0
-    by_key: dict[bytes, list[_Stored]] = field(default_factory=dict)
-    by_seq: dict[int, _Stored] = field(default_factory=dict)
+    stored_bytes: int = 0
+    by_key: dict[bytes, list[StoredVersion]] = field(default_factory=dict)
+    by_seq: dict[int, bytes] = field(default_factory=dict)
+    """seq → envelope of every stored version."""
     seqs: list[int] = field(default_factory=list)
+    devices: dict[str, Device] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class _Snapshot:
     storage_id: str
     accounts: dict[str, _Account]
+    tokens: dict[bytes, TokenRecord]
 
 
 def _random_id() -> str:
@@ -60,7 +59,7 @@ def _random_id() -> str:
 
 
 class MemoryRelay:
-    """A relay held in a dict; `clock_ms` is injected so drift refusals are testable."""
+    """A relay held in dicts; `clock_ms` is injected so drift refusals are testable."""
 
     def __init__(
         self,
@@ -68,16 +67,28 @@ class MemoryRelay:
         clock_ms: Callable[[], int],
         max_drift_ms: int = DEFAULT_MAX_DRIFT_MS,
         page_size: int = DEFAULT_PAGE_SIZE,
+        max_account_bytes: int = 1 << 30,
         new_id: Callable[[], str] = _random_id,
     ) -> None:
-        self._clock_ms = clock_ms
-        self._max_drift_ms = max_drift_ms
-        self._page_size = page_size
+        self._rules = VersionRules(clock_ms, max_drift_ms, page_size, max_account_bytes)
         self._new_id = new_id
-        self.storage_id = new_id()
+        self._storage_id = new_id()
+        self._secret = secrets.token_bytes(32)
         self._accounts: dict[str, _Account] = {}
+        self._tokens: dict[bytes, TokenRecord] = {}
+        self._invites: dict[bytes, int] = {}
+        self._listeners: list[HeadListener] = []
+        self._mutex = threading.RLock()
 
-    # -- accounts and state ---------------------------------------------------------------------
+    @property
+    def storage_id(self) -> str:
+        return self._storage_id
+
+    @property
+    def secret(self) -> bytes:
+        return self._secret
+
+    # -- accounts ---------------------------------------------------------------------------
 
     def _account(self, name: str) -> _Account:
         account = self._accounts.get(name)
@@ -85,91 +96,226 @@ class MemoryRelay:
             account = self._accounts[name] = _Account(epoch=self._new_id())
         return account
 
+    def create_account(
+        self,
+        account: AccountRecord,
+        device: Device,
+        tokens: list[TokenRecord],
+        invite_hash: bytes | None,
+        now_ms: int,
+    ) -> RelayState:
+        with self._mutex:
+            existing = self._accounts.get(account.name)
+            if existing is not None and existing.record is not None:
+                raise AccountExistsError(f"account {account.name!r} already exists")
+            if invite_hash is not None:
+                if self._invites.get(invite_hash, -1) < now_ms:
+                    raise ForbiddenError("the invite is unknown, used or expired")
+                del self._invites[invite_hash]
+            entry = self._account(account.name)
+            entry.record = account
+            entry.devices[device.id] = device
+            self._tokens.update((t.hash, t) for t in tokens)
+            return self.state(account.name)
+
+    def account(self, name: str) -> AccountRecord | None:
+        with self._mutex:
+            entry = self._accounts.get(name)
+            return entry.record if entry else None
+
+    def delete_account(self, name: str) -> bool:
+        with self._mutex:
+            entry = self._accounts.pop(name, None)
+            self._tokens = {h: t for h, t in self._tokens.items() if t.account != name}
+            return entry is not None and entry.record is not None
+
+    def put_key_bundle(
+        self, name: str, expected_version: int, bundle: bytes, kdf: KdfParams, auth_hash: bytes
+    ) -> int | None:
+        with self._mutex:
+            entry = self._accounts.get(name)
+            if entry is None or entry.record is None:
+                return None
+            if entry.record.bundle_version != expected_version:
+                return None
+            version = expected_version + 1
+            entry.record = replace(
+                entry.record, bundle=bundle, kdf=kdf, auth_hash=auth_hash, bundle_version=version
+            )
+            return version
+
+    def add_invite(self, invite_hash: bytes, expires_ms: int) -> None:
+        with self._mutex:
+            self._invites[invite_hash] = expires_ms
+
+    def accounts(self) -> list[AccountSummary]:
+        with self._mutex:
+            return [
+                AccountSummary(
+                    name,
+                    entry.record.created_ms,
+                    len(entry.devices),
+                    len(entry.by_seq),
+                    entry.stored_bytes,
+                    entry.head,
+                )
+                for name, entry in sorted(self._accounts.items())
+                if entry.record is not None
+            ]
+
+    # -- devices and tokens -----------------------------------------------------------------
+
+    def add_device(self, name: str, device: Device, tokens: list[TokenRecord]) -> None:
+        with self._mutex:
+            self._account(name).devices[device.id] = device
+            self._tokens.update((t.hash, t) for t in tokens)
+
+    def devices(self, name: str) -> list[Device]:
+        with self._mutex:
+            entry = self._accounts.get(name)
+            return sorted(entry.devices.values(), key=lambda d: d.id) if entry else []
+
+    def rename_device(self, name: str, device_id: str, new_name: str) -> bool:
+        with self._mutex:
+            entry = self._accounts.get(name)
+            if entry is None or device_id not in entry.devices:
+                return False
+            entry.devices[device_id] = replace(entry.devices[device_id], name=new_name)
+            return True
+
+    def revoke_device(self, name: str, device_id: str) -> bool:
+        with self._mutex:
+            entry = self._accounts.get(name)
+            if entry is None or entry.devices.pop(device_id, None) is None:
+                return False
+            self._tokens = {
+                h: t
+                for h, t in self._tokens.items()
+                if not (t.account == name and t.device_id == device_id)
+            }
+            return True
+
+    def token(self, token_hash: bytes) -> TokenRecord | None:
+        with self._mutex:
+            return self._tokens.get(token_hash)
+
+    def replace_token(self, old_hash: bytes, tokens: list[TokenRecord]) -> bool:
+        with self._mutex:
+            if self._tokens.pop(old_hash, None) is None:
+                return False
+            self._tokens.update((t.hash, t) for t in tokens)
+            return True
+
+    # -- state, wipe and restore ------------------------------------------------------------
+
     def state(self, name: str) -> RelayState:
-        account = self._account(name)
-        return RelayState(self.storage_id, account.epoch, account.head)
+        with self._mutex:
+            account = self._account(name)
+            return RelayState(self._storage_id, account.epoch, account.head)
 
     def reseed(self, name: str) -> RelayState:
-        """Give the account a new epoch: every device then knows to push what it holds."""
-        self._account(name).epoch = self._new_id()
-        return self.state(name)
+        with self._mutex:
+            self._account(name).epoch = self._new_id()
+            return self.state(name)
 
     def wipe(self) -> None:
         """Lose everything, as a fresh database would: a new storage id."""
-        self.storage_id = self._new_id()
-        self._accounts = {}
+        with self._mutex:
+            self._storage_id = self._new_id()
+            self._accounts, self._tokens, self._invites = {}, {}, {}
 
     def snapshot(self) -> object:
         """A copy of the whole relay, for `restore` (a restore from an older backup)."""
-        return _Snapshot(self.storage_id, copy.deepcopy(self._accounts))
+        with self._mutex:
+            return _Snapshot(self._storage_id, copy.deepcopy(self._accounts), dict(self._tokens))
 
     def restore(self, snapshot: object) -> None:
         if not isinstance(snapshot, _Snapshot):
             raise InvalidArgumentError("restore takes a value returned by snapshot()")
-        copied = copy.deepcopy(snapshot)
-        self.storage_id, self._accounts = copied.storage_id, copied.accounts
+        with self._mutex:
+            copied = copy.deepcopy(snapshot)
+            self._storage_id, self._accounts = copied.storage_id, copied.accounts
+            self._tokens = copied.tokens
 
     def stored_versions(self, name: str) -> int:
-        return len(self._account(name).by_seq)
+        with self._mutex:
+            return len(self._account(name).by_seq)
 
-    # -- push -----------------------------------------------------------------------------------
+    def listen(self, listener: HeadListener) -> None:
+        self._listeners.append(listener)
+
+    def close(self) -> None:
+        """Nothing to release: the relay lives as long as the object."""
+
+    # -- push -------------------------------------------------------------------------------
 
     def push(self, name: str, batch: PushBatch) -> PushResult:
-        account = self._account(name)
-        receipts = [self._push_one(account, envelope) for envelope in batch.envelopes]
-        return PushResult(receipts, self.state(name))
+        with self._mutex:
+            account = self._account(name)
+            before = account.head
+            saved = (account.stored_bytes, dict(account.by_key), dict(account.by_seq))
+            now_ms = self._rules.clock_ms()
+            receipts = [self._push_one(account, e, now_ms) for e in batch.envelopes]
+            if account.stored_bytes > self._rules.max_account_bytes:  # roll the batch back
+                account.stored_bytes, account.by_key, account.by_seq = saved
+                account.head = before
+                del account.seqs[bisect.bisect_right(account.seqs, before) :]
+                raise QuotaExceededError(
+                    f"the batch would take the account past its quota of "
+                    f"{self._rules.max_account_bytes} bytes"
+                )
+            result = PushResult(receipts, self.state(name))
+        if account.head != before:
+            for listener in self._listeners:
+                listener(name, account.head)
+        return result
 
-    def _push_one(self, account: _Account, envelope: bytes) -> Receipt:
-        try:
-            header = parse_header(envelope)
-        except ProtocolError:
-            return Receipt("refused", code="malformed")
-        if hlc_ms(header.hlc) > self._clock_ms() + self._max_drift_ms:
-            return Receipt("refused", code="clock_ahead")
+    def _push_one(self, account: _Account, envelope: bytes, now_ms: int) -> Receipt:
+        header = check_envelope(envelope, now_ms, self._rules.max_drift_ms)
+        if isinstance(header, Receipt):
+            return header
         siblings = account.by_key.get(header.key, [])
-        for stored in siblings:
-            if stored.header.dot == header.dot:
-                if stored.envelope != envelope:
-                    return Receipt("refused", code="identity_conflict")
-                return Receipt("stored", seq=stored.seq)
-            if dominates(stored.header.vector, header.dot):
-                return Receipt("superseded")
-        kept = []
-        for stored in siblings:
-            if dominates(header.vector, stored.header.dot):
-                del account.by_seq[stored.seq]
-            else:
-                kept.append(stored)
+        decision = decide(header, envelope, siblings)
+        if not isinstance(decision, Store):
+            return decision
+        for seq in decision.dominated:
+            account.stored_bytes -= len(account.by_seq.pop(seq))
         account.head += 1
-        new = _Stored(account.head, header, envelope)
-        kept.append(new)
-        account.by_key[header.key] = kept
-        account.by_seq[new.seq] = new
+        new = new_version(account.head, header, envelope)
+        account.by_key[header.key] = [
+            *(s for s in siblings if s.seq not in decision.dominated),
+            new,
+        ]
+        account.by_seq[new.seq] = envelope
         account.seqs.append(new.seq)
+        account.stored_bytes += len(envelope)
         return Receipt("stored", seq=new.seq)
 
-    # -- pull -----------------------------------------------------------------------------------
+    # -- pull -------------------------------------------------------------------------------
 
     def pull(self, name: str, cursor: int, limit: int | None = None) -> Page:
         if cursor < 0:
             raise InvalidArgumentError(f"cursor {cursor} must be ≥ 0")
         if limit is not None and limit < 1:
             raise InvalidArgumentError(f"page limit {limit} must be ≥ 1")
-        limit = min(limit or self._page_size, self._page_size)
-        account = self._account(name)
-        entries: list[PageEntry] = []
-        index = bisect.bisect_right(account.seqs, cursor)
-        while index < len(account.seqs) and len(entries) < limit:
-            stored = account.by_seq.get(account.seqs[index])
-            if stored is not None:
-                entries.append(PageEntry(stored.seq, stored.envelope))
-            index += 1
-        while index < len(account.seqs) and account.seqs[index] not in account.by_seq:
-            index += 1  # skip compacted seqs, so has_more looks at one live entry at most
-        has_more = index < len(account.seqs)
-        next_cursor = entries[-1].seq if has_more else max(account.head, cursor)
-        self._compact_seqs(account)
-        return Page(cursor, entries, next_cursor, has_more, self.state(name))
+        page_size = self._rules.page_size
+        limit = min(limit or page_size, page_size)
+        with self._mutex:
+            account = self._account(name)
+            entries: list[PageEntry] = []
+            index = bisect.bisect_right(account.seqs, cursor)
+            while index < len(account.seqs) and len(entries) < limit:
+                seq = account.seqs[index]
+                stored = account.by_seq.get(seq)
+                if stored is not None:
+                    entries.append(PageEntry(seq, stored))
+                index += 1
+            while index < len(account.seqs) and account.seqs[index] not in account.by_seq:
+                index += 1  # skip compacted seqs, so has_more looks at one live entry at most
+            has_more = index < len(account.seqs)
+            next_cursor = entries[-1].seq if has_more else max(account.head, cursor)
+            self._compact_seqs(account)
+            return Page(cursor, entries, next_cursor, has_more, self.state(name))
 
     @staticmethod
     def _compact_seqs(account: _Account) -> None:

@@ -280,7 +280,7 @@ class ConvergenceMachine(RuleBasedStateMachine):
         for key_versions in self.relay._account("default-account").by_key.values():
             for a in key_versions:
                 for b in key_versions:
-                    assert a is b or b.header.vector.get(a.header.node, 0) < a.header.hlc
+                    assert a is b or b.vector.get(a.node, 0) < a.hlc
 
     def quiesce_and_compare(self) -> None:
         for d in self.devices:

@@ -1,0 +1,104 @@
+"""Errors the relay answers with: each a 4xx status and a stable machine-readable code.
+
+The app turns a `RelayError` into `{"code", "message"}` with its status; anything else is a
+bug. Messages name the bound that was broken, never a token, key or another account's data.
+"""
+
+from __future__ import annotations
+
+
+class RelayError(Exception):
+    """A request the relay refuses; `status` is the HTTP status, `code` the stable code."""
+
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, message: str, *, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+
+class MalformedError(RelayError):
+    """The body is not a well-formed message of the endpoint's type."""
+
+    code = "malformed"
+
+
+class InvalidError(RelayError):
+    """A well-formed message breaks a documented bound (a name too long, a NUL)."""
+
+    status = 422
+    code = "invalid"
+
+
+class UnauthorizedError(RelayError):
+    """No valid token: missing, malformed, unknown, expired or revoked — one answer for all."""
+
+    status = 401
+    code = "unauthorized"
+
+    def __init__(self) -> None:
+        super().__init__("a valid bearer token is required")
+
+
+class BadCredentialsError(RelayError):
+    """Login failed; the same answer whether the account exists or not."""
+
+    status = 401
+    code = "bad_credentials"
+
+    def __init__(self) -> None:
+        super().__init__("account or key not recognised")
+
+
+class ForbiddenError(RelayError):
+    status = 403
+    code = "forbidden"
+
+
+class NotFoundError(RelayError):
+    status = 404
+    code = "not_found"
+
+
+class MethodNotAllowedError(RelayError):
+    status = 405
+    code = "method_not_allowed"
+
+
+class ConflictError(RelayError):
+    """A compare-and-set lost, or a name is taken."""
+
+    status = 409
+    code = "conflict"
+
+
+class AccountExistsError(ConflictError):
+    code = "account_exists"
+
+
+class VersionConflictError(ConflictError):
+    code = "version_conflict"
+
+
+class TooLargeError(RelayError):
+    status = 413
+    code = "too_large"
+
+
+class QuotaExceededError(RelayError):
+    """The batch would take the account past its storage quota: all of it rolled back."""
+
+    status = 413
+    code = "quota_exceeded"
+
+
+class UnsupportedMediaError(RelayError):
+    status = 415
+    code = "unsupported_media_type"
+
+
+class RateLimitedError(RelayError):
+    status = 429
+    code = "rate_limited"

@@ -1,0 +1,467 @@
+"""The default relay storage: one SQLite file, WAL, `synchronous=FULL`, one relay process.
+
+One write connection behind a lock (SQLite has one writer, so pushes of every account are
+serialized and seq order is commit order); readers use a connection per thread and read a
+consistent snapshot in one transaction. Versions follow `relay.versions`, shared with the
+other backends.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from relay.errors import (
+    AccountExistsError,
+    ForbiddenError,
+    NotFoundError,
+    QuotaExceededError,
+)
+from relay.storage import (
+    AccountRecord,
+    AccountSummary,
+    Device,
+    HeadListener,
+    TokenRecord,
+    VersionRules,
+)
+from relay.versions import Store, StoredVersion, check_envelope, decide, envelope_digest
+from replica.errors import InvalidArgumentError
+from replica.wire import (
+    KdfParams,
+    Page,
+    PageEntry,
+    PushBatch,
+    PushResult,
+    Receipt,
+    RelayState,
+    decode_message,
+    decode_vector,
+    encode_message,
+)
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE meta (name TEXT PRIMARY KEY, value BLOB NOT NULL) STRICT;
+CREATE TABLE accounts (
+    id INTEGER PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    auth_hash BLOB NOT NULL,
+    recovery_hash BLOB NOT NULL,
+    kdf BLOB NOT NULL,
+    bundle BLOB NOT NULL,
+    bundle_version INTEGER NOT NULL,
+    created_ms INTEGER NOT NULL,
+    epoch TEXT NOT NULL,
+    head INTEGER NOT NULL DEFAULT 0,
+    stored_bytes INTEGER NOT NULL DEFAULT 0
+) STRICT;
+CREATE TABLE devices (
+    account INTEGER NOT NULL REFERENCES accounts(id) ON DELETE CASCADE,
+    id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    PRIMARY KEY (account, id)
+) STRICT;
+CREATE TABLE tokens (
+    hash BLOB PRIMARY KEY,
+    account INTEGER NOT NULL REFERENCES accounts(id) ON DELETE CASCADE,
+    device TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    expires_ms INTEGER NOT NULL
+) STRICT;
+CREATE INDEX tokens_by_device ON tokens (account, device);
+CREATE TABLE invites (hash BLOB PRIMARY KEY, expires_ms INTEGER NOT NULL) STRICT;
+CREATE TABLE versions (
+    account INTEGER NOT NULL REFERENCES accounts(id) ON DELETE CASCADE,
+    seq INTEGER NOT NULL,
+    key BLOB NOT NULL,
+    node INTEGER NOT NULL,
+    hlc INTEGER NOT NULL,
+    vector BLOB NOT NULL,
+    digest BLOB NOT NULL,
+    envelope BLOB NOT NULL,
+    PRIMARY KEY (account, seq)
+) STRICT;
+CREATE INDEX versions_by_key ON versions (account, key);
+"""
+
+_I64 = 1 << 63
+
+
+def _to_i64(node: int) -> int:
+    """Nodes are u64; SQLite integers are signed."""
+    return node - (1 << 64) if node >= _I64 else node
+
+
+def _from_i64(node: int) -> int:
+    return node + (1 << 64) if node < 0 else node
+
+
+def _new_id() -> str:
+    return secrets.token_hex(16)
+
+
+class SQLiteStorage:
+    """Relay storage in one SQLite file (created on first open)."""
+
+    def __init__(
+        self, path: str | Path, rules: VersionRules, *, new_id: Callable[[], str] = _new_id
+    ) -> None:
+        self._path = str(path)
+        self._rules = rules
+        self._new_id = new_id
+        self._local = threading.local()
+        self._write_lock = threading.Lock()
+        self._listeners: list[HeadListener] = []
+        self._readers: list[sqlite3.Connection] = []
+        self._writer = self._connect()
+        self._storage_id, self._secret = self._initialise()
+
+    # -- connections ------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(
+            self._path, isolation_level=None, check_same_thread=False, timeout=30.0
+        )
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("PRAGMA foreign_keys=ON")
+        return db
+
+    def _reader(self) -> sqlite3.Connection:
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None:
+            db = self._local.db = self._connect()
+            with self._write_lock:
+                self._readers.append(db)
+        return db
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; `BEGIN IMMEDIATE` so it never fails half-way on a lock."""
+        with self._write_lock:
+            db = self._writer
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """One read transaction: every statement inside sees the same snapshot."""
+        db = self._reader()
+        db.execute("BEGIN")
+        try:
+            yield db
+        finally:
+            db.execute("COMMIT")
+
+    def _initialise(self) -> tuple[str, bytes]:
+        with self._write() as db:
+            (version,) = db.execute("PRAGMA user_version").fetchone()
+            if version == 0:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute(
+                    "INSERT INTO meta VALUES ('storage_id', ?), ('secret', ?)",
+                    (self._new_id().encode(), secrets.token_bytes(32)),
+                )
+                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            elif version != SCHEMA_VERSION:
+                raise InvalidArgumentError(
+                    f"{self._path} is relay schema {version}; this relay reads {SCHEMA_VERSION}"
+                )
+            meta = dict(db.execute("SELECT name, value FROM meta"))
+        return bytes(meta["storage_id"]).decode(), bytes(meta["secret"])
+
+    @property
+    def storage_id(self) -> str:
+        return self._storage_id
+
+    @property
+    def secret(self) -> bytes:
+        return self._secret
+
+    def close(self) -> None:
+        with self._write_lock:
+            self._writer.close()
+            for db in self._readers:
+                db.close()
+
+    # -- accounts ---------------------------------------------------------------------------
+
+    def create_account(
+        self,
+        account: AccountRecord,
+        device: Device,
+        tokens: list[TokenRecord],
+        invite_hash: bytes | None,
+        now_ms: int,
+    ) -> RelayState:
+        with self._write() as db:
+            if db.execute("SELECT 1 FROM accounts WHERE name = ?", (account.name,)).fetchone():
+                raise AccountExistsError(f"account {account.name!r} already exists")
+            if invite_hash is not None:
+                used = db.execute(
+                    "DELETE FROM invites WHERE hash = ? AND expires_ms >= ?", (invite_hash, now_ms)
+                ).rowcount
+                if not used:
+                    raise ForbiddenError("the invite is unknown, used or expired")
+            epoch = self._new_id()
+            account_id = db.execute(
+                "INSERT INTO accounts (name, auth_hash, recovery_hash, kdf, bundle,"
+                " bundle_version, created_ms, epoch) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    account.name,
+                    account.auth_hash,
+                    account.recovery_hash,
+                    encode_message(account.kdf),
+                    account.bundle,
+                    account.bundle_version,
+                    account.created_ms,
+                    epoch,
+                ),
+            ).lastrowid
+            assert account_id is not None
+            self._insert_device(db, account_id, device, tokens)
+        return RelayState(self._storage_id, epoch, 0)
+
+    @staticmethod
+    def _insert_device(
+        db: sqlite3.Connection, account_id: int, device: Device, tokens: list[TokenRecord]
+    ) -> None:
+        db.execute(
+            "INSERT INTO devices VALUES (?, ?, ?, ?)",
+            (account_id, device.id, device.name, device.created_ms),
+        )
+        db.executemany(
+            "INSERT INTO tokens VALUES (?, ?, ?, ?, ?)",
+            [(t.hash, account_id, t.device_id, t.kind, t.expires_ms) for t in tokens],
+        )
+
+    def _account_id(self, db: sqlite3.Connection, name: str) -> int:
+        row = db.execute("SELECT id FROM accounts WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            raise NotFoundError("no such account")
+        return int(row[0])
+
+    def account(self, name: str) -> AccountRecord | None:
+        with self._read() as db:
+            row = db.execute(
+                "SELECT name, auth_hash, recovery_hash, kdf, bundle, bundle_version, created_ms"
+                " FROM accounts WHERE name = ?",
+                (name,),
+            ).fetchone()
+        if row is None:
+            return None
+        kdf = decode_message(row[3], KdfParams)
+        return AccountRecord(row[0], row[1], row[2], kdf, row[4], row[5], row[6])
+
+    def delete_account(self, name: str) -> bool:
+        with self._write() as db:
+            return db.execute("DELETE FROM accounts WHERE name = ?", (name,)).rowcount > 0
+
+    def put_key_bundle(
+        self, name: str, expected_version: int, bundle: bytes, kdf: KdfParams, auth_hash: bytes
+    ) -> int | None:
+        with self._write() as db:
+            changed = db.execute(
+                "UPDATE accounts SET bundle = ?, kdf = ?, auth_hash = ?,"
+                " bundle_version = bundle_version + 1 WHERE name = ? AND bundle_version = ?",
+                (bundle, encode_message(kdf), auth_hash, name, expected_version),
+            ).rowcount
+        return expected_version + 1 if changed else None
+
+    def add_invite(self, invite_hash: bytes, expires_ms: int) -> None:
+        with self._write() as db:
+            db.execute("INSERT INTO invites VALUES (?, ?)", (invite_hash, expires_ms))
+
+    def accounts(self) -> list[AccountSummary]:
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT a.name, a.created_ms,"
+                " (SELECT count(*) FROM devices d WHERE d.account = a.id),"
+                " (SELECT count(*) FROM versions v WHERE v.account = a.id),"
+                " a.stored_bytes, a.head FROM accounts a ORDER BY a.name"
+            ).fetchall()
+        return [AccountSummary(*row) for row in rows]
+
+    # -- devices and tokens -----------------------------------------------------------------
+
+    def add_device(self, name: str, device: Device, tokens: list[TokenRecord]) -> None:
+        with self._write() as db:
+            self._insert_device(db, self._account_id(db, name), device, tokens)
+
+    def devices(self, name: str) -> list[Device]:
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT d.id, d.name, d.created_ms FROM devices d JOIN accounts a"
+                " ON d.account = a.id WHERE a.name = ? ORDER BY d.id",
+                (name,),
+            ).fetchall()
+        return [Device(*row) for row in rows]
+
+    def rename_device(self, name: str, device_id: str, new_name: str) -> bool:
+        with self._write() as db:
+            return (
+                db.execute(
+                    "UPDATE devices SET name = ? WHERE id = ?"
+                    " AND account = (SELECT id FROM accounts WHERE name = ?)",
+                    (new_name, device_id, name),
+                ).rowcount
+                > 0
+            )
+
+    def revoke_device(self, name: str, device_id: str) -> bool:
+        with self._write() as db:
+            row = db.execute("SELECT id FROM accounts WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                return False
+            db.execute("DELETE FROM tokens WHERE account = ? AND device = ?", (row[0], device_id))
+            return (
+                db.execute(
+                    "DELETE FROM devices WHERE account = ? AND id = ?", (row[0], device_id)
+                ).rowcount
+                > 0
+            )
+
+    def token(self, token_hash: bytes) -> TokenRecord | None:
+        with self._read() as db:
+            row = db.execute(
+                "SELECT t.hash, a.name, t.device, t.kind, t.expires_ms FROM tokens t"
+                " JOIN accounts a ON t.account = a.id WHERE t.hash = ?",
+                (token_hash,),
+            ).fetchone()
+        return TokenRecord(*row) if row else None
+
+    def replace_token(self, old_hash: bytes, tokens: list[TokenRecord]) -> bool:
+        with self._write() as db:
+            row = db.execute("SELECT account FROM tokens WHERE hash = ?", (old_hash,)).fetchone()
+            if row is None:
+                return False
+            db.execute("DELETE FROM tokens WHERE hash = ?", (old_hash,))
+            db.executemany(
+                "INSERT INTO tokens VALUES (?, ?, ?, ?, ?)",
+                [(t.hash, row[0], t.device_id, t.kind, t.expires_ms) for t in tokens],
+            )
+            return True
+
+    # -- versions ---------------------------------------------------------------------------
+
+    def _state(self, db: sqlite3.Connection, name: str) -> tuple[int, RelayState]:
+        row = db.execute("SELECT id, epoch, head FROM accounts WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            raise NotFoundError("no such account")
+        return int(row[0]), RelayState(self._storage_id, row[1], row[2])
+
+    def state(self, name: str) -> RelayState:
+        with self._read() as db:
+            return self._state(db, name)[1]
+
+    def reseed(self, name: str) -> RelayState:
+        with self._write() as db:
+            db.execute("UPDATE accounts SET epoch = ? WHERE name = ?", (self._new_id(), name))
+            return self._state(db, name)[1]
+
+    def stored_versions(self, name: str) -> int:
+        with self._read() as db:
+            account_id = self._account_id(db, name)
+            (count,) = db.execute(
+                "SELECT count(*) FROM versions WHERE account = ?", (account_id,)
+            ).fetchone()
+        return int(count)
+
+    def listen(self, listener: HeadListener) -> None:
+        self._listeners.append(listener)
+
+    def push(self, name: str, batch: PushBatch) -> PushResult:
+        now_ms = self._rules.clock_ms()
+        with self._write() as db:
+            row = db.execute(
+                "SELECT id, epoch, head, stored_bytes FROM accounts WHERE name = ?", (name,)
+            ).fetchone()
+            if row is None:
+                raise NotFoundError("no such account")
+            account_id, epoch, before, stored_bytes = row
+            head = before
+            receipts: list[Receipt] = []
+            for envelope in batch.envelopes:
+                header = check_envelope(envelope, now_ms, self._rules.max_drift_ms)
+                if isinstance(header, Receipt):
+                    receipts.append(header)
+                    continue
+                siblings = [
+                    StoredVersion(seq, _from_i64(node), hlc, decode_vector(vector), digest, size)
+                    for seq, node, hlc, vector, digest, size in db.execute(
+                        "SELECT seq, node, hlc, vector, digest, length(envelope) FROM versions"
+                        " WHERE account = ? AND key = ?",
+                        (account_id, header.key),
+                    )
+                ]
+                decision = decide(header, envelope, siblings)
+                if not isinstance(decision, Store):
+                    receipts.append(decision)
+                    continue
+                for stored in siblings:
+                    if stored.seq in decision.dominated:
+                        stored_bytes -= stored.size
+                        db.execute(
+                            "DELETE FROM versions WHERE account = ? AND seq = ?",
+                            (account_id, stored.seq),
+                        )
+                head += 1
+                stored_bytes += len(envelope)
+                db.execute(
+                    "INSERT INTO versions VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        account_id,
+                        head,
+                        header.key,
+                        _to_i64(header.node),
+                        header.hlc,
+                        header.vector_bytes,
+                        envelope_digest(envelope),
+                        envelope,
+                    ),
+                )
+                receipts.append(Receipt("stored", seq=head))
+            if stored_bytes > self._rules.max_account_bytes:
+                raise QuotaExceededError(
+                    f"the batch would take the account past its quota of "
+                    f"{self._rules.max_account_bytes} bytes"
+                )
+            db.execute(
+                "UPDATE accounts SET head = ?, stored_bytes = ? WHERE id = ?",
+                (head, stored_bytes, account_id),
+            )
+        if head != before:
+            for listener in self._listeners:
+                listener(name, head)
+        return PushResult(receipts, RelayState(self._storage_id, epoch, head))
+
+    def pull(self, name: str, cursor: int, limit: int | None = None) -> Page:
+        if cursor < 0:
+            raise InvalidArgumentError(f"cursor {cursor} must be ≥ 0")
+        if limit is not None and limit < 1:
+            raise InvalidArgumentError(f"page limit {limit} must be ≥ 1")
+        page_size = min(limit or self._rules.page_size, self._rules.page_size)
+        with self._read() as db:
+            account_id, state = self._state(db, name)
+            rows = db.execute(
+                "SELECT seq, envelope FROM versions WHERE account = ? AND seq > ?"
+                " ORDER BY seq LIMIT ?",
+                (account_id, cursor, page_size + 1),
+            ).fetchall()
+        has_more = len(rows) > page_size
+        entries = [PageEntry(seq, envelope) for seq, envelope in rows[:page_size]]
+        next_cursor = entries[-1].seq if has_more else max(state.head, cursor)
+        return Page(cursor, entries, next_cursor, has_more, state)

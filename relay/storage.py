@@ -1,0 +1,162 @@
+"""The one interface every relay storage backend implements (memory, SQLite, PostgreSQL).
+
+Each method is one transaction. Accounts are addressed by name; every query names the
+account, so one account can never reach another's rows. Versions follow `relay.versions`:
+pushes of one account are serialized, sequence numbers are consecutive and become visible in
+order, and a version is dropped only when a stored version of its key dominates it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from replica.wire import KdfParams, Page, PushBatch, PushResult, RelayState
+
+TokenKind = Literal["access", "refresh"]
+HeadListener = Callable[[str, int], None]
+"""Called with (account, head) after a push that stored something has committed."""
+
+
+@dataclass(frozen=True)
+class AccountRecord:
+    """What the relay keeps of an account: hashes of its auth keys and its opaque bundle."""
+
+    name: str
+    auth_hash: bytes = field(repr=False)
+    recovery_hash: bytes = field(repr=False)
+    kdf: KdfParams
+    bundle: bytes = field(repr=False)
+    bundle_version: int
+    created_ms: int
+
+
+@dataclass(frozen=True)
+class Device:
+    id: str
+    name: str
+    created_ms: int
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    """A bearer token as stored: its SHA-256, never the token itself."""
+
+    hash: bytes = field(repr=False)
+    account: str
+    device_id: str
+    kind: TokenKind
+    expires_ms: int
+
+
+@dataclass(frozen=True)
+class AccountSummary:
+    """One line of `sealsync relay accounts`: sizes and counts, nothing an account wrote."""
+
+    name: str
+    created_ms: int
+    devices: int
+    versions: int
+    stored_bytes: int
+    head: int
+
+
+class Storage(Protocol):
+    """A relay's durable state. Methods are synchronous; the app calls them off its loop."""
+
+    @property
+    def storage_id(self) -> str:
+        """Random id of this database: a wiped or replaced database has another one."""
+        ...
+
+    @property
+    def secret(self) -> bytes:
+        """A random per-database secret (deterministic fake prelogin parameters)."""
+        ...
+
+    # -- accounts ---------------------------------------------------------------------------
+
+    def create_account(
+        self,
+        account: AccountRecord,
+        device: Device,
+        tokens: list[TokenRecord],
+        invite_hash: bytes | None,
+        now_ms: int,
+    ) -> RelayState:
+        """Create the account with its first device and tokens; consume the invite when one
+        is given. Raises `AccountExistsError`, or `ForbiddenError` for an unusable invite."""
+        ...
+
+    def account(self, name: str) -> AccountRecord | None: ...
+
+    def delete_account(self, name: str) -> bool:
+        """Delete the account with its devices, tokens and versions; False if it was gone."""
+        ...
+
+    def put_key_bundle(
+        self, name: str, expected_version: int, bundle: bytes, kdf: KdfParams, auth_hash: bytes
+    ) -> int | None:
+        """Replace the bundle (and the passphrase's auth hash) if its version is still
+        `expected_version`; the new version, or None when another change came first."""
+        ...
+
+    def add_invite(self, invite_hash: bytes, expires_ms: int) -> None: ...
+
+    def accounts(self) -> list[AccountSummary]: ...
+
+    # -- devices and tokens -----------------------------------------------------------------
+
+    def add_device(self, name: str, device: Device, tokens: list[TokenRecord]) -> None: ...
+
+    def devices(self, name: str) -> list[Device]: ...
+
+    def rename_device(self, name: str, device_id: str, new_name: str) -> bool: ...
+
+    def revoke_device(self, name: str, device_id: str) -> bool:
+        """Delete the device and every token it holds; False if it is not this account's."""
+        ...
+
+    def token(self, token_hash: bytes) -> TokenRecord | None: ...
+
+    def replace_token(self, old_hash: bytes, tokens: list[TokenRecord]) -> bool:
+        """Consume a refresh token and store its successors, atomically; False if the old
+        token was already used or gone (a replayed refresh gets nothing)."""
+        ...
+
+    # -- versions ---------------------------------------------------------------------------
+
+    def state(self, name: str) -> RelayState: ...
+
+    def reseed(self, name: str) -> RelayState:
+        """A new account epoch, data kept: every device then knows to push what it holds."""
+        ...
+
+    def push(self, name: str, batch: PushBatch) -> PushResult:
+        """One receipt per envelope, after a durable commit. Raises `QuotaExceededError`
+        (nothing stored) when the batch would take the account past its quota."""
+        ...
+
+    def pull(self, name: str, cursor: int, limit: int | None = None) -> Page:
+        """Versions with seq > cursor in seq order, at most min(`limit`, page size)."""
+        ...
+
+    def stored_versions(self, name: str) -> int: ...
+
+    def listen(self, listener: HeadListener) -> None:
+        """Call `listener` after every push that moved an account's head — also for pushes
+        through other relay processes when the backend is shared (PostgreSQL)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class VersionRules:
+    """The bounds a backend applies to pushes and pulls (DESIGN §8, specs/limits.md)."""
+
+    clock_ms: Callable[[], int]
+    max_drift_ms: int = 5 * 60 * 1000
+    page_size: int = 1000
+    max_account_bytes: int = 1 << 30

@@ -1,0 +1,80 @@
+"""What a relay does with one pushed envelope, given the stored versions of its key.
+
+Pure and shared by every storage backend, so the memory reference, SQLite and PostgreSQL
+cannot drift apart: a backend reads the stored siblings of the envelope's opaque key, asks
+`decide`, and carries the answer out inside its write transaction (specs/protocol.md §5).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from replica.errors import ProtocolError
+from replica.wire import Header, Receipt, VersionVector, dominates, hlc_ms, parse_header
+
+
+class StoredVersion(NamedTuple):
+    """One version a backend holds: enough to decide dominance without the envelope body."""
+
+    seq: int
+    node: int
+    hlc: int
+    vector: VersionVector
+    digest: bytes
+    """SHA-256 of the envelope: the same identity with other bytes is told apart by it."""
+    size: int
+
+
+class Store(NamedTuple):
+    """Store the envelope under a new seq and delete the stored versions it dominates."""
+
+    header: Header
+    dominated: list[int]
+    """seqs of the stored versions of this key that the new version dominates."""
+
+
+Decision = Receipt | Store
+"""Either the receipt to answer at once (nothing written) or a write to carry out."""
+
+MALFORMED = Receipt("refused", code="malformed")
+CLOCK_AHEAD = Receipt("refused", code="clock_ahead")
+IDENTITY_CONFLICT = Receipt("refused", code="identity_conflict")
+SUPERSEDED = Receipt("superseded")
+
+
+def envelope_digest(envelope: bytes) -> bytes:
+    return hashlib.sha256(envelope).digest()
+
+
+def new_version(seq: int, header: Header, envelope: bytes) -> StoredVersion:
+    return StoredVersion(
+        seq, header.node, header.hlc, header.vector, envelope_digest(envelope), len(envelope)
+    )
+
+
+def check_envelope(envelope: bytes, now_ms: int, max_drift_ms: int) -> Header | Receipt:
+    """The header of a pushed envelope, or the refusal it earns before any storage is read."""
+    try:
+        header = parse_header(envelope)
+    except ProtocolError:
+        return MALFORMED
+    if hlc_ms(header.hlc) > now_ms + max_drift_ms:
+        return CLOCK_AHEAD
+    return header
+
+
+def decide(header: Header, envelope: bytes, siblings: Sequence[StoredVersion]) -> Decision:
+    """Idempotent on the version's identity (its dot); dropped only when a stored version of
+    the same key dominates it; otherwise stored, replacing exactly the versions it dominates."""
+    node, hlc = header.node, header.hlc
+    for stored in siblings:
+        if stored.node == node and stored.hlc == hlc:
+            if stored.digest != envelope_digest(envelope):
+                return IDENTITY_CONFLICT
+            return Receipt("stored", seq=stored.seq)
+        if dominates(stored.vector, (node, hlc)):
+            return SUPERSEDED
+    vector = header.vector
+    return Store(header, [s.seq for s in siblings if dominates(vector, (s.node, s.hlc))])

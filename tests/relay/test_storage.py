@@ -1,0 +1,256 @@
+"""The shared storage suite: every backend behind `relay.storage.Storage` must pass it alike
+(specs/protocol.md §5): receipts, compaction that keeps every sibling, pages in seq order,
+account isolation, accounts, devices, tokens, invites and the quota."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from relay.errors import AccountExistsError, ForbiddenError, QuotaExceededError
+from relay.storage import Device, Storage, TokenRecord
+from replica.wire import KdfParams, PushBatch, parse_header
+from tests.relay.conftest import (
+    HLC,
+    NOW_MS,
+    StorageFactory,
+    account_record,
+    envelope,
+    register,
+)
+
+KEY = b"k" * 16
+
+
+@pytest.fixture
+def storage(make_storage: StorageFactory) -> Storage:
+    s = make_storage()
+    register(s, "a")
+    return s
+
+
+def pull_all(s: Storage, account: str) -> list[bytes]:
+    out, cursor = [], 0
+    while True:
+        page = s.pull(account, cursor)
+        out.extend(e.envelope for e in page.entries)
+        cursor = page.next_cursor
+        if not page.has_more:
+            return out
+
+
+def test_stored_versions_get_consecutive_sequence_numbers(storage: Storage) -> None:
+    batch = PushBatch([envelope(bytes([i]) * 16, 1, HLC + i, {1: HLC + i}) for i in range(4)])
+    result = storage.push("a", batch)
+    assert [(x.status, x.seq) for x in result.receipts] == [("stored", i) for i in range(1, 5)]
+    assert result.state.head == 4 and storage.state("a") == result.state
+
+
+def test_a_repeated_push_is_idempotent_and_a_changed_body_is_refused(storage: Storage) -> None:
+    e = envelope(KEY, 1, HLC, {1: HLC})
+    first = storage.push("a", PushBatch([e])).receipts[0]
+    again = storage.push("a", PushBatch([e])).receipts[0]
+    assert first == again and first.seq == 1
+    other = storage.push("a", PushBatch([envelope(KEY, 1, HLC, {1: HLC})])).receipts[0]
+    assert (other.status, other.code) == ("refused", "identity_conflict")
+    assert storage.state("a").head == 1
+
+
+def test_a_dominated_version_is_superseded_and_a_dominating_one_replaces(
+    make_storage: StorageFactory,
+) -> None:
+    old = envelope(KEY, 1, HLC, {1: HLC})
+    new = envelope(KEY, 2, HLC + 5, {1: HLC, 2: HLC + 5})
+    s = make_storage()
+    register(s, "a")
+    s.push("a", PushBatch([new]))
+    assert s.push("a", PushBatch([old])).receipts[0].status == "superseded"
+    s2 = make_storage()
+    register(s2, "a")
+    s2.push("a", PushBatch([old, new]))
+    assert s2.stored_versions("a") == 1
+    assert [parse_header(e).dot for e in pull_all(s2, "a")] == [(2, HLC + 5)]
+
+
+def test_concurrent_versions_are_all_kept_and_served(storage: Storage) -> None:
+    a = envelope(KEY, 1, HLC + 1, {1: HLC + 1})
+    b = envelope(KEY, 2, HLC + 2, {2: HLC + 2})
+    storage.push("a", PushBatch([a, b]))
+    assert storage.stored_versions("a") == 2
+    c = envelope(KEY, 3, HLC + 3, {1: HLC + 1, 3: HLC + 3})  # saw a, not b
+    storage.push("a", PushBatch([c]))
+    assert {parse_header(e).dot for e in pull_all(storage, "a")} == {(2, HLC + 2), (3, HLC + 3)}
+
+
+def test_one_bad_envelope_never_blocks_the_rest(storage: Storage) -> None:
+    ahead = (NOW_MS + 6 * 60_000) << 16
+    batch = PushBatch(
+        [
+            b"garbage",
+            envelope(KEY, 1, ahead, {1: ahead}),
+            envelope(b"x" * 16, 1, HLC, {1: HLC}),
+        ]
+    )
+    receipts = storage.push("a", batch).receipts
+    assert [(x.status, x.code) for x in receipts] == [
+        ("refused", "malformed"),
+        ("refused", "clock_ahead"),
+        ("stored", None),
+    ]
+
+
+def test_pages_come_in_seq_order_with_a_cursor_that_resumes(storage: Storage) -> None:
+    pushed = [envelope(bytes([i]) * 16, 1, HLC + i, {1: HLC + i}) for i in range(7)]
+    storage.push("a", PushBatch(pushed))
+    seen: list[bytes] = []
+    cursor = 0
+    while True:
+        page = storage.pull("a", cursor)
+        assert page.cursor == cursor and len(page.entries) <= 3
+        seen.extend(e.envelope for e in page.entries)
+        cursor = page.next_cursor
+        if not page.has_more:
+            break
+    assert seen == pushed and cursor == 7
+    assert storage.pull("a", cursor).entries == []
+    assert len(storage.pull("a", 0, limit=2).entries) == 2
+
+
+def test_compacted_versions_leave_gaps_that_pages_step_over(storage: Storage) -> None:
+    versions = [envelope(KEY, 1, HLC + i, {1: HLC + i}) for i in range(5)]
+    for e in versions:
+        storage.push("a", PushBatch([e]))
+    page = storage.pull("a", 0)
+    assert [e.seq for e in page.entries] == [5] and not page.has_more and page.next_cursor == 5
+
+
+def test_accounts_never_see_each_other(storage: Storage) -> None:
+    register(storage, "bob", "d2")
+    storage.push("a", PushBatch([envelope(KEY, 1, HLC, {1: HLC})]))
+    assert storage.pull("bob", 0).entries == [] and storage.state("bob").head == 0
+    assert storage.state("a").account_epoch != storage.state("bob").account_epoch
+    assert storage.devices("bob") == [Device("d2", "laptop", NOW_MS)]
+    assert not storage.revoke_device("bob", "d1")  # a's device, asked for through bob
+    assert not storage.rename_device("bob", "d1", "stolen")
+    assert [d.name for d in storage.devices("a")] == ["laptop"]
+
+
+def test_reseed_gives_a_new_epoch_and_keeps_the_data(storage: Storage) -> None:
+    storage.push("a", PushBatch([envelope(KEY, 1, HLC, {1: HLC})]))
+    before = storage.state("a")
+    after = storage.reseed("a")
+    assert after.account_epoch != before.account_epoch
+    assert (after.storage_id, after.head) == (before.storage_id, before.head)
+    assert len(pull_all(storage, "a")) == 1
+
+
+def test_over_quota_the_whole_batch_rolls_back(make_storage: StorageFactory) -> None:
+    s = make_storage(max_account_bytes=250)
+    register(s, "a")
+    small = envelope(b"1" * 16, 1, HLC, {1: HLC})  # 118 bytes
+    s.push("a", PushBatch([small]))
+    batch = PushBatch([envelope(bytes([i]) * 16, 1, HLC + i, {1: HLC + i}) for i in (2, 3)])
+    with pytest.raises(QuotaExceededError):
+        s.push("a", batch)
+    assert s.state("a").head == 1 and pull_all(s, "a") == [small]
+    assert s.push("a", PushBatch([batch.envelopes[0]])).receipts[0].seq == 2  # fits alone
+
+
+def test_accounts_exist_once_and_are_deleted_whole(storage: Storage) -> None:
+    with pytest.raises(AccountExistsError):
+        register(storage, "a", "d9")
+    storage.push("a", PushBatch([envelope(KEY, 1, HLC, {1: HLC})]))
+    token_hash = hashlib.sha256(b"a/d1").digest()
+    assert storage.token(token_hash) is not None
+    assert storage.delete_account("a") and not storage.delete_account("a")
+    assert storage.account("a") is None and storage.token(token_hash) is None
+    register(storage, "a")  # the name is free again, with nothing of the old account
+    assert pull_all(storage, "a") == [] and storage.state("a").head == 0
+
+
+def test_key_bundle_is_replaced_only_by_compare_and_set(storage: Storage) -> None:
+    kdf = KdfParams(b"t" * 16, iterations=4)
+    assert storage.put_key_bundle("a", 1, b"new", kdf, b"h" * 32) == 2
+    assert storage.put_key_bundle("a", 1, b"lost", kdf, b"x" * 32) is None
+    record = storage.account("a")
+    assert record is not None
+    assert (record.bundle, record.bundle_version, record.kdf, record.auth_hash) == (
+        b"new",
+        2,
+        kdf,
+        b"h" * 32,
+    )
+
+
+def test_devices_are_added_renamed_and_revoked_with_their_tokens(storage: Storage) -> None:
+    token = TokenRecord(b"t" * 32, "a", "d2", "refresh", NOW_MS + 1)
+    storage.add_device("a", Device("d2", "phone", NOW_MS), [token])
+    assert storage.token(b"t" * 32) == token
+    assert storage.rename_device("a", "d2", "old phone")
+    assert [(d.id, d.name) for d in storage.devices("a")] == [
+        ("d1", "laptop"),
+        ("d2", "old phone"),
+    ]
+    assert storage.revoke_device("a", "d2") and not storage.revoke_device("a", "d2")
+    assert storage.token(b"t" * 32) is None and [d.id for d in storage.devices("a")] == ["d1"]
+
+
+def test_a_refresh_token_is_used_once(storage: Storage) -> None:
+    old = TokenRecord(b"o" * 32, "a", "d1", "refresh", NOW_MS + 1)
+    new = TokenRecord(b"n" * 32, "a", "d1", "refresh", NOW_MS + 2)
+    storage.add_device("a", Device("d3", "tablet", NOW_MS), [old])
+    assert storage.replace_token(old.hash, [new])
+    assert not storage.replace_token(old.hash, [new])
+    assert storage.token(old.hash) is None and storage.token(new.hash) == new
+
+
+def test_invites_are_single_use_and_expire(make_storage: StorageFactory) -> None:
+    s = make_storage()
+    s.add_invite(b"i" * 32, NOW_MS + 10)
+    s.add_invite(b"e" * 32, NOW_MS - 1)
+    device = Device("d1", "laptop", NOW_MS)
+    s.create_account(account_record("x"), device, [], b"i" * 32, NOW_MS)
+    for name, invite in (("y", b"i" * 32), ("z", b"e" * 32), ("w", b"u" * 32)):
+        with pytest.raises(ForbiddenError):
+            s.create_account(account_record(name), device, [], invite, NOW_MS)
+        assert s.account(name) is None
+    assert [a.name for a in s.accounts()] == ["x"]
+
+
+def test_account_summaries_count_what_is_stored(storage: Storage) -> None:
+    storage.push(
+        "a", PushBatch([envelope(bytes([i]) * 16, 1, HLC + i, {1: HLC + i}) for i in range(3)])
+    )
+    (summary,) = storage.accounts()
+    assert (summary.name, summary.devices, summary.versions, summary.head) == ("a", 1, 3, 3)
+    assert summary.stored_bytes == sum(len(e) for e in pull_all(storage, "a"))
+
+
+def test_listeners_hear_each_new_head(storage: Storage) -> None:
+    heard: list[tuple[str, int]] = []
+    storage.listen(lambda account, head: heard.append((account, head)))
+    e = envelope(KEY, 1, HLC, {1: HLC})
+    storage.push("a", PushBatch([e]))
+    storage.push("a", PushBatch([e]))  # a duplicate moves no head: nothing to hear
+    assert heard == [("a", 1)]
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=40)
+@given(st.lists(st.integers(1, 3), min_size=1, max_size=12), st.randoms())
+def test_storage_stays_the_siblings_of_everything_pushed(
+    make_storage: StorageFactory, nodes: list[int], rnd: object
+) -> None:
+    """Devices write one key, each seeing only its own past: whatever the arrival order, the
+    relay keeps exactly each device's latest version (the undominated ones)."""
+    envelopes = [envelope(KEY, node, HLC + i, {node: HLC + i}) for i, node in enumerate(nodes)]
+    latest = {node: HLC + i for i, node in enumerate(nodes)}
+    rnd.shuffle(envelopes)  # type: ignore[attr-defined]
+    s = make_storage()
+    register(s, "a")
+    for e in envelopes:
+        s.push("a", PushBatch([e]))
+    assert {parse_header(e).dot for e in pull_all(s, "a")} == set(latest.items())
+    assert s.stored_versions("a") == len(latest)

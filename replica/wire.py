@@ -274,8 +274,18 @@ class Page(msgspec.Struct, frozen=True):
     state: RelayState
 
 
+AccountName = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+"""An account name: 1..256 characters, NFC, no NUL (the relay checks the last two)."""
+DeviceName = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+AuthKey = Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
+Token = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+MAX_BUNDLE_BYTES = 64 * 1024
+Bundle = Annotated[bytes, msgspec.Meta(min_length=1, max_length=MAX_BUNDLE_BYTES)]
+Version = Annotated[int, msgspec.Meta(ge=0, le=MAX_HLC)]
+
+
 class PreloginRequest(msgspec.Struct, frozen=True):
-    account: str
+    account: AccountName
 
 
 class PreloginResponse(msgspec.Struct, frozen=True):
@@ -285,29 +295,125 @@ class PreloginResponse(msgspec.Struct, frozen=True):
 class RegisterRequest(msgspec.Struct, frozen=True):
     """A new account: its auth keys (hashed by the relay) and its opaque key bundle."""
 
-    account: str
-    auth_key: bytes
-    recovery_auth_key: bytes
+    account: AccountName
+    auth_key: AuthKey
+    recovery_auth_key: AuthKey
     kdf: KdfParams
-    bundle: bytes
-    device_name: str
-    invite: str | None = None
+    bundle: Bundle
+    device_name: DeviceName
+    invite: Token | None = None
 
     def __repr__(self) -> str:
         return f"RegisterRequest(account={self.account!r}, device_name={self.device_name!r})"
+
+
+class LoginRequest(msgspec.Struct, frozen=True):
+    """A new device session: the passphrase's or the recovery key's auth key."""
+
+    account: AccountName
+    auth_key: AuthKey
+    device_name: DeviceName
+
+    def __repr__(self) -> str:
+        return f"LoginRequest(account={self.account!r}, device_name={self.device_name!r})"
+
+
+class RefreshRequest(msgspec.Struct, frozen=True):
+    refresh_token: Token
+
+    def __repr__(self) -> str:
+        return "RefreshRequest(…)"
+
+
+class Session(msgspec.Struct, frozen=True):
+    """Bearer tokens of one device: a short-lived access token and a single-use refresh one."""
+
+    account: AccountName
+    device_id: str
+    access_token: str
+    access_expires_ms: int
+    refresh_token: str
+    refresh_expires_ms: int
+    state: RelayState
+
+    def __repr__(self) -> str:
+        return f"Session(account={self.account!r}, device_id={self.device_id!r})"
+
+
+class DeviceInfo(msgspec.Struct, frozen=True):
+    id: str
+    name: str
+    created_ms: int
+    current: bool
+    """True for the device whose token asked."""
+
+
+class DeviceList(msgspec.Struct, frozen=True):
+    devices: list[DeviceInfo]
+
+
+class RenameDevice(msgspec.Struct, frozen=True):
+    name: DeviceName
+
+
+class DeleteAccount(msgspec.Struct, frozen=True):
+    """Deleting everything takes the auth key again, not just a (possibly stolen) token."""
+
+    auth_key: AuthKey
+
+    def __repr__(self) -> str:
+        return "DeleteAccount(…)"
 
 
 class KeyBundleValue(msgspec.Struct, frozen=True):
     """The opaque key bundle and its version, for compare-and-set replacement."""
 
     bundle: bytes
-    version: int
+    version: Version
 
 
 class PutKeyBundle(msgspec.Struct, frozen=True):
-    bundle: bytes
+    """A new bundle (a passphrase change re-wraps the account key) and the new passphrase's
+    auth key; refused unless the stored bundle is still `expected_version`."""
+
+    bundle: Bundle
     kdf: KdfParams
-    expected_version: int
+    auth_key: AuthKey
+    expected_version: Version
+
+    def __repr__(self) -> str:
+        return f"PutKeyBundle(expected_version={self.expected_version})"
+
+
+class RelayLimits(msgspec.Struct, frozen=True):
+    """The bounds a relay enforces, so clients size batches and pages to fit."""
+
+    max_body_bytes: int
+    max_envelope_bytes: int
+    max_push_envelopes: int
+    page_size: int
+    max_page_bytes: int
+    max_account_bytes: int
+    max_drift_ms: int
+    requests_per_second: float
+    burst: int
+
+
+class RelayInfo(msgspec.Struct, frozen=True):
+    protocol_version: int
+    limits: RelayLimits
+    open_signup: bool
+
+
+class Health(msgspec.Struct, frozen=True):
+    status: Literal["ok"]
+
+
+class ErrorBody(msgspec.Struct, frozen=True):
+    """Every refusal: a stable machine-readable code and a message naming the bound."""
+
+    code: str
+    message: str
 
 
 _encoder = msgspec.msgpack.Encoder()

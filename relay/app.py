@@ -1,0 +1,548 @@
+"""The relay's HTTP API under /v1 (specs/protocol.md §6): a Starlette app over a `Storage`.
+
+Handlers decode a typed body, check it, call storage off the event loop and encode a typed
+answer. Every refusal is a `RelayError` turned into a 4xx with a stable code; the account is
+always the one the bearer token names, so no request can reach another account's data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import anyio.to_thread
+import msgspec
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from relay import codec, tokens
+from relay.bodylimit import BodyLimit
+from relay.config import RelayConfig
+from relay.errors import (
+    BadCredentialsError,
+    ForbiddenError,
+    InvalidError,
+    NotFoundError,
+    RateLimitedError,
+    RelayError,
+    TooLargeError,
+    UnauthorizedError,
+    VersionConflictError,
+)
+from relay.feed import HeadHub
+from relay.openapi import openapi_document
+from relay.storage import AccountRecord, Device, Storage, TokenRecord
+from relay.throttle import LoginFailures, TokenBuckets
+from replica.errors import KdfParametersError
+from replica.wire import (
+    PROTOCOL_VERSION,
+    DeleteAccount,
+    DeviceInfo,
+    DeviceList,
+    ErrorBody,
+    Health,
+    KeyBundleValue,
+    LoginRequest,
+    Page,
+    PreloginRequest,
+    PreloginResponse,
+    PushBatch,
+    PushResult,
+    PutKeyBundle,
+    Receipt,
+    RefreshRequest,
+    RegisterRequest,
+    RelayInfo,
+    RelayState,
+    RenameDevice,
+    Session,
+    check_kdf_params,
+)
+
+log = logging.getLogger("sealsync.relay")
+T = TypeVar("T")
+Handler = Callable[["RelayApi", Request], Awaitable[Response]]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One route: the table the app, its OpenAPI document and the auth tests are built from."""
+
+    method: str
+    path: str
+    handler: Handler
+    summary: str
+    body: type | None = None
+    answer: type | None = None
+    status: int = 200
+    auth: bool = True
+    query: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Caller:
+    account: str
+    device_id: str
+
+
+def system_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class RelayApi:
+    """The handlers, bound to one storage, configuration and clock."""
+
+    def __init__(self, storage: Storage, config: RelayConfig, clock_ms: Callable[[], int]):
+        self.storage = storage
+        self.config = config
+        self.clock_ms = clock_ms
+        self.hub = HeadHub()
+        self.token_buckets = TokenBuckets(config.requests_per_second, config.burst, clock_ms)
+        self.address_buckets = TokenBuckets(config.requests_per_second, config.burst, clock_ms)
+        self.login_failures = LoginFailures(
+            config.max_login_failures, config.login_window_s, clock_ms
+        )
+
+    async def call(self, function: Callable[..., T], *args: Any) -> T:
+        """Run a storage call in a worker thread: storage is synchronous."""
+        return await anyio.to_thread.run_sync(function, *args)
+
+    # -- callers ----------------------------------------------------------------------------
+
+    def limit_address(self, request: Request) -> None:
+        """Per-address limits apply only behind a trusted proxy: elsewhere every client of a
+        NAT or a proxy would share one address and one bucket."""
+        peer = request.client.host if request.client else ""
+        if peer not in self.config.trusted_proxies:
+            return
+        forwarded = [
+            part.strip()
+            for part in request.headers.get("x-forwarded-for", "").split(",")
+            if part.strip()
+        ]
+        untrusted = [a for a in forwarded if a not in self.config.trusted_proxies]
+        address = untrusted[-1] if untrusted else peer
+        wait = self.address_buckets.take(address)
+        if wait is not None:
+            raise RateLimitedError("too many requests from this address", retry_after_s=wait)
+
+    async def caller(self, request: Request) -> Caller:
+        """The account and device of the request's access token; one answer for every way a
+        token can be wrong, so none of them can be told apart."""
+        self.limit_address(request)
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        digest = tokens.token_hash(token.strip()) if scheme.lower() == "bearer" else None
+        record = await self.call(self.storage.token, digest) if digest else None
+        if record is None or record.kind != "access" or record.expires_ms <= self.clock_ms():
+            raise UnauthorizedError()
+        wait = self.token_buckets.take(record.device_id + "/" + record.account)
+        if wait is not None:
+            raise RateLimitedError("too many requests with this token", retry_after_s=wait)
+        return Caller(record.account, record.device_id)
+
+    def new_session(
+        self, account: str, device_id: str, state: RelayState
+    ) -> tuple[Session, list[TokenRecord]]:
+        now = self.clock_ms()
+        access_until = now + self.config.access_token_s * 1000
+        refresh_until = now + self.config.refresh_token_s * 1000
+        access, access_record = tokens.issue(account, device_id, "access", access_until)
+        refresh, refresh_record = tokens.issue(account, device_id, "refresh", refresh_until)
+        session = Session(account, device_id, access, access_until, refresh, refresh_until, state)
+        return session, [access_record, refresh_record]
+
+    # -- unauthenticated --------------------------------------------------------------------
+
+    async def info(self, request: Request) -> Response:
+        self.limit_address(request)
+        info = RelayInfo(PROTOCOL_VERSION, self.config.limits(), self.config.open_signup)
+        return codec.respond(request, info)
+
+    async def health(self, request: Request) -> Response:
+        await self.call(lambda: self.storage.storage_id)
+        return codec.respond(request, Health("ok"))
+
+    async def prelogin(self, request: Request) -> Response:
+        self.limit_address(request)
+        body = await codec.read(request, PreloginRequest)
+        name = codec.check_name(body.account, "account name")
+        record = await self.call(self.storage.account, name)
+        kdf = record.kdf if record else tokens.fake_kdf(self.storage.secret, name)
+        return codec.respond(request, PreloginResponse(kdf))
+
+    async def register(self, request: Request) -> Response:
+        self.limit_address(request)
+        body = await codec.read(request, RegisterRequest)
+        name = codec.check_name(body.account, "account name")
+        device_name = codec.check_name(body.device_name, "device name")
+        try:
+            check_kdf_params(body.kdf)
+        except KdfParametersError as exc:
+            raise InvalidError(str(exc)) from exc
+        invite = None
+        if not self.config.open_signup:
+            invite = tokens.token_hash(body.invite) if body.invite else None
+            if invite is None:
+                raise ForbiddenError("this relay takes new accounts by invite only")
+        now = self.clock_ms()
+        record = AccountRecord(
+            name,
+            tokens.key_hash(body.auth_key),
+            tokens.key_hash(body.recovery_auth_key),
+            body.kdf,
+            body.bundle,
+            1,
+            now,
+        )
+        device_id = tokens.new_device_id()
+        placeholder = RelayState(self.storage.storage_id, "", 0)  # replaced once created
+        session, records = self.new_session(name, device_id, placeholder)
+        state = await self.call(
+            self.storage.create_account,
+            record,
+            Device(device_id, device_name, now),
+            records,
+            invite,
+            now,
+        )
+        log.info("account registered", extra={"device": device_id})
+        return codec.respond(request, msgspec.structs.replace(session, state=state), 201)
+
+    async def login(self, request: Request) -> Response:
+        self.limit_address(request)
+        body = await codec.read(request, LoginRequest)
+        name = codec.check_name(body.account, "account name")
+        device_name = codec.check_name(body.device_name, "device name")
+        wait = self.login_failures.wait_s(name)
+        if wait is not None:
+            raise RateLimitedError("too many failed logins; wait", retry_after_s=wait)
+        record = await self.call(self.storage.account, name)
+        known = (record.auth_hash, record.recovery_hash) if record else (None, None)
+        if not tokens.key_matches(body.auth_key, *known) or record is None:
+            self.login_failures.failed(name)
+            raise BadCredentialsError()
+        self.login_failures.succeeded(name)
+        device_id = tokens.new_device_id()
+        state = await self.call(self.storage.state, name)
+        session, records = self.new_session(name, device_id, state)
+        await self.call(
+            self.storage.add_device, name, Device(device_id, device_name, self.clock_ms()), records
+        )
+        log.info("device logged in", extra={"device": device_id})
+        return codec.respond(request, session)
+
+    async def refresh(self, request: Request) -> Response:
+        self.limit_address(request)
+        body = await codec.read(request, RefreshRequest)
+        digest = tokens.token_hash(body.refresh_token)
+        record = await self.call(self.storage.token, digest) if digest else None
+        if record is None or record.kind != "refresh" or record.expires_ms <= self.clock_ms():
+            raise UnauthorizedError()
+        state = await self.call(self.storage.state, record.account)
+        session, records = self.new_session(record.account, record.device_id, state)
+        if digest is None or not await self.call(self.storage.replace_token, digest, records):
+            raise UnauthorizedError()
+        return codec.respond(request, session)
+
+    # -- account and devices ----------------------------------------------------------------
+
+    async def devices(self, request: Request) -> Response:
+        caller = await self.caller(request)
+        devices = await self.call(self.storage.devices, caller.account)
+        listed = [DeviceInfo(d.id, d.name, d.created_ms, d.id == caller.device_id) for d in devices]
+        return codec.respond(request, DeviceList(listed))
+
+    async def rename_device(self, request: Request) -> Response:
+        caller = await self.caller(request)
+        body = await codec.read(request, RenameDevice)
+        new_name = codec.check_name(body.name, "device name")
+        device_id = request.path_params["device_id"]
+        if not await self.call(self.storage.rename_device, caller.account, device_id, new_name):
+            raise NotFoundError("no such device")
+        return Response(status_code=204)
+
+    async def revoke_device(self, request: Request) -> Response:
+        caller = await self.caller(request)
+        device_id = request.path_params["device_id"]
+        if not await self.call(self.storage.revoke_device, caller.account, device_id):
+            raise NotFoundError("no such device")
+        log.info("device revoked", extra={"device": device_id})
+        return Response(status_code=204)
+
+    async def get_keys(self, request: Request) -> Response:
+        caller = await self.caller(request)
+        record = await self.call(self.storage.account, caller.account)
+        if record is None:
+            raise UnauthorizedError()
+        return codec.respond(request, KeyBundleValue(record.bundle, record.bundle_version))
+
+    async def put_keys(self, request: Request) -> Response:
+        caller = await self.caller(request)
+        body = await codec.read(request, PutKeyBundle)
+        try:
+            check_kdf_params(body.kdf)
+        except KdfParametersError as exc:
+            raise InvalidError(str(exc)) from exc
+        version = await self.call(
+            self.storage.put_key_bundle,
+            caller.account,
+            body.expected_version,
+            body.bundle,
+            body.kdf,
+            tokens.key_hash(body.auth_key),
+        )
+        if version is None:
+            raise VersionConflictError(
+                f"the key bundle is no longer version {body.expected_version}; read it again"
+            )
+        return codec.respond(request, KeyBundleValue(body.bundle, version))
+
+    async def delete_account(self, request: Request) -> Response:
+        caller = await self.caller(request)
+        body = await codec.read(request, DeleteAccount)
+        record = await self.call(self.storage.account, caller.account)
+        known = (record.auth_hash, record.recovery_hash) if record else (None, None)
+        if not tokens.key_matches(body.auth_key, *known):
+            raise ForbiddenError("deleting the account takes its auth key")
+        await self.call(self.storage.delete_account, caller.account)
+        log.info("account deleted", extra={"device": caller.device_id})
+        return Response(status_code=204)
+
+    # -- versions ---------------------------------------------------------------------------
+
+    async def state(self, request: Request) -> Response:
+        caller = await self.caller(request)
+        return codec.respond(request, await self.call(self.storage.state, caller.account))
+
+    async def reseed(self, request: Request) -> Response:
+        caller = await self.caller(request)
+        state = await self.call(self.storage.reseed, caller.account)
+        log.info("account reseeded", extra={"device": caller.device_id})
+        return codec.respond(request, state)
+
+    async def push(self, request: Request) -> Response:
+        caller = await self.caller(request)
+        batch = await codec.read(request, PushBatch)
+        if len(batch.envelopes) > self.config.max_push_envelopes:
+            raise TooLargeError(
+                f"{len(batch.envelopes)} envelopes in one push, bound "
+                f"{self.config.max_push_envelopes}"
+            )
+        limit = self.config.max_envelope_bytes
+        fitting = [e for e in batch.envelopes if len(e) <= limit]
+        result = await self.call(self.storage.push, caller.account, PushBatch(fitting))
+        if len(fitting) < len(batch.envelopes):  # one oversized envelope blocks nothing else
+            stored = iter(result.receipts)
+            too_large = Receipt("refused", code="too_large")
+            receipts = [next(stored) if len(e) <= limit else too_large for e in batch.envelopes]
+            result = PushResult(receipts, result.state)
+        return codec.respond(request, result)
+
+    async def pull(self, request: Request) -> Response:
+        caller = await self.caller(request)
+        cursor = _query_int(request, "cursor", 0, 0, (1 << 63) - 1)
+        limit = _query_int(request, "limit", self.config.page_size, 1, self.config.page_size)
+        page = await self.call(self.storage.pull, caller.account, cursor, limit)
+        return codec.respond(request, _fit_page(page, self.config.max_page_bytes))
+
+    async def events(self, request: Request) -> Response:
+        caller = await self.caller(request)
+        seen = _last_event_id(request)
+        self.hub.bind(asyncio.get_running_loop())
+        queue = self.hub.subscribe(caller.account)
+        first = await self.call(self.storage.state, caller.account)
+
+        async def hints() -> AsyncIterator[ServerSentEvent]:
+            try:
+                head = first.head
+                if head != seen:
+                    yield _head_event(head)
+                while True:
+                    head = await queue.get()
+                    yield _head_event(head)
+            finally:
+                self.hub.unsubscribe(caller.account, queue)
+
+        return EventSourceResponse(hints(), ping=self.config.heartbeat_s)
+
+
+def _head_event(head: int) -> ServerSentEvent:
+    return ServerSentEvent(data=str(head), id=str(head), event="head")
+
+
+def _last_event_id(request: Request) -> int | None:
+    value = request.headers.get("last-event-id", "")
+    return int(value) if value.isdigit() and len(value) < 20 else None
+
+
+def _query_int(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not (raw.isdigit() and len(raw) <= 19) or not low <= int(raw) <= high:
+        raise InvalidError(f"query {name}={raw[:32]!r} must be an integer in {low}..{high}")
+    return int(raw)
+
+
+def _fit_page(page: Page, max_bytes: int) -> Page:
+    """Cut a page to `max_bytes` of envelopes (at least one), moving the cursor with it."""
+    total, kept = 0, 0
+    for entry in page.entries:
+        total += len(entry.envelope)
+        if total > max_bytes and kept:
+            break
+        kept += 1
+    if kept == len(page.entries):
+        return page
+    entries = page.entries[:kept]
+    return Page(page.cursor, entries, entries[-1].seq, True, page.state)
+
+
+ENDPOINTS = (
+    Endpoint(
+        "GET",
+        "/v1/info",
+        RelayApi.info,
+        "protocol version and limits",
+        answer=RelayInfo,
+        auth=False,
+    ),
+    Endpoint("GET", "/v1/health", RelayApi.health, "liveness", answer=Health, auth=False),
+    Endpoint(
+        "POST",
+        "/v1/prelogin",
+        RelayApi.prelogin,
+        "KDF parameters of an account",
+        PreloginRequest,
+        PreloginResponse,
+        auth=False,
+    ),
+    Endpoint(
+        "POST",
+        "/v1/register",
+        RelayApi.register,
+        "new account and first device",
+        RegisterRequest,
+        Session,
+        201,
+        auth=False,
+    ),
+    Endpoint(
+        "POST", "/v1/login", RelayApi.login, "new device session", LoginRequest, Session, auth=False
+    ),
+    Endpoint(
+        "POST",
+        "/v1/refresh",
+        RelayApi.refresh,
+        "new tokens for a refresh token",
+        RefreshRequest,
+        Session,
+        auth=False,
+    ),
+    Endpoint("GET", "/v1/devices", RelayApi.devices, "the account's devices", answer=DeviceList),
+    Endpoint(
+        "PATCH",
+        "/v1/devices/{device_id}",
+        RelayApi.rename_device,
+        "rename a device",
+        RenameDevice,
+        status=204,
+    ),
+    Endpoint(
+        "DELETE",
+        "/v1/devices/{device_id}",
+        RelayApi.revoke_device,
+        "revoke a device and its tokens",
+        status=204,
+    ),
+    Endpoint("GET", "/v1/keys", RelayApi.get_keys, "the key bundle", answer=KeyBundleValue),
+    Endpoint(
+        "PUT",
+        "/v1/keys",
+        RelayApi.put_keys,
+        "replace the key bundle (compare-and-set)",
+        PutKeyBundle,
+        KeyBundleValue,
+    ),
+    Endpoint(
+        "DELETE",
+        "/v1/account",
+        RelayApi.delete_account,
+        "delete the account and all its data",
+        DeleteAccount,
+        status=204,
+    ),
+    Endpoint("GET", "/v1/state", RelayApi.state, "relay state of the account", answer=RelayState),
+    Endpoint("POST", "/v1/reseed", RelayApi.reseed, "a new account epoch", answer=RelayState),
+    Endpoint(
+        "POST",
+        "/v1/push",
+        RelayApi.push,
+        "store envelopes; one receipt each",
+        PushBatch,
+        PushResult,
+    ),
+    Endpoint(
+        "GET",
+        "/v1/pull",
+        RelayApi.pull,
+        "envelopes after a cursor",
+        answer=Page,
+        query=("cursor", "limit"),
+    ),
+    Endpoint("GET", "/v1/events", RelayApi.events, "Server-Sent Events: head is now N"),
+)
+
+
+def _error_response(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RelayError)
+    headers = {"retry-after": str(exc.retry_after_s)} if exc.retry_after_s else None
+    return codec.respond(request, ErrorBody(exc.code, exc.message), exc.status, headers)
+
+
+def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404/405 in the relay's error shape."""
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "bad_request")
+    return JSONResponse({"code": code, "message": str(exc.detail)}, exc.status_code)
+
+
+def create_app(
+    storage: Storage,
+    config: RelayConfig | None = None,
+    *,
+    clock_ms: Callable[[], int] = system_clock_ms,
+) -> Starlette:
+    """The relay as an ASGI app; `clock_ms` is injectable (token expiry, drift, limits)."""
+    config = config or RelayConfig()
+    api = RelayApi(storage, config, clock_ms)
+    storage.listen(api.hub.publish_threadsafe)
+    document = openapi_document(ENDPOINTS)
+
+    def bind(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
+        async def handle(request: Request) -> Response:
+            return await endpoint.handler(api, request)
+
+        return handle
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(document)
+
+    routes = [Route(e.path, bind(e), methods=[e.method]) for e in ENDPOINTS]
+    routes.append(Route("/v1/openapi.json", openapi, methods=["GET"]))
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(BodyLimit, max_bytes=config.max_body_bytes)],
+        exception_handlers={RelayError: _error_response, HTTPException: _http_error},
+    )
+    app.state.api = api
+    return app

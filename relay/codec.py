@@ -1,0 +1,69 @@
+"""Request and response bodies: MessagePack by default, the same types as JSON on request.
+
+JSON carries bytes as base64 (msgspec's convention), for debugging and fuzzing. A body that
+does not parse is a 400 `malformed`; one that parses but breaks a type or bound is a 422
+`invalid`; names must also be NFC with no NUL (the relay cannot import the replica's checks).
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from typing import TypeVar
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from relay.errors import InvalidError, MalformedError, UnsupportedMediaError
+
+MSGPACK = "application/msgpack"
+JSON = "application/json"
+_MSGPACK_TYPES = {MSGPACK, "application/x-msgpack", "application/vnd.msgpack"}
+_msgpack = msgspec.msgpack.Encoder()
+_json = msgspec.json.Encoder()
+
+T = TypeVar("T")
+
+
+def decode_body(body: bytes, content_type: str | None, kind: type[T]) -> T:
+    media = (content_type or MSGPACK).split(";", 1)[0].strip().lower()
+    try:
+        if media in _MSGPACK_TYPES:
+            return msgspec.msgpack.decode(body, type=kind)
+        if media == JSON:
+            return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        raise InvalidError(f"invalid {kind.__name__}: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise MalformedError(f"malformed {kind.__name__}: {exc}") from exc
+    raise UnsupportedMediaError(f"send {MSGPACK} or {JSON}, not {media!r}")
+
+
+async def read(request: Request, kind: type[T]) -> T:
+    return decode_body(await request.body(), request.headers.get("content-type"), kind)
+
+
+def wants_json(request: Request) -> bool:
+    accept = request.headers.get("accept", "")
+    return JSON in accept and MSGPACK not in accept
+
+
+def respond(
+    request: Request, value: object, status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    if wants_json(request):
+        return Response(_json.encode(value), status, headers, media_type=JSON)
+    return Response(_msgpack.encode(value), status, headers, media_type=MSGPACK)
+
+
+def check_name(value: str, what: str) -> str:
+    """Refuse names a replica would refuse: NUL or not in Unicode NFC."""
+    if "\0" in value:
+        raise InvalidError(f"{what} contains NUL")
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidError(f"{what} contains a lone surrogate") from exc
+    if unicodedata.normalize("NFC", value) != value:
+        raise InvalidError(f"{what} is not in Unicode NFC")
+    return value

@@ -1,0 +1,121 @@
+"""Operator settings of a relay: limits, token lifetimes, signup, trusted proxies.
+
+Settings come from, lowest first: the defaults here, a TOML file, `SEALSYNC_RELAY_*`
+environment variables, command-line flags (`load_config`). Every field is checked; a bad value
+is an `InvalidArgumentError` naming the setting and its bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from replica.errors import InvalidArgumentError
+from replica.wire import MAX_ENVELOPE_BYTES, RelayLimits
+
+ENV_PREFIX = "SEALSYNC_RELAY_"
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    """Every operator setting of the relay, with the defaults of specs/limits.md §relay."""
+
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_envelope_bytes: int = MAX_ENVELOPE_BYTES
+    max_push_envelopes: int = 1000
+    page_size: int = 1000
+    max_page_bytes: int = 8 * 1024 * 1024
+    max_account_bytes: int = 1 << 30
+    max_drift_ms: int = 5 * 60 * 1000
+    requests_per_second: float = 50.0
+    """Per token, and per client address behind a trusted proxy (token bucket)."""
+    burst: int = 200
+    max_login_failures: int = 10
+    """Failed logins per account name within `login_window_s` before logins wait."""
+    login_window_s: int = 15 * 60
+    access_token_s: int = 60 * 60
+    refresh_token_s: int = 180 * 24 * 60 * 60
+    """A refresh token lasts this long after its last use, so a long-offline device keeps
+    working; each refresh replaces it."""
+    invite_s: int = 7 * 24 * 60 * 60
+    open_signup: bool = False
+    trusted_proxies: tuple[str, ...] = ()
+    """Addresses whose X-Forwarded-For is believed; per-IP limits apply only behind them."""
+    heartbeat_s: float = 15.0
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("int", "float") and (isinstance(value, bool) or value <= 0):
+                raise InvalidArgumentError(f"relay setting {f.name} = {value!r} must be > 0")
+        if self.max_envelope_bytes > self.max_body_bytes - 1024:
+            raise InvalidArgumentError(
+                f"max_envelope_bytes {self.max_envelope_bytes} must leave room in "
+                f"max_body_bytes {self.max_body_bytes} (1 KiB for framing)"
+            )
+
+    def limits(self) -> RelayLimits:
+        """What `GET /v1/info` tells clients."""
+        return RelayLimits(
+            max_body_bytes=self.max_body_bytes,
+            max_envelope_bytes=self.max_envelope_bytes,
+            max_push_envelopes=self.max_push_envelopes,
+            page_size=self.page_size,
+            max_page_bytes=self.max_page_bytes,
+            max_account_bytes=self.max_account_bytes,
+            max_drift_ms=self.max_drift_ms,
+            requests_per_second=self.requests_per_second,
+            burst=self.burst,
+        )
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(RelayConfig)}
+
+
+def _coerce(name: str, value: object) -> object:
+    kind = _FIELDS[name].type
+    try:
+        if kind == "bool":
+            if isinstance(value, str):
+                if value.lower() not in {"1", "0", "true", "false", "yes", "no"}:
+                    raise ValueError(value)
+                return value.lower() in {"1", "true", "yes"}
+            return bool(value)
+        if kind == "int":
+            if isinstance(value, (bool, float)):
+                raise ValueError(value)
+            return int(value)  # type: ignore[call-overload]
+        if kind == "float":
+            return float(value)  # type: ignore[arg-type]
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return tuple(str(v) for v in value)  # type: ignore[attr-defined]
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"relay setting {name} = {value!r} is not a {kind}") from exc
+
+
+def load_config(
+    toml_path: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, object] | None = None,
+) -> RelayConfig:
+    """Defaults < TOML file (a `[relay]` table or top-level keys) < environment < flags."""
+    values: dict[str, object] = {}
+    if toml_path is not None:
+        try:
+            document = tomllib.loads(toml_path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise InvalidArgumentError(f"cannot read relay config {toml_path}: {exc}") from exc
+        table = document.get("relay", document)
+        unknown = set(table) - set(_FIELDS)
+        if unknown:
+            raise InvalidArgumentError(f"unknown relay settings in {toml_path}: {sorted(unknown)}")
+        values.update(table)
+    for key, value in (environ or {}).items():
+        if key.startswith(ENV_PREFIX) and key[len(ENV_PREFIX) :].lower() in _FIELDS:
+            values[key[len(ENV_PREFIX) :].lower()] = value
+    values.update({k: v for k, v in (flags or {}).items() if v is not None})
+    return RelayConfig(**{name: _coerce(name, value) for name, value in values.items()})  # type: ignore[arg-type]

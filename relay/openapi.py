@@ -1,0 +1,88 @@
+"""The OpenAPI 3.1 document of the relay, generated from the route table and the msgspec
+types of `replica.wire`, so the document cannot drift from what the handlers decode."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from replica.wire import PROTOCOL_VERSION, ErrorBody
+
+if TYPE_CHECKING:
+    from relay.app import Endpoint
+
+_REF = "#/components/schemas/{name}"
+_ERRORS = {
+    "400": "malformed body",
+    "401": "missing, malformed, unknown, expired or revoked token",
+    "403": "forbidden",
+    "404": "not found",
+    "409": "conflict",
+    "413": "too large",
+    "415": "unsupported media type",
+    "422": "invalid value",
+    "429": "rate limited (Retry-After)",
+}
+
+
+def openapi_document(endpoints: Iterable[Endpoint]) -> dict[str, Any]:
+    endpoints = list(endpoints)
+    types = [ErrorBody] + [t for e in endpoints for t in (e.body, e.answer) if t is not None]
+    _, components = msgspec.json.schema_components(types, ref_template=_REF)
+    paths: dict[str, dict[str, Any]] = {}
+    for endpoint in endpoints:
+        operation: dict[str, Any] = {
+            "operationId": endpoint.handler.__name__,
+            "summary": endpoint.summary,
+            "responses": _responses(endpoint),
+        }
+        parameters = [
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            for name in re.findall(r"{(\w+)}", endpoint.path)
+        ] + [
+            {
+                "name": name,
+                "in": "query",
+                "required": False,
+                "schema": {"type": "integer", "minimum": 0},
+            }
+            for name in endpoint.query
+        ]
+        if parameters:
+            operation["parameters"] = parameters
+        if endpoint.body is not None:
+            schema = {"$ref": _REF.format(name=endpoint.body.__name__)}
+            operation["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": schema}},
+            }
+        if endpoint.auth:
+            operation["security"] = [{"bearer": []}]
+        paths.setdefault(endpoint.path, {})[endpoint.method.lower()] = operation
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "sealsync relay", "version": str(PROTOCOL_VERSION)},
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+def _responses(endpoint: Endpoint) -> dict[str, Any]:
+    error = {"application/json": {"schema": {"$ref": _REF.format(name="ErrorBody")}}}
+    responses: dict[str, Any] = {
+        code: {"description": text, "content": error} for code, text in _ERRORS.items()
+    }
+    ok: dict[str, Any] = {"description": endpoint.summary}
+    if endpoint.answer is not None:
+        schema = {"$ref": _REF.format(name=endpoint.answer.__name__)}
+        ok["content"] = {"application/json": {"schema": schema}}
+    elif endpoint.path == "/v1/events":
+        ok["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
+    responses[str(endpoint.status)] = ok
+    return responses

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -521,8 +522,10 @@ def create_app(
     config: RelayConfig | None = None,
     *,
     clock_ms: Callable[[], int] = system_clock_ms,
+    on_shutdown: Callable[[], None] | None = None,
 ) -> Starlette:
-    """The relay as an ASGI app; `clock_ms` is injectable (token expiry, drift, limits)."""
+    """The relay as an ASGI app; `clock_ms` is injectable (token expiry, drift, limits);
+    `on_shutdown` runs after the server stopped taking requests (closes the storage)."""
     config = config or RelayConfig()
     api = RelayApi(storage, config, clock_ms)
     storage.listen(api.hub.publish_threadsafe)
@@ -537,12 +540,19 @@ def create_app(
     async def openapi(request: Request) -> Response:
         return JSONResponse(document)
 
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        if on_shutdown is not None:
+            await api.call(on_shutdown)
+
     routes = [Route(e.path, bind(e), methods=[e.method]) for e in ENDPOINTS]
     routes.append(Route("/v1/openapi.json", openapi, methods=["GET"]))
     app = Starlette(
         routes=routes,
         middleware=[Middleware(BodyLimit, max_bytes=config.max_body_bytes)],
         exception_handlers={RelayError: _error_response, HTTPException: _http_error},
+        lifespan=lifespan,
     )
     app.state.api = api
     return app

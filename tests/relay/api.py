@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import httpx2
 import msgspec
 from starlette.testclient import TestClient
 
@@ -59,3 +60,14 @@ def bearer(session: Session) -> dict[str, str]:
 
 def error_code(answer: Any) -> str:
     return str(decode(answer.content, dict)["code"])
+
+
+def register_over_http(url: str, account: str) -> str:
+    """Register an account on a relay at `url`; its first device's access token."""
+    keys = new_keys()
+    request = RegisterRequest(
+        account, keys.auth_key, keys.recovery_auth_key, KDF, b"bundle", "laptop"
+    )
+    answer = httpx2.post(f"{url}/v1/register", content=body(request), headers=MSGPACK)
+    assert answer.status_code == 201, answer.content
+    return decode(answer.content, Session).access_token

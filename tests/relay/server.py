@@ -1,0 +1,73 @@
+"""A real relay process on 127.0.0.1: `sealsync relay serve` over a SQLite file, for tests
+that need uvicorn, a real socket, SIGKILL and restarts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+import httpx2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RelayProcess:
+    """Start, SIGKILL and restart one relay; its JSON log lines go to `log_path`."""
+
+    def __init__(self, db: Path, log_path: Path, *settings: str) -> None:
+        self.db, self.log_path, self.settings = db, log_path, settings
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> RelayProcess:
+        command = [
+            sys.executable, "-m", "clients.cli", "relay", "serve", "--db", str(self.db),
+            "--port", str(self.port), "--open-signup", "--set", "requests_per_second=100000",
+            "--set", "burst=100000", *self.settings,
+        ]  # fmt: skip
+        log = self.log_path.open("ab")
+        self._process = subprocess.Popen(command, stdout=log, stderr=log, env=os.environ.copy())
+        log.close()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"relay exited: {self.log_path.read_text()[-2000:]}")
+            try:
+                if httpx2.get(f"{self.url}/v1/health", timeout=1).status_code == 200:
+                    return self
+            except httpx2.TransportError:
+                time.sleep(0.05)
+        raise RuntimeError("relay did not answer within 20 s")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no flush — what a power cut or OOM kill does to the process."""
+        if self._process is not None:
+            self._process.send_signal(signal.SIGKILL)
+            self._process.wait()
+            self._process = None
+
+    def stop(self) -> None:
+        """SIGTERM: uvicorn's graceful shutdown."""
+        if self._process is not None:
+            self._process.terminate()
+            self._process.wait(timeout=20)
+            self._process = None
+
+    def __enter__(self) -> RelayProcess:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.kill()

@@ -1,5 +1,5 @@
-"""A real relay process on 127.0.0.1: `sealsync relay serve` over a SQLite file, for tests
-that need uvicorn, a real socket, SIGKILL and restarts."""
+"""A real relay process on 127.0.0.1: `sealsync relay serve` over SQLite or PostgreSQL, for
+tests that need uvicorn, a real socket, SIGKILL and restarts."""
 
 from __future__ import annotations
 
@@ -24,17 +24,19 @@ def free_port() -> int:
 class RelayProcess:
     """Start, SIGKILL and restart one relay; its JSON log lines go to `log_path`."""
 
-    def __init__(self, db: Path, log_path: Path, *settings: str) -> None:
-        self.db, self.log_path, self.settings = db, log_path, settings
+    def __init__(self, db: Path | None, log_path: Path, *options: str) -> None:
+        """SQLite at `db`, or whatever storage `options` name (`--database-url …`)."""
+        self.log_path = log_path
+        self.options = (*(("--db", str(db)) if db else ()), *options)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> RelayProcess:
         command = [
-            sys.executable, "-m", "clients.cli", "relay", "serve", "--db", str(self.db),
+            sys.executable, "-m", "clients.cli", "relay", "serve", *self.options,
             "--port", str(self.port), "--open-signup", "--set", "requests_per_second=100000",
-            "--set", "burst=100000", *self.settings,
+            "--set", "burst=100000",
         ]  # fmt: skip
         log = self.log_path.open("ab")
         self._process = subprocess.Popen(command, stdout=log, stderr=log, env=os.environ.copy())

@@ -37,8 +37,8 @@ class Writers:
     chain (each one's vector covers the one before, as a replica's do), and a device
     sometimes saw another's latest version first."""
 
-    def __init__(self, rnd: random.Random) -> None:
-        self.rnd = rnd
+    def __init__(self, rnd: random.Random, nodes: tuple[int, ...] = (1, 2, 3)) -> None:
+        self.rnd, self.nodes = rnd, nodes
         self.hlc = NOW_HLC
         self.seen: dict[tuple[bytes, int], dict[int, int]] = {}
 
@@ -46,10 +46,10 @@ class Writers:
         rnd, out = self.rnd, []
         for _ in range(count):
             key = bytes([rnd.randrange(24)]) * 16
-            node = rnd.randrange(1, 4)
+            node = rnd.choice(self.nodes)
             self.hlc += 1
             vector = dict(self.seen.get((key, node), {}))
-            other = self.seen.get((key, rnd.randrange(1, 4)), {})
+            other = self.seen.get((key, rnd.choice(self.nodes)), {})
             if rnd.random() < 0.5:
                 vector.update({n: max(h, vector.get(n, 0)) for n, h in other.items()})
             vector[node] = self.hlc

@@ -1,7 +1,8 @@
 """The benchmark harness: result lines, sizes, the scratch workspace, timing and the registry.
 
-Benchmarks live in `raw.py` (plain sqlite3 and AES-GCM: the baselines) and `engine.py` (the
-replica); `run.py` is the command line. See run.py for what the figures mean.
+Benchmarks live in `raw.py` (plain sqlite3 and AES-GCM: the baselines), `engine.py` (the
+replica) and `relay_http.py` (the relay over HTTP, with `server.py`, `load.py` and `device.py`
+beside it); `run.py` is the command line. See run.py for what the figures mean.
 """
 
 import cProfile
@@ -26,7 +27,7 @@ from replica import (  # noqa: E402
     Schema,
 )
 
-RATE_UNITS = frozenset({"rows/s", "ops/s"})
+RATE_UNITS = frozenset({"rows/s", "ops/s", "envelopes/s", "requests/s"})
 SCHEMA = Schema((Collection("notes", "lww"),))
 COLLECTION = "notes"
 PASSPHRASE = "benchmark passphrase, not a secret"
@@ -101,14 +102,19 @@ class Sizes:
     single_puts: int
     repeats: int
     merge_repeats: int
+    relay_envelopes: int  # relay.push and relay.pull
+    echo_s: float  # raw.starlette_echo: seconds of closed-loop load
+    load_devices: int  # relay.load: simulated devices, open loop
+    load_s: float  # relay.load: seconds of arrivals
 
 
-FULL = Sizes(200_000, 200_000, 100_000, 5_000, 20_000, 1000, 1000, 5, 3)
-QUICK = Sizes(50_000, 50_000, 20_000, 2_000, 5_000, 1000, 300, 3, 2)
+FULL = Sizes(200_000, 200_000, 100_000, 5_000, 20_000, 1000, 1000, 5, 3, 50_000, 10.0, 200, 60.0)
+QUICK = Sizes(50_000, 50_000, 20_000, 2_000, 5_000, 1000, 300, 3, 2, 10_000, 3.0, 50, 10.0)
 
 
 def sizes_with_n(sizes: Sizes, n: int) -> Sizes:
-    """Every count set to `n` (a tiny run for tests of this script); repeats kept."""
+    """Every count set to `n` (a tiny run for tests of this script); repeats kept, and the
+    HTTP load benchmarks cut to a second or two."""
     return replace(
         sizes,
         sqlite_rows=n,
@@ -118,6 +124,10 @@ def sizes_with_n(sizes: Sizes, n: int) -> Sizes:
         puts=n,
         put_batch=min(sizes.put_batch, n),
         single_puts=n,
+        relay_envelopes=n,
+        echo_s=min(sizes.echo_s, 1.0),
+        load_devices=min(sizes.load_devices, n),
+        load_s=min(sizes.load_s, 2.0),
     )
 
 

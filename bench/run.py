@@ -28,9 +28,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness, raw, engine beside this file
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness and benchmarks beside this file
 
 import engine  # noqa: F401  (registers the replica's benchmarks, and the baselines)
+import relay_http  # noqa: F401  (registers the relay's HTTP benchmarks and their baseline)
 from harness import (
     FULL,
     PROFILE_TOP,

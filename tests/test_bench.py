@@ -22,7 +22,12 @@ REQUIRED = {
     "replica.put",
     "replica.put_single",
     "replica.merge",
+    "raw.starlette_echo",
+    "relay.push",
+    "relay.pull",
+    "relay.load",
 }
+LOAD_FIELDS = {"p50_ms", "p99_ms", "errors", "lost", "rate_per_s", "generator_lag_p99_ms"}
 
 
 def run_bench(*args: str) -> list[dict[str, Any]]:
@@ -70,6 +75,20 @@ def test_bench_tiny_run_has_every_required_line_with_its_baseline() -> None:
     assert by_name["replica.put_single"]["baseline"] == "raw.sqlite_upsert"
     assert all("ratio" in by_name[name] for name in ("replica.merge", "replica.put"))
     assert by_name["replica.merge"]["n"] == by_name["raw.upsert_aead"]["n"] == 100
+    assert by_name["relay.push"]["baseline"] == "raw.sqlite_upsert"
+    assert by_name["relay.push"]["n"] == by_name["relay.pull"]["n"] == 100
+
+
+def test_bench_relay_load_reports_latency_loss_and_its_baseline() -> None:
+    lines = run_bench("--n", "20", "--only", "relay.load")
+    check_lines(lines)
+    by_name = {line["name"]: line for line in lines}
+    assert list(by_name) == ["raw.starlette_echo", "relay.load"]
+    load = by_name["relay.load"]
+    assert load["unit"] == "requests/s" and load["baseline"] == "raw.starlette_echo"
+    assert "ratio" in load and set(load) >= LOAD_FIELDS
+    assert load["devices"] == 20 and load["acknowledged"] > 0
+    assert load["errors"] == 0 and load["lost"] == 0, load
 
 
 def test_bench_only_pulls_in_the_baseline_it_needs() -> None:

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+import secrets
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from relay.memory import MemoryRelay
+from relay.postgres import PostgresStorage
 from relay.sqlite import SQLiteStorage
 from relay.storage import AccountRecord, Device, Storage, TokenRecord, VersionRules
 from replica.wire import KdfParams, encode_header
@@ -17,7 +24,10 @@ from tests.conftest import FakeClock
 
 NOW_MS = 1_800_000_000_000
 HLC = NOW_MS << 16
-BACKENDS = ["memory", "sqlite"]
+BACKENDS = ["memory", "sqlite", "postgres"]
+POSTGRES_URL = os.environ.get(
+    "SEALSYNC_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
 
 StorageFactory = Callable[..., Storage]
 
@@ -42,11 +52,50 @@ def register(storage: Storage, name: str, device_id: str = "d1") -> None:
     )
 
 
+@functools.cache
+def _postgres_error() -> str | None:
+    """Why the test server cannot be reached, or None; asked once per session."""
+    try:
+        psycopg.connect(POSTGRES_URL, connect_timeout=3).close()
+    except psycopg.Error as exc:
+        return str(exc).strip()
+    return None
+
+
+def postgres_url() -> str:
+    """The test server: a skip on a machine without one, a failure in CI (never a silent pass)."""
+    error = _postgres_error()
+    if error is not None:
+        where = conninfo_to_dict(POSTGRES_URL)  # the message names no password
+        message = (
+            f"PostgreSQL {where.get('host')}:{where.get('port')}/{where.get('dbname')} is "
+            f"unreachable ({error}); set SEALSYNC_TEST_POSTGRES_URL to a server tests may use"
+        )
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return POSTGRES_URL
+
+
+@contextmanager
+def fresh_schema() -> Iterator[str]:
+    """A schema name no other test uses; the schema (made by the storage) is dropped after."""
+    name = f"test_{secrets.token_hex(8)}"
+    try:
+        yield name
+    finally:
+        with psycopg.connect(postgres_url(), autocommit=True) as db:
+            db.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
 @pytest.fixture(params=BACKENDS)
 def make_storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StorageFactory]:
     """Build storages of the parametrized backend; each is closed after the test."""
     made: list[Storage] = []
     kind = request.param
+    schemas = ExitStack()
+    if kind == "postgres":
+        postgres_url()
 
     def make(
         *, clock: FakeClock | None = None, page_size: int = 3, max_account_bytes: int = 1 << 30
@@ -59,11 +108,15 @@ def make_storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sto
                 page_size=page_size,
                 max_account_bytes=max_account_bytes,
             )
-        else:
+        elif kind == "sqlite":
             storage = SQLiteStorage(tmp_path / f"relay{len(made)}.db", rules)
+        else:
+            schema = schemas.enter_context(fresh_schema())
+            storage = PostgresStorage(postgres_url(), rules, schema=schema)
         made.append(storage)
         return storage
 
-    yield make
-    for storage in made:
-        storage.close()
+    with schemas:
+        yield make
+        for storage in made:
+            storage.close()

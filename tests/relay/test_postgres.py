@@ -1,0 +1,183 @@
+"""What only the PostgreSQL backend must do: several relay processes on one database. Pushes of
+one account wait for each other and no other account; pulls never see a gap; a push through one
+process is heard by every other (the shared behaviour is in test_storage.py)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from relay.postgres import PostgresStorage
+from relay.storage import VersionRules
+from replica.wire import Page, PushBatch
+from tests.conftest import FakeClock
+from tests.relay.conftest import HLC, NOW_MS, envelope, fresh_schema, postgres_url, register
+
+WAIT_S = 10.0
+"""Bound on anything expected to happen: a hang fails the test instead of the whole run."""
+
+MakeStorage = Callable[[], PostgresStorage]
+
+
+@pytest.fixture
+def schema() -> Iterator[str]:
+    postgres_url()
+    with fresh_schema() as name:
+        yield name
+
+
+@pytest.fixture
+def make_storage(schema: str) -> Iterator[MakeStorage]:
+    """Storages on one shared schema, as relay processes on one database would be."""
+    made: list[PostgresStorage] = []
+
+    def make() -> PostgresStorage:
+        rules = VersionRules(FakeClock(NOW_MS), 5 * 60_000, 1000)
+        made.append(PostgresStorage(postgres_url(), rules, schema=schema))
+        return made[-1]
+
+    yield make
+    for storage in made:
+        storage.close()
+
+
+class Heard:
+    """A head listener that records what it hears and lets a test wait for it."""
+
+    def __init__(self) -> None:
+        self.heads: list[tuple[str, int]] = []
+        self._changed = threading.Condition()
+
+    def __call__(self, account: str, head: int) -> None:
+        with self._changed:
+            self.heads.append((account, head))
+            self._changed.notify_all()
+
+    def wait_for(self, count: int) -> list[tuple[str, int]]:
+        with self._changed:
+            assert self._changed.wait_for(lambda: len(self.heads) >= count, WAIT_S)
+            return list(self.heads)
+
+
+def one(i: int, key: bytes = b"k" * 16) -> PushBatch:
+    """A version no other version dominates: node `i` with a vector of its own dot only."""
+    return PushBatch([envelope(key, i, HLC + i, {i: HLC + i})])
+
+
+def assert_gapless(page: Page) -> None:
+    """Without compaction every seq up to the head is stored: a page is consecutive from its
+    cursor and, when it is the last, reaches the head it reports."""
+    seqs = [e.seq for e in page.entries]
+    assert seqs == list(range(page.cursor + 1, page.cursor + 1 + len(seqs)))
+    if not page.has_more:
+        assert page.next_cursor == page.state.head == (seqs[-1] if seqs else page.cursor)
+
+
+def test_two_processes_starting_at_once_share_one_storage_id(make_storage: MakeStorage) -> None:
+    with ThreadPoolExecutor(4) as pool:
+        storages = list(pool.map(lambda _: make_storage(), range(4)))
+    assert len({s.storage_id for s in storages}) == 1
+    assert len({s.secret for s in storages}) == 1
+
+
+def test_a_push_waits_for_the_account_lock_and_blocks_no_other_account(
+    make_storage: MakeStorage, schema: str
+) -> None:
+    storage = make_storage()
+    register(storage, "a")
+    register(storage, "b", "d2")
+    storage.push("a", PushBatch([*one(1).envelopes, *one(2).envelopes]))
+    lock = sql.SQL("SELECT id FROM {}.accounts WHERE name = 'a' FOR UPDATE").format(
+        sql.Identifier(schema)
+    )
+    with psycopg.connect(postgres_url()) as holder, ThreadPoolExecutor(2) as pool:
+        holder.execute(lock)  # in a transaction left open: what a push in progress holds
+        waiting = pool.submit(storage.push, "a", one(3))
+        with pytest.raises(TimeoutError):
+            waiting.result(timeout=0.5)
+        other = pool.submit(storage.push, "b", one(4)).result(timeout=WAIT_S)
+        assert other.receipts[0].seq == 1
+        page = storage.pull("a", 0)
+        assert_gapless(page)
+        assert page.state.head == 2 and not waiting.done()
+        holder.rollback()
+        assert waiting.result(timeout=WAIT_S).receipts[0].seq == 3
+    assert [e.seq for e in storage.pull("a", 0).entries] == [1, 2, 3]
+
+
+def test_a_push_through_one_process_is_heard_by_the_others(make_storage: MakeStorage) -> None:
+    first, second = make_storage(), make_storage()
+    register(first, "a")
+    heard_first, heard_second = Heard(), Heard()
+    first.listen(heard_first)
+    second.listen(heard_second)
+    first.push("a", one(1))
+    assert heard_second.wait_for(1) == [("a", 1)]
+    second.push("a", one(2))
+    # NOTIFY arrives in commit order: once `first` hears head 2 through the database, an echo
+    # of its own push (head 1, heard at once) would have arrived before it
+    assert heard_first.wait_for(2) == [("a", 1), ("a", 2)]
+    assert heard_second.wait_for(2) == [("a", 1), ("a", 2)]
+    first.close()
+    assert "sealsync-pg-listen" in {t.name for t in threading.enumerate()}  # second's
+    second.close()
+    assert "sealsync-pg-listen" not in {t.name for t in threading.enumerate()}
+
+
+def test_a_listener_hears_nothing_from_another_schema(make_storage: MakeStorage) -> None:
+    storage, peer = make_storage(), make_storage()
+    register(storage, "a")
+    heard = Heard()
+    storage.listen(heard)
+    with fresh_schema() as other:
+        elsewhere = PostgresStorage(postgres_url(), VersionRules(FakeClock(NOW_MS)), schema=other)
+        register(elsewhere, "a")
+        elsewhere.push("a", one(1))
+        elsewhere.close()
+    peer.push("a", PushBatch([one(1).envelopes[0], one(2).envelopes[0]]))
+    assert heard.wait_for(1) == [("a", 2)]  # the other schema's head 1 would have come first
+
+
+def test_concurrent_pushes_from_two_processes_get_consecutive_seqs_and_pulls_see_no_gap(
+    make_storage: MakeStorage,
+) -> None:
+    storages = [make_storage(), make_storage()]
+    register(storages[0], "a")
+    writers, pushes = 6, 25
+    keys = [bytes([k]) * 16 for k in range(3)]  # every writer writes the same few keys
+    done = threading.Event()
+
+    def write(w: int) -> list[int]:
+        storage = storages[w % 2]
+        seqs: list[int] = []
+        for i in range(pushes):
+            node = w * 1000 + i + 1
+            batch = PushBatch([one(node, key).envelopes[0] for key in keys])
+            seqs += [r.seq for r in storage.push("a", batch).receipts if r.seq is not None]
+        return seqs
+
+    def read() -> int:
+        pages, cursor = 0, 0
+        while pages == 0 or not done.is_set():
+            page = storages[pages % 2].pull("a", cursor)
+            assert_gapless(page)
+            cursor, pages = page.next_cursor, pages + 1
+        return pages
+
+    with ThreadPoolExecutor(writers + 1) as pool:
+        reader = pool.submit(read)
+        results = [pool.submit(write, w) for w in range(writers)]
+        try:
+            seqs = [seq for result in results for seq in result.result(timeout=60)]
+        finally:
+            done.set()  # a failed writer must not leave the reader running
+        reader.result(timeout=WAIT_S)
+    total = writers * pushes * len(keys)
+    assert sorted(seqs) == list(range(1, total + 1))
+    final = storages[1].pull("a", 0)
+    assert final.state.head == total and storages[0].stored_versions("a") == total

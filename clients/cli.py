@@ -6,12 +6,14 @@ Settings: flags > environment > TOML config > defaults.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -65,25 +67,80 @@ def main() -> None:
 # -- relay ------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class RelayStorage:
+    """Where a relay command finds its storage, from --db / --database-url / --schema."""
+
+    db: Path | None
+    database_url: str | None
+    schema: str
+    config_path: Path | None
+
+    def config(self, flags: dict[str, object] | None = None) -> RelayConfig:
+        return load_config(self.config_path, os.environ, flags or {})
+
+    def open(self, config: RelayConfig) -> Storage:
+        if self.db is not None and self.database_url is not None:
+            fail("give --db or --database-url, not both")
+        return open_storage(
+            config,
+            db=self.db or default_relay_db(),
+            database_url=self.database_url,
+            schema=self.schema,
+        )
+
+    @contextmanager
+    def opened(self) -> Iterator[Storage]:
+        storage = self.open(self.config())
+        try:
+            yield storage
+        finally:
+            storage.close()
+
+
 def storage_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    command = click.option(
-        "--config",
-        "config_path",
-        type=click.Path(dir_okay=False, path_type=Path),
-        envvar="SEALSYNC_RELAY_CONFIG",
-        help="TOML file of relay settings (a [relay] table).",
-    )(command)
-    command = click.option(
-        "--database-url",
-        envvar="SEALSYNC_RELAY_DATABASE_URL",
-        help="PostgreSQL URL, for several relay processes sharing one database.",
-    )(command)
-    return click.option(
-        "--db",
-        type=click.Path(dir_okay=False, path_type=Path),
-        envvar="SEALSYNC_RELAY_DB",
-        help=f"SQLite file (default: {default_relay_db()}).",
-    )(command)
+    """Add the storage options; the command gets them as one `where: RelayStorage`."""
+
+    @functools.wraps(command)
+    def run(
+        db: Path | None,
+        database_url: str | None,
+        schema: str,
+        config_path: Path | None,
+        **rest: Any,
+    ) -> Any:
+        return command(where=RelayStorage(db, database_url, schema, config_path), **rest)
+
+    options = [
+        click.option(
+            "--db",
+            type=click.Path(dir_okay=False, path_type=Path),
+            envvar="SEALSYNC_RELAY_DB",
+            help=f"SQLite file (default: {default_relay_db()}).",
+        ),
+        click.option(
+            "--database-url",
+            envvar="SEALSYNC_RELAY_DATABASE_URL",
+            help="PostgreSQL URL, for several relay processes sharing one database.",
+        ),
+        click.option(
+            "--schema",
+            default="public",
+            show_default=True,
+            envvar="SEALSYNC_RELAY_SCHEMA",
+            help="PostgreSQL schema of the relay's tables.",
+        ),
+        click.option(
+            "--config",
+            "config_path",
+            type=click.Path(dir_okay=False, path_type=Path),
+            envvar="SEALSYNC_RELAY_CONFIG",
+            help="TOML file of relay settings (a [relay] table).",
+        ),
+    ]
+    for option in reversed(options):
+        run = option(run)
+    return run
 
 
 def _settings(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -94,25 +151,6 @@ def _settings(pairs: tuple[str, ...]) -> dict[str, str]:
             fail(f"--set {pair!r} is not NAME=VALUE", "for example --set page_size=500")
         settings[name.strip()] = value.strip()
     return settings
-
-
-def _config(config_path: Path | None, flags: dict[str, object]) -> RelayConfig:
-    return load_config(config_path, os.environ, flags)
-
-
-def _open(config: RelayConfig, db: Path | None, database_url: str | None) -> Storage:
-    if db is not None and database_url is not None:
-        fail("give --db or --database-url, not both")
-    return open_storage(config, db=db or default_relay_db(), database_url=database_url)
-
-
-@contextmanager
-def _storage(config: RelayConfig, db: Path | None, database_url: str | None) -> Iterator[Storage]:
-    storage = _open(config, db, database_url)
-    try:
-        yield storage
-    finally:
-        storage.close()
 
 
 @main.group()
@@ -129,9 +167,7 @@ def relay() -> None:
 @click.option("--set", "pairs", multiple=True, metavar="NAME=VALUE", help="Any relay setting.")
 @click.option("--log-level", default="info", show_default=True)
 def relay_serve(
-    db: Path | None,
-    database_url: str | None,
-    config_path: Path | None,
+    where: RelayStorage,
     host: str,
     port: int,
     open_signup: bool | None,
@@ -144,23 +180,20 @@ def relay_serve(
         flags: dict[str, object] = {**_settings(pairs), "open_signup": open_signup}
         if trusted_proxy:
             flags["trusted_proxies"] = trusted_proxy
-        config = _config(config_path, flags)
+        config = where.config(flags)
         configure_logging(log_level)
-        serve(_open(config, db, database_url), config, host, port)
+        serve(where.open(config), config, host, port)
 
 
 @relay.command("invite")
 @storage_options
 @click.option("--days", default=7, show_default=True, help="Days the invite stays valid.")
-def relay_invite(
-    db: Path | None, database_url: str | None, config_path: Path | None, days: int
-) -> None:
+def relay_invite(where: RelayStorage, days: int) -> None:
     """Print a single-use invite token for a new account."""
     with user_errors():
         if days < 1:
             fail(f"--days {days} must be at least 1")
-        config = _config(config_path, {})
-        with _storage(config, db, database_url) as storage:
+        with where.opened() as storage:
             invite = tokens.new_token()
             digest = tokens.token_hash(invite)
             assert digest is not None
@@ -171,12 +204,10 @@ def relay_invite(
 @relay.command("accounts")
 @storage_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON array.")
-def relay_accounts(
-    db: Path | None, database_url: str | None, config_path: Path | None, as_json: bool
-) -> None:
+def relay_accounts(where: RelayStorage, as_json: bool) -> None:
     """List accounts: devices, stored versions and bytes (never what they hold)."""
     with user_errors():
-        with _storage(_config(config_path, {}), db, database_url) as storage:
+        with where.opened() as storage:
             accounts = storage.accounts()
         if as_json:
             out.print_json(json.dumps([vars(a) for a in accounts]))
@@ -190,12 +221,10 @@ def relay_accounts(
 @relay.command("stats")
 @storage_options
 @click.option("--json", "as_json", is_flag=True)
-def relay_stats(
-    db: Path | None, database_url: str | None, config_path: Path | None, as_json: bool
-) -> None:
+def relay_stats(where: RelayStorage, as_json: bool) -> None:
     """Totals of the relay's database."""
     with user_errors():
-        with _storage(_config(config_path, {}), db, database_url) as storage:
+        with where.opened() as storage:
             accounts = storage.accounts()
             stats = {
                 "storage_id": storage.storage_id,

@@ -21,7 +21,6 @@ from relay.app import create_app, system_clock_ms
 from relay.config import RelayConfig
 from relay.sqlite import SQLiteStorage
 from relay.storage import Storage, VersionRules
-from replica.errors import InvalidArgumentError
 
 _STANDARD = {*vars(logging.makeLogRecord({})), "message", "color_message"}
 """Attributes every log record has (and uvicorn's coloured copy of the message); anything
@@ -62,12 +61,16 @@ def open_storage(
     *,
     db: Path | None = None,
     database_url: str | None = None,
+    schema: str = "public",
     clock_ms: Callable[[], int] = system_clock_ms,
 ) -> Storage:
-    """SQLite at `db` (created with its folder), or PostgreSQL at `database_url`."""
+    """SQLite at `db` (created with its folder), or PostgreSQL at `database_url` (tables in
+    `schema`, so several relays or test runs can share one database)."""
     rules = VersionRules(clock_ms, config.max_drift_ms, config.page_size, config.max_account_bytes)
     if database_url is not None:
-        raise InvalidArgumentError("PostgreSQL storage is not built yet; use --db")
+        from relay.postgres import PostgresStorage  # noqa: PLC0415 (psycopg only when asked)
+
+        return PostgresStorage(database_url, rules, schema=schema)
     if db is None:
         raise ValueError("open_storage needs a SQLite path or a PostgreSQL URL")
     db.parent.mkdir(parents=True, exist_ok=True)

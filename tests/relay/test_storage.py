@@ -249,8 +249,11 @@ def test_storage_stays_the_siblings_of_everything_pushed(
     latest = {node: HLC + i for i, node in enumerate(nodes)}
     rnd.shuffle(envelopes)  # type: ignore[attr-defined]
     s = make_storage()
-    register(s, "a")
-    for e in envelopes:
-        s.push("a", PushBatch([e]))
-    assert {parse_header(e).dot for e in pull_all(s, "a")} == set(latest.items())
-    assert s.stored_versions("a") == len(latest)
+    try:
+        register(s, "a")
+        for e in envelopes:
+            s.push("a", PushBatch([e]))
+        assert {parse_header(e).dot for e in pull_all(s, "a")} == set(latest.items())
+        assert s.stored_versions("a") == len(latest)
+    finally:
+        s.close()  # one example's connections are not kept for the next (PostgreSQL's cap)

@@ -13,6 +13,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from relay.errors import (
@@ -20,6 +21,7 @@ from relay.errors import (
     ForbiddenError,
     NotFoundError,
     QuotaExceededError,
+    RelayError,
 )
 from relay.storage import (
     AccountRecord,
@@ -32,6 +34,7 @@ from relay.storage import (
 from relay.versions import Store, StoredVersion, check_envelope, decide, envelope_digest
 from replica.errors import InvalidArgumentError
 from replica.wire import (
+    Header,
     KdfParams,
     Page,
     PageEntry,
@@ -106,6 +109,19 @@ def _new_id() -> str:
     return secrets.token_hex(16)
 
 
+@dataclass
+class _Push:
+    """One push waiting for the group commit, and what became of it."""
+
+    name: str
+    envelopes: list[bytes]
+    checked: list[Header | Receipt]
+    result: PushResult | None = None
+    moved: bool = False
+    failure: BaseException | None = None
+    done: bool = False
+
+
 class SQLiteStorage:
     """Relay storage in one SQLite file (created on first open)."""
 
@@ -119,6 +135,8 @@ class SQLiteStorage:
         self._write_lock = threading.Lock()
         self._listeners: list[HeadListener] = []
         self._readers: list[sqlite3.Connection] = []
+        self._queue: list[_Push] = []
+        self._queue_lock = threading.Lock()
         self._writer = self._connect()
         self._storage_id, self._secret = self._initialise()
 
@@ -384,69 +402,111 @@ class SQLiteStorage:
         self._listeners.append(listener)
 
     def push(self, name: str, batch: PushBatch) -> PushResult:
+        """Group commit: the push joins a queue; whoever holds the writer next applies every
+        queued push (each in its own savepoint) and commits them with one fsync. Headers are
+        parsed before the queue, outside the single writer."""
         now_ms = self._rules.clock_ms()
-        with self._write() as db:
-            row = db.execute(
-                "SELECT id, epoch, head, stored_bytes FROM accounts WHERE name = ?", (name,)
-            ).fetchone()
-            if row is None:
-                raise NotFoundError("no such account")
-            account_id, epoch, before, stored_bytes = row
-            head = before
-            receipts: list[Receipt] = []
-            for envelope in batch.envelopes:
-                header = check_envelope(envelope, now_ms, self._rules.max_drift_ms)
-                if isinstance(header, Receipt):
-                    receipts.append(header)
-                    continue
-                siblings = [
-                    StoredVersion(seq, _from_i64(node), hlc, decode_vector(vector), digest, size)
-                    for seq, node, hlc, vector, digest, size in db.execute(
-                        "SELECT seq, node, hlc, vector, digest, length(envelope) FROM versions"
-                        " WHERE account = ? AND key = ?",
-                        (account_id, header.key),
-                    )
-                ]
-                decision = decide(header, envelope, siblings)
-                if not isinstance(decision, Store):
-                    receipts.append(decision)
-                    continue
-                for stored in siblings:
-                    if stored.seq in decision.dominated:
-                        stored_bytes -= stored.size
-                        db.execute(
-                            "DELETE FROM versions WHERE account = ? AND seq = ?",
-                            (account_id, stored.seq),
-                        )
-                head += 1
-                stored_bytes += len(envelope)
-                db.execute(
-                    "INSERT INTO versions VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        account_id,
-                        head,
-                        header.key,
-                        _to_i64(header.node),
-                        header.hlc,
-                        header.vector_bytes,
-                        envelope_digest(envelope),
-                        envelope,
-                    ),
-                )
-                receipts.append(Receipt("stored", seq=head))
-            if stored_bytes > self._rules.max_account_bytes:
-                raise QuotaExceededError(
-                    f"the batch would take the account past its quota of "
-                    f"{self._rules.max_account_bytes} bytes"
-                )
-            db.execute(
-                "UPDATE accounts SET head = ?, stored_bytes = ? WHERE id = ?",
-                (head, stored_bytes, account_id),
-            )
-        if head != before:
+        drift = self._rules.max_drift_ms
+        job = _Push(
+            name, batch.envelopes, [check_envelope(e, now_ms, drift) for e in batch.envelopes]
+        )
+        with self._queue_lock:
+            self._queue.append(job)
+        with self._write_lock:
+            if not job.done:
+                self._commit_queued()
+        if job.failure is not None:
+            raise job.failure
+        assert job.result is not None
+        if job.moved:
             for listener in self._listeners:
-                listener(name, head)
-        return PushResult(receipts, RelayState(self._storage_id, epoch, head))
+                listener(name, job.result.state.head)
+        return job.result
+
+    def _commit_queued(self) -> None:
+        with self._queue_lock:
+            jobs, self._queue = self._queue, []
+        db = self._writer
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            for job in jobs:
+                db.execute("SAVEPOINT push")
+                try:
+                    job.result, job.moved = self._apply(db, job)
+                except RelayError as exc:  # this push only (over quota, account gone)
+                    db.execute("ROLLBACK TO push")
+                    job.failure = exc
+                db.execute("RELEASE push")
+            db.execute("COMMIT")
+        except BaseException as exc:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            for job in jobs:  # nothing of the group was committed: no receipt may go out
+                job.result, job.failure = None, job.failure or exc
+            raise
+        finally:
+            for job in jobs:
+                job.done = True
+
+    def _apply(self, db: sqlite3.Connection, job: _Push) -> tuple[PushResult, bool]:
+        """One push inside the group's transaction: receipts, and whether the head moved."""
+        row = db.execute(
+            "SELECT id, epoch, head, stored_bytes FROM accounts WHERE name = ?", (job.name,)
+        ).fetchone()
+        if row is None:
+            raise NotFoundError("no such account")
+        account_id, epoch, before, stored_bytes = row
+        head = before
+        receipts: list[Receipt] = []
+        for envelope, header in zip(job.envelopes, job.checked, strict=True):
+            if isinstance(header, Receipt):
+                receipts.append(header)
+                continue
+            siblings = [
+                StoredVersion(seq, _from_i64(node), hlc, decode_vector(vector), digest, size)
+                for seq, node, hlc, vector, digest, size in db.execute(
+                    "SELECT seq, node, hlc, vector, digest, length(envelope) FROM versions"
+                    " WHERE account = ? AND key = ?",
+                    (account_id, header.key),
+                )
+            ]
+            decision = decide(header, envelope, siblings)
+            if not isinstance(decision, Store):
+                receipts.append(decision)
+                continue
+            for stored in siblings:
+                if stored.seq in decision.dominated:
+                    stored_bytes -= stored.size
+                    db.execute(
+                        "DELETE FROM versions WHERE account = ? AND seq = ?",
+                        (account_id, stored.seq),
+                    )
+            head += 1
+            stored_bytes += len(envelope)
+            db.execute(
+                "INSERT INTO versions VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    account_id,
+                    head,
+                    header.key,
+                    _to_i64(header.node),
+                    header.hlc,
+                    header.vector_bytes,
+                    envelope_digest(envelope),
+                    envelope,
+                ),
+            )
+            receipts.append(Receipt("stored", seq=head))
+        if stored_bytes > self._rules.max_account_bytes:
+            raise QuotaExceededError(
+                f"the batch would take the account past its quota of "
+                f"{self._rules.max_account_bytes} bytes"
+            )
+        db.execute(
+            "UPDATE accounts SET head = ?, stored_bytes = ? WHERE id = ?",
+            (head, stored_bytes, account_id),
+        )
+        return PushResult(receipts, RelayState(self._storage_id, epoch, head)), head != before
 
     def pull(self, name: str, cursor: int, limit: int | None = None) -> Page:
         if cursor < 0:

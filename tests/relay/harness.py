@@ -4,7 +4,7 @@ security and robustness suites (authorization, limits, bad input, fuzzing)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,14 +117,29 @@ def call_asgi(
     path: str,
     chunks: Iterable[bytes],
     headers: dict[str, str] | None = None,
+    *,
+    raw_headers: Sequence[tuple[bytes, bytes]] = (),
+    hang_up_after_first_body: bool = False,
 ) -> Exchange:
     """Send a request whose body arrives as `chunks` (lazily: an endless generator is fine)
-    with exactly `headers` — no Content-Length unless given, so it may lie."""
-    return asyncio.run(_call_asgi(app, method, path, chunks, headers or {}))
+    with exactly `headers` — no Content-Length unless given, so it may lie — and
+    `raw_headers` as bytes (a real server passes latin-1 bytes through). With
+    `hang_up_after_first_body` the client disconnects once some of the answer arrived (for
+    streams that never end)."""
+    encoded = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    exchange = _call_asgi(
+        app, method, path, chunks, encoded + list(raw_headers), hang_up_after_first_body
+    )
+    return asyncio.run(exchange)
 
 
 async def _call_asgi(
-    app: ASGIApp, method: str, path: str, chunks: Iterable[bytes], headers: dict[str, str]
+    app: ASGIApp,
+    method: str,
+    path: str,
+    chunks: Iterable[bytes],
+    headers: list[tuple[bytes, bytes]],
+    hang_up_after_first_body: bool,
 ) -> Exchange:
     counting = CountingReceive(app)
     exchange = Exchange()
@@ -146,7 +161,7 @@ async def _call_asgi(
             exchange.headers = {k.decode(): v.decode() for k, v in message.get("headers", [])}
         elif message["type"] == "http.response.body":
             exchange.body += message.get("body", b"")
-            if not message.get("more_body", False):
+            if not message.get("more_body", False) or (hang_up_after_first_body and exchange.body):
                 finished.set()
 
     path_part, _, query = path.partition("?")
@@ -160,7 +175,7 @@ async def _call_asgi(
         "raw_path": path_part.encode(),
         "query_string": query.encode(),
         "root_path": "",
-        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+        "headers": headers,
         "client": ("testclient", 50000),
         "server": ("testserver", 80),
     }

@@ -388,3 +388,14 @@ def test_a_missing_config_file_is_refused(tmp_path: Path) -> None:
 def test_a_bad_environment_value_is_refused() -> None:
     with pytest.raises(InvalidArgumentError):
         load_config(environ={"SEALSYNC_RELAY_PAGE_SIZE": "lots"})
+
+
+def test_a_body_sent_to_the_event_stream_ends_the_stream_not_in_an_error(relays: Relays) -> None:
+    """The stream has answered before its body is read (only to see a hang-up): past the
+    limit the relay hangs up — too late for a 413, and no reason for a server error."""
+    relay = relays(max_body_bytes=BODY_LIMIT, max_envelope_bytes=4 * KIB)
+    session = register(relay.client, "alice", new_keys())
+    headers = {"authorization": f"Bearer {session.access_token}"}
+    answer = call_asgi(relay.app, "GET", "/v1/events", itertools.repeat(b"x" * KIB), headers)
+    assert answer.status == 200 and answer.body.startswith(b"id: 0")
+    assert BODY_LIMIT < answer.pulled_bytes <= BODY_LIMIT + CHUNK

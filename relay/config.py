@@ -56,6 +56,11 @@ class RelayConfig:
                 raise InvalidArgumentError(
                     f"relay setting {f.name} = {value!r} must be a finite number > 0"
                 )
+        if self.max_envelope_bytes > MAX_ENVELOPE_BYTES:  # larger ones are refused as malformed
+            raise InvalidArgumentError(
+                f"max_envelope_bytes {self.max_envelope_bytes} must be at most "
+                f"{MAX_ENVELOPE_BYTES}, the largest envelope the wire format allows"
+            )
         if self.max_envelope_bytes > self.max_body_bytes - 1024:
             raise InvalidArgumentError(
                 f"max_envelope_bytes {self.max_envelope_bytes} must leave room in "

@@ -12,7 +12,14 @@ import pytest
 
 from relay.config import RelayConfig, load_config
 from replica.errors import InvalidArgumentError
-from replica.wire import FIXED_HEADER_BYTES, LoginRequest, Page, PushBatch, PushResult
+from replica.wire import (
+    FIXED_HEADER_BYTES,
+    MAX_ENVELOPE_BYTES,
+    LoginRequest,
+    Page,
+    PushBatch,
+    PushResult,
+)
 from tests.relay.api import MSGPACK, bearer, body, decode, new_keys, register
 from tests.relay.conftest import HLC, NOW_MS, envelope
 from tests.relay.harness import Relay, Relays, call_asgi, error_body, open_relays
@@ -153,6 +160,20 @@ def test_envelope_size_is_refused_per_envelope_and_the_rest_stored(relays: Relay
     ]
     page = decode(relay.client.get("/v1/pull", headers=bearer(session)).content, Page)
     assert [len(e.envelope) for e in page.entries] == [limit - 1, limit, 200]
+
+
+def test_the_envelope_limit_cannot_promise_more_than_the_wire_format_takes(relays: Relays) -> None:
+    """An envelope limit above MAX_ENVELOPE_BYTES would be advertised in /v1/info while the
+    larger envelopes were refused as malformed; at the wire maximum they are stored."""
+    with pytest.raises(InvalidArgumentError):
+        load_config(flags={"max_envelope_bytes": MAX_ENVELOPE_BYTES + 1})
+    relay = relays(max_envelope_bytes=MAX_ENVELOPE_BYTES)
+    session = register(relay.client, "alice", new_keys())
+    sizes = [MAX_ENVELOPE_BYTES, MAX_ENVELOPE_BYTES + 1]
+    batch = PushBatch([sized_envelope(size, i) for i, size in enumerate(sizes)])
+    answer = relay.client.post("/v1/push", content=body(batch), headers=bearer(session))
+    receipts = decode(answer.content, PushResult).receipts
+    assert [(r.status, r.code) for r in receipts] == [("stored", None), ("refused", "too_large")]
 
 
 @pytest.mark.parametrize(("count", "status"), [(4, 200), (5, 200), (6, 413)])

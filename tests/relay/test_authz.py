@@ -69,6 +69,7 @@ class World:
     mallory_keys: Keys
     mallory: Session
     alice_envelopes: list[bytes]
+    alice_state: RelayState
 
 
 @pytest.fixture
@@ -95,7 +96,8 @@ def world(relays: Relays) -> World:
     pushed = client.post("/v1/push", content=body(PushBatch(envelopes)), headers=bearer(alice))
     assert pushed.status_code == 200
     mallory = register(client, "mallory", mallory_keys, device="mallory-box")
-    return World(relay, alice_keys, alice, revoked, mallory_keys, mallory, envelopes)
+    state = relay.storage.state("alice")
+    return World(relay, alice_keys, alice, revoked, mallory_keys, mallory, envelopes, state)
 
 
 def bearer(session: Session) -> dict[str, str]:
@@ -140,6 +142,7 @@ def assert_alice_untouched(world: World) -> None:
     names = sorted(d.name for d in storage.devices("alice"))
     assert names == ["alice-laptop", "alice-tablet"]
     assert [e.envelope for e in storage.pull("alice", 0).entries] == world.alice_envelopes
+    assert storage.state("alice") == world.alice_state  # not reseeded
 
 
 # -- the route table covers the app ----------------------------------------------------------

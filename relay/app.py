@@ -382,14 +382,20 @@ def _head_event(head: int) -> ServerSentEvent:
 
 def _last_event_id(request: Request) -> int | None:
     value = request.headers.get("last-event-id", "")
-    return int(value) if value.isdigit() and len(value) < 20 else None
+    return int(value) if _is_decimal(value) and len(value) < 20 else None
+
+
+def _is_decimal(value: str) -> bool:
+    """ASCII digits only: str.isdigit() also takes "²" (which int() refuses) and U+0661, the
+    Arabic-Indic one (which int() reads as 1)."""
+    return value.isascii() and value.isdigit()
 
 
 def _query_int(request: Request, name: str, default: int, low: int, high: int) -> int:
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not (raw.isdigit() and len(raw) <= 19) or not low <= int(raw) <= high:
+    if not (_is_decimal(raw) and len(raw) <= 19) or not low <= int(raw) <= high:
         raise InvalidError(f"query {name}={raw[:32]!r} must be an integer in {low}..{high}")
     return int(raw)
 

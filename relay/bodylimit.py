@@ -30,7 +30,7 @@ class BodyLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await _refuse(send, self.max_bytes)
             return
-        received = 0
+        received, started = 0, False
 
         async def counted() -> Message:
             nonlocal received
@@ -38,10 +38,17 @@ class BodyLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
+                    if started:  # too late for a 413 (a stream reads only to see a hang-up)
+                        return {"type": "http.disconnect"}
                     raise BodyTooLargeError(_message(self.max_bytes))
             return message
 
-        await self.app(scope, counted, send)
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        await self.app(scope, counted, watched)
 
 
 def _message(max_bytes: int) -> str:

@@ -36,6 +36,8 @@ def decode_body(body: bytes, content_type: str | None, kind: type[T]) -> T:
         raise InvalidError(f"invalid {kind.__name__}: {exc}") from exc
     except msgspec.DecodeError as exc:
         raise MalformedError(f"malformed {kind.__name__}: {exc}") from exc
+    except RecursionError as exc:  # nesting too deep, in a field the type skips unread
+        raise MalformedError(f"malformed {kind.__name__}: nested too deeply") from exc
     raise UnsupportedMediaError(f"send {MSGPACK} or {JSON}, not {media!r}")
 
 

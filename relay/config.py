@@ -8,6 +8,7 @@ is an `InvalidArgumentError` naming the setting and its bound.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -49,8 +50,17 @@ class RelayConfig:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.type in ("int", "float") and (isinstance(value, bool) or value <= 0):
-                raise InvalidArgumentError(f"relay setting {f.name} = {value!r} must be > 0")
+            if f.type in ("int", "float") and (
+                isinstance(value, bool) or not 0 < value < math.inf  # NaN fails this too
+            ):
+                raise InvalidArgumentError(
+                    f"relay setting {f.name} = {value!r} must be a finite number > 0"
+                )
+        if self.max_envelope_bytes > MAX_ENVELOPE_BYTES:  # larger ones are refused as malformed
+            raise InvalidArgumentError(
+                f"max_envelope_bytes {self.max_envelope_bytes} must be at most "
+                f"{MAX_ENVELOPE_BYTES}, the largest envelope the wire format allows"
+            )
         if self.max_envelope_bytes > self.max_body_bytes - 1024:
             raise InvalidArgumentError(
                 f"max_envelope_bytes {self.max_envelope_bytes} must leave room in "
@@ -110,6 +120,8 @@ def load_config(
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise InvalidArgumentError(f"cannot read relay config {toml_path}: {exc}") from exc
         table = document.get("relay", document)
+        if not isinstance(table, dict):
+            raise InvalidArgumentError(f"relay config {toml_path}: [relay] must be a table")
         unknown = set(table) - set(_FIELDS)
         if unknown:
             raise InvalidArgumentError(f"unknown relay settings in {toml_path}: {sorted(unknown)}")

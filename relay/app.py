@@ -45,6 +45,7 @@ from relay.storage import AccountRecord, Device, Storage, TokenRecord
 from relay.throttle import LoginFailures, TokenBuckets
 from replica.errors import KdfParametersError
 from replica.wire import (
+    MAX_HLC,
     PROTOCOL_VERSION,
     DeleteAccount,
     DeviceInfo,
@@ -350,7 +351,7 @@ class RelayApi:
 
     async def pull(self, request: Request) -> Response:
         caller = await self.caller(request)
-        cursor = _query_int(request, "cursor", 0, 0, (1 << 63) - 1)
+        cursor = _query_int(request, "cursor", 0, 0, MAX_HLC)
         limit = _query_int(request, "limit", self.config.page_size, 1, self.config.page_size)
         page = await self.call(self.storage.pull, caller.account, cursor, limit)
         return codec.respond(request, _fit_page(page, self.config.max_page_bytes))
@@ -535,7 +536,8 @@ def create_app(
     config = config or RelayConfig()
     api = RelayApi(storage, config, clock_ms)
     storage.listen(api.hub.publish_threadsafe)
-    document = openapi_document(ENDPOINTS)
+    bounds = {"cursor": (0, MAX_HLC), "limit": (1, config.page_size)}
+    document = openapi_document(ENDPOINTS, bounds)
 
     def bind(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
         async def handle(request: Request) -> Response:

@@ -28,7 +28,10 @@ _ERRORS = {
 }
 
 
-def openapi_document(endpoints: Iterable[Endpoint]) -> dict[str, Any]:
+def openapi_document(
+    endpoints: Iterable[Endpoint], query_bounds: dict[str, tuple[int, int]]
+) -> dict[str, Any]:
+    """The document; `query_bounds` gives each query integer's inclusive range."""
     endpoints = list(endpoints)
     types = [ErrorBody] + [t for e in endpoints for t in (e.body, e.answer) if t is not None]
     _, components = msgspec.json.schema_components(types, ref_template=_REF)
@@ -47,7 +50,11 @@ def openapi_document(endpoints: Iterable[Endpoint]) -> dict[str, Any]:
                 "name": name,
                 "in": "query",
                 "required": False,
-                "schema": {"type": "integer", "minimum": 0},
+                "schema": {
+                    "type": "integer",
+                    "minimum": query_bounds[name][0],
+                    "maximum": query_bounds[name][1],
+                },
             }
             for name in endpoint.query
         ]

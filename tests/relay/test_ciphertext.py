@@ -70,6 +70,12 @@ def test_the_relay_holds_no_plaintext_marker(tmp_path: Path, account: Account) -
         second.sync()
         first.close()
         second.close()
+        secrets_in_clear = {
+            "access token": first.session.access_token,
+            "refresh token": second.session.refresh_token,
+            "auth key": first.auth_key.hex(),
+        }
+        auth_key = first.auth_key
         assert b.get(places["collection"], places["id"]) is not None  # it did travel
         live_files = relay_files(folder)
         assert any(p.name.endswith("-wal") for p in live_files)
@@ -80,6 +86,9 @@ def test_the_relay_holds_no_plaintext_marker(tmp_path: Path, account: Account) -
     files = relay_files(folder)
     for where, marker in places.items():
         assert found_in(marker, files) == [], f"{where} marker found after shutdown"
+    for what, value in secrets_in_clear.items():  # tokens are stored hashed, never logged
+        assert found_in(value, files) == [], f"{what} found in the relay's files or logs"
+    assert not any(auth_key in p.read_bytes() for p in files), "raw auth key stored"
     # Positive controls: the scan does find what the relay keeps in the clear.
     assert [p.name for p in files] == ["relay.db", "relay.log"]  # shut down cleanly
     assert found_in(control, files)

@@ -257,3 +257,27 @@ def test_storage_stays_the_siblings_of_everything_pushed(
         assert s.stored_versions("a") == len(latest)
     finally:
         s.close()  # one example's connections are not kept for the next (PostgreSQL's cap)
+
+
+def test_storage_stays_o_of_siblings_however_long_the_history(storage: Storage) -> None:
+    """2,000 versions of 10 keys by 2 devices each (a chain per device): the relay keeps 20
+    rows — the siblings — and its byte count is theirs, not the history's."""
+    pushed = 0
+    for round_ in range(100):
+        batch = [
+            envelope(
+                bytes([k]) * 16,
+                node,
+                HLC + round_ * 100 + k * 3 + node,
+                {node: HLC + round_ * 100 + k * 3 + node},
+            )
+            for k in range(10)
+            for node in (1, 2)
+        ]
+        storage.push("a", PushBatch(batch))
+        pushed += len(batch)
+    served = pull_all(storage, "a")
+    assert pushed == 2000 and storage.stored_versions("a") == len(served) == 20
+    (summary,) = storage.accounts()
+    assert summary.stored_bytes == sum(len(e) for e in served)
+    assert summary.head == 2000  # every version got a seq; only the siblings kept theirs

@@ -113,3 +113,36 @@ def test_concurrent_pushers_through_two_relays_skip_nothing(tmp_path: Path) -> N
                 relay.kill()
     assert len(acknowledged) > PUSHERS * BATCHES * 10  # most versions were stored or superseded
     assert siblings(pulled) == siblings(acknowledged)
+
+
+@pytest.mark.slow
+def test_the_live_feed_crosses_relay_processes(tmp_path: Path) -> None:
+    """A push through one relay process wakes an event stream held by another (LISTEN/NOTIFY)."""
+    url = postgres_url()
+    with fresh_schema() as schema:
+        options = ("--database-url", url, "--schema", schema)
+        relays = [
+            RelayProcess(None, tmp_path / f"relay{i}.log", *options).start() for i in range(2)
+        ]
+        try:
+            token = register_over_http(relays[0].url, "live")
+            headers = {"authorization": f"Bearer {token}", **MSGPACK}
+            batch = Writers(random.Random(1)).write(3)
+            with (
+                httpx2.Client(timeout=30) as client,
+                client.stream("GET", f"{relays[1].url}/v1/events", headers=headers) as events,
+            ):
+                pushed = client.post(
+                    f"{relays[0].url}/v1/push",
+                    content=encode_message(PushBatch(batch)),
+                    headers=headers,
+                )
+                assert pushed.status_code == 200
+                lines = events.iter_lines()
+                first = {next(lines) for _ in range(4)}  # the head when the stream opened
+                heard = {next(lines) for _ in range(3)}
+            assert first == {"event: head", "id: 0", "data: 0", ""}
+            assert heard == {"event: head", "id: 3", "data: 3"}
+        finally:
+            for relay in relays:
+                relay.kill()

@@ -29,6 +29,10 @@ POSTGRES_URL = os.environ.get(
     "SEALSYNC_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
 )
 
+OPEN_POSTGRES_STORAGES = 4
+"""Older ones are closed early: a hypothesis test makes one per example and uses only the
+last, and each holds a server connection (PostgreSQL allows 100 by default)."""
+
 StorageFactory = Callable[..., Storage]
 
 
@@ -113,6 +117,8 @@ def make_storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sto
         else:
             schema = schemas.enter_context(fresh_schema())
             storage = PostgresStorage(postgres_url(), rules, schema=schema)
+            if len(made) >= OPEN_POSTGRES_STORAGES:
+                made[-OPEN_POSTGRES_STORAGES].close()
         made.append(storage)
         return storage
 

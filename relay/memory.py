@@ -25,6 +25,7 @@ from relay.storage import (
     HeadListener,
     TokenRecord,
     VersionRules,
+    new_random_id,
 )
 from relay.versions import Store, StoredVersion, check_envelope, decide, new_version
 from replica.errors import InvalidArgumentError
@@ -54,10 +55,6 @@ class _Snapshot:
     tokens: dict[bytes, TokenRecord]
 
 
-def _random_id() -> str:
-    return secrets.token_hex(16)
-
-
 class MemoryRelay:
     """A relay held in dicts; `clock_ms` is injected so drift refusals are testable."""
 
@@ -68,7 +65,7 @@ class MemoryRelay:
         max_drift_ms: int = DEFAULT_MAX_DRIFT_MS,
         page_size: int = DEFAULT_PAGE_SIZE,
         max_account_bytes: int = 1 << 30,
-        new_id: Callable[[], str] = _random_id,
+        new_id: Callable[[], str] = new_random_id,
     ) -> None:
         self._rules = VersionRules(clock_ms, max_drift_ms, page_size, max_account_bytes)
         self._new_id = new_id

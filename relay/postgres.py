@@ -37,6 +37,9 @@ from relay.storage import (
     HeadListener,
     TokenRecord,
     VersionRules,
+    new_random_id,
+    node_from_i64,
+    node_to_i64,
 )
 from relay.versions import (
     Store,
@@ -123,22 +126,8 @@ LISTEN_POLL_S = 0.2
 """How often the listening thread looks up from its connection to see whether to stop."""
 RECONNECT_WAIT_S = 1.0
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-_I64 = 1 << 63
 
 Connection = psycopg.Connection[TupleRow]
-
-
-def _to_i64(node: int) -> int:
-    """Nodes are u64; BIGINT is signed."""
-    return node - (1 << 64) if node >= _I64 else node
-
-
-def _from_i64(node: int) -> int:
-    return node + (1 << 64) if node < 0 else node
-
-
-def _new_id() -> str:
-    return secrets.token_hex(16)
 
 
 def _conninfo(url: str, schema: str) -> str:
@@ -189,7 +178,7 @@ class PostgresStorage:
         rules: VersionRules,
         *,
         schema: str = "public",
-        new_id: Callable[[], str] = _new_id,
+        new_id: Callable[[], str] = new_random_id,
     ) -> None:
         if not _SCHEMA_NAME.fullmatch(schema):
             raise InvalidArgumentError(
@@ -502,7 +491,9 @@ class PostgresStorage:
             " WHERE account = %s AND key = ANY(%s)",
             (account_id, keys),
         ):
-            version = StoredVersion(seq, _from_i64(node), hlc, decode_vector(vector), digest, size)
+            version = StoredVersion(
+                seq, node_from_i64(node), hlc, decode_vector(vector), digest, size
+            )
             by_key.setdefault(key, []).append(version)
         return by_key
 
@@ -515,7 +506,16 @@ class PostgresStorage:
                 (account_id, work.deleted),
             )
         rows = [
-            (account_id, seq, h.key, _to_i64(h.node), h.hlc, h.vector_bytes, envelope_digest(e), e)
+            (
+                account_id,
+                seq,
+                h.key,
+                node_to_i64(h.node),
+                h.hlc,
+                h.vector_bytes,
+                envelope_digest(e),
+                e,
+            )
             for seq, (h, e) in work.inserted.items()
         ]
         with db.cursor().copy(_COPY_VERSIONS) as copy:

@@ -30,6 +30,9 @@ from relay.storage import (
     HeadListener,
     TokenRecord,
     VersionRules,
+    new_random_id,
+    node_from_i64,
+    node_to_i64,
 )
 from relay.versions import Store, StoredVersion, check_envelope, decide, envelope_digest
 from replica.errors import InvalidArgumentError
@@ -93,21 +96,6 @@ CREATE TABLE versions (
 CREATE INDEX versions_by_key ON versions (account, key);
 """
 
-_I64 = 1 << 63
-
-
-def _to_i64(node: int) -> int:
-    """Nodes are u64; SQLite integers are signed."""
-    return node - (1 << 64) if node >= _I64 else node
-
-
-def _from_i64(node: int) -> int:
-    return node + (1 << 64) if node < 0 else node
-
-
-def _new_id() -> str:
-    return secrets.token_hex(16)
-
 
 @dataclass
 class _Push:
@@ -126,7 +114,7 @@ class SQLiteStorage:
     """Relay storage in one SQLite file (created on first open)."""
 
     def __init__(
-        self, path: str | Path, rules: VersionRules, *, new_id: Callable[[], str] = _new_id
+        self, path: str | Path, rules: VersionRules, *, new_id: Callable[[], str] = new_random_id
     ) -> None:
         self._path = str(path)
         self._rules = rules
@@ -463,7 +451,7 @@ class SQLiteStorage:
                 receipts.append(header)
                 continue
             siblings = [
-                StoredVersion(seq, _from_i64(node), hlc, decode_vector(vector), digest, size)
+                StoredVersion(seq, node_from_i64(node), hlc, decode_vector(vector), digest, size)
                 for seq, node, hlc, vector, digest, size in db.execute(
                     "SELECT seq, node, hlc, vector, digest, length(envelope) FROM versions"
                     " WHERE account = ? AND key = ?",
@@ -489,7 +477,7 @@ class SQLiteStorage:
                     account_id,
                     head,
                     header.key,
-                    _to_i64(header.node),
+                    node_to_i64(header.node),
                     header.hlc,
                     header.vector_bytes,
                     envelope_digest(envelope),

@@ -8,6 +8,7 @@ order, and a version is dropped only when a stored version of its key dominates 
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -160,3 +161,20 @@ class VersionRules:
     max_drift_ms: int = 5 * 60 * 1000
     page_size: int = 1000
     max_account_bytes: int = 1 << 30
+
+
+def new_random_id() -> str:
+    """A storage id or account epoch: 128 random bits, hex."""
+    return secrets.token_hex(16)
+
+
+_I64 = 1 << 63
+
+
+def node_to_i64(node: int) -> int:
+    """Nodes are u64; SQL integer columns are signed 64-bit."""
+    return node - (1 << 64) if node >= _I64 else node
+
+
+def node_from_i64(node: int) -> int:
+    return node + (1 << 64) if node < 0 else node

@@ -60,13 +60,9 @@ def relay_app(db_path: str) -> object:
     from relay.app import create_app, system_clock_ms
     from relay.config import RelayConfig
     from relay.sqlite import SQLiteStorage
-    from relay.storage import VersionRules
 
     config = RelayConfig(open_signup=True, requests_per_second=BENCH_RATE, burst=int(BENCH_RATE))
-    rules = VersionRules(
-        system_clock_ms, config.max_drift_ms, config.page_size, config.max_account_bytes
-    )
-    return create_app(SQLiteStorage(db_path, rules), config)
+    return create_app(SQLiteStorage(db_path, config.version_rules(system_clock_ms)), config)
 
 
 def serve(app: object, fd: int) -> None:

@@ -354,7 +354,7 @@ class RelayApi:
         cursor = _query_int(request, "cursor", 0, 0, MAX_HLC)
         limit = _query_int(request, "limit", self.config.page_size, 1, self.config.page_size)
         page = await self.call(self.storage.pull, caller.account, cursor, limit)
-        return codec.respond(request, _fit_page(page, self.config.max_page_bytes))
+        return codec.respond(request, page)
 
     async def events(self, request: Request) -> Response:
         caller = await self.caller(request)
@@ -399,20 +399,6 @@ def _query_int(request: Request, name: str, default: int, low: int, high: int) -
     if not (_is_decimal(raw) and len(raw) <= 19) or not low <= int(raw) <= high:
         raise InvalidError(f"query {name}={raw[:32]!r} must be an integer in {low}..{high}")
     return int(raw)
-
-
-def _fit_page(page: Page, max_bytes: int) -> Page:
-    """Cut a page to `max_bytes` of envelopes (at least one), moving the cursor with it."""
-    total, kept = 0, 0
-    for entry in page.entries:
-        total += len(entry.envelope)
-        if total > max_bytes and kept:
-            break
-        kept += 1
-    if kept == len(page.entries):
-        return page
-    entries = page.entries[:kept]
-    return Page(page.cursor, entries, entries[-1].seq, True, page.state)
 
 
 ENDPOINTS = (

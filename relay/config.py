@@ -10,10 +10,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from relay.storage import VersionRules
 from replica.errors import InvalidArgumentError
 from replica.wire import MAX_ENVELOPE_BYTES, RelayLimits
 
@@ -66,6 +67,16 @@ class RelayConfig:
                 f"max_envelope_bytes {self.max_envelope_bytes} must leave room in "
                 f"max_body_bytes {self.max_body_bytes} (1 KiB for framing)"
             )
+
+    def version_rules(self, clock_ms: Callable[[], int]) -> VersionRules:
+        """The bounds storage applies itself (inside its transactions)."""
+        return VersionRules(
+            clock_ms,
+            self.max_drift_ms,
+            self.page_size,
+            self.max_account_bytes,
+            self.max_page_bytes,
+        )
 
     def limits(self) -> RelayLimits:
         """What `GET /v1/info` tells clients."""

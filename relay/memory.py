@@ -27,7 +27,15 @@ from relay.storage import (
     VersionRules,
     new_random_id,
 )
-from relay.versions import Store, StoredVersion, check_envelope, decide, new_version
+from relay.versions import (
+    Store,
+    StoredVersion,
+    check_envelope,
+    cut_page,
+    decide,
+    new_version,
+    page_bounds,
+)
 from replica.errors import InvalidArgumentError
 from replica.wire import KdfParams, Page, PageEntry, PushBatch, PushResult, Receipt, RelayState
 
@@ -65,9 +73,12 @@ class MemoryRelay:
         max_drift_ms: int = DEFAULT_MAX_DRIFT_MS,
         page_size: int = DEFAULT_PAGE_SIZE,
         max_account_bytes: int = 1 << 30,
+        max_page_bytes: int = 8 * 1024 * 1024,
         new_id: Callable[[], str] = new_random_id,
     ) -> None:
-        self._rules = VersionRules(clock_ms, max_drift_ms, page_size, max_account_bytes)
+        self._rules = VersionRules(
+            clock_ms, max_drift_ms, page_size, max_account_bytes, max_page_bytes
+        )
         self._new_id = new_id
         self._storage_id = new_id()
         self._secret = secrets.token_bytes(32)
@@ -291,25 +302,19 @@ class MemoryRelay:
     # -- pull -------------------------------------------------------------------------------
 
     def pull(self, name: str, cursor: int, limit: int | None = None) -> Page:
-        if cursor < 0:
-            raise InvalidArgumentError(f"cursor {cursor} must be ≥ 0")
-        if limit is not None and limit < 1:
-            raise InvalidArgumentError(f"page limit {limit} must be ≥ 1")
-        page_size = self._rules.page_size
-        limit = min(limit or page_size, page_size)
+        count = page_bounds(cursor, limit, self._rules.page_size)
         with self._mutex:
             account = self._account(name)
-            entries: list[PageEntry] = []
+            sizes: list[tuple[int, int]] = []
             index = bisect.bisect_right(account.seqs, cursor)
-            while index < len(account.seqs) and len(entries) < limit:
+            while index < len(account.seqs) and len(sizes) <= count:
                 seq = account.seqs[index]
                 stored = account.by_seq.get(seq)
-                if stored is not None:
-                    entries.append(PageEntry(seq, stored))
+                if stored is not None:  # compacted seqs are gaps
+                    sizes.append((seq, len(stored)))
                 index += 1
-            while index < len(account.seqs) and account.seqs[index] not in account.by_seq:
-                index += 1  # skip compacted seqs, so has_more looks at one live entry at most
-            has_more = index < len(account.seqs)
+            kept, has_more = cut_page(sizes, count, self._rules.max_page_bytes)
+            entries = [PageEntry(seq, account.by_seq[seq]) for seq, _ in sizes[:kept]]
             next_cursor = entries[-1].seq if has_more else max(account.head, cursor)
             self._compact_seqs(account)
             return Page(cursor, entries, next_cursor, has_more, self.state(name))

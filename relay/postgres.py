@@ -45,9 +45,11 @@ from relay.versions import (
     Store,
     StoredVersion,
     check_envelope,
+    cut_page,
     decide,
     envelope_digest,
     new_version,
+    page_bounds,
 )
 from replica.errors import InvalidArgumentError
 from replica.wire import (
@@ -528,11 +530,7 @@ class PostgresStorage:
         )
 
     def pull(self, name: str, cursor: int, limit: int | None = None) -> Page:
-        if cursor < 0:
-            raise InvalidArgumentError(f"cursor {cursor} must be ≥ 0")
-        if limit is not None and limit < 1:
-            raise InvalidArgumentError(f"page limit {limit} must be ≥ 1")
-        page_size = min(limit or self._rules.page_size, self._rules.page_size)
+        count = page_bounds(cursor, limit, self._rules.page_size)
         with self._read() as db:
             row = db.execute(
                 "SELECT id, epoch, head FROM accounts WHERE name = %s", (name,)
@@ -540,13 +538,18 @@ class PostgresStorage:
             if row is None:
                 raise NotFoundError("no such account")
             account_id, epoch, head = row
+            sizes = db.execute(
+                "SELECT seq, octet_length(envelope) FROM versions"
+                " WHERE account = %s AND seq > %s ORDER BY seq LIMIT %s",
+                (account_id, cursor, count + 1),
+            ).fetchall()
+            kept, has_more = cut_page(sizes, count, self._rules.max_page_bytes)
             rows = db.execute(
                 "SELECT seq, envelope FROM versions WHERE account = %s AND seq > %s"
-                " ORDER BY seq LIMIT %s",
-                (account_id, cursor, page_size + 1),
+                " AND seq <= %s ORDER BY seq",
+                (account_id, cursor, sizes[kept - 1][0] if kept else cursor),
             ).fetchall()
-        has_more = len(rows) > page_size
-        entries = [PageEntry(seq, envelope) for seq, envelope in rows[:page_size]]
+        entries = [PageEntry(seq, envelope) for seq, envelope in rows]
         next_cursor = entries[-1].seq if has_more else max(head, cursor)
         return Page(
             cursor, entries, next_cursor, has_more, RelayState(self._storage_id, epoch, head)

@@ -20,7 +20,7 @@ import uvicorn
 from relay.app import create_app, system_clock_ms
 from relay.config import RelayConfig
 from relay.sqlite import SQLiteStorage
-from relay.storage import Storage, VersionRules
+from relay.storage import Storage
 
 _STANDARD = {*vars(logging.makeLogRecord({})), "message", "color_message"}
 """Attributes every log record has (and uvicorn's coloured copy of the message); anything
@@ -66,7 +66,7 @@ def open_storage(
 ) -> Storage:
     """SQLite at `db` (created with its folder), or PostgreSQL at `database_url` (tables in
     `schema`, so several relays or test runs can share one database)."""
-    rules = VersionRules(clock_ms, config.max_drift_ms, config.page_size, config.max_account_bytes)
+    rules = config.version_rules(clock_ms)
     if database_url is not None:
         from relay.postgres import PostgresStorage  # noqa: PLC0415 (psycopg only when asked)
 

@@ -34,7 +34,15 @@ from relay.storage import (
     node_from_i64,
     node_to_i64,
 )
-from relay.versions import Store, StoredVersion, check_envelope, decide, envelope_digest
+from relay.versions import (
+    Store,
+    StoredVersion,
+    check_envelope,
+    cut_page,
+    decide,
+    envelope_digest,
+    page_bounds,
+)
 from replica.errors import InvalidArgumentError
 from replica.wire import (
     Header,
@@ -497,19 +505,20 @@ class SQLiteStorage:
         return PushResult(receipts, RelayState(self._storage_id, epoch, head)), head != before
 
     def pull(self, name: str, cursor: int, limit: int | None = None) -> Page:
-        if cursor < 0:
-            raise InvalidArgumentError(f"cursor {cursor} must be ≥ 0")
-        if limit is not None and limit < 1:
-            raise InvalidArgumentError(f"page limit {limit} must be ≥ 1")
-        page_size = min(limit or self._rules.page_size, self._rules.page_size)
+        count = page_bounds(cursor, limit, self._rules.page_size)
         with self._read() as db:
             account_id, state = self._state(db, name)
-            rows = db.execute(
-                "SELECT seq, envelope FROM versions WHERE account = ? AND seq > ?"
+            sizes = db.execute(
+                "SELECT seq, length(envelope) FROM versions WHERE account = ? AND seq > ?"
                 " ORDER BY seq LIMIT ?",
-                (account_id, cursor, page_size + 1),
+                (account_id, cursor, count + 1),
             ).fetchall()
-        has_more = len(rows) > page_size
-        entries = [PageEntry(seq, envelope) for seq, envelope in rows[:page_size]]
+            kept, has_more = cut_page(sizes, count, self._rules.max_page_bytes)
+            rows = db.execute(
+                "SELECT seq, envelope FROM versions WHERE account = ? AND seq > ? AND seq <= ?"
+                " ORDER BY seq",
+                (account_id, cursor, sizes[kept - 1][0] if kept else cursor),
+            ).fetchall()
+        entries = [PageEntry(seq, envelope) for seq, envelope in rows]
         next_cursor = entries[-1].seq if has_more else max(state.head, cursor)
         return Page(cursor, entries, next_cursor, has_more, state)

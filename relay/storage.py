@@ -140,7 +140,8 @@ class Storage(Protocol):
         ...
 
     def pull(self, name: str, cursor: int, limit: int | None = None) -> Page:
-        """Versions with seq > cursor in seq order, at most min(`limit`, page size)."""
+        """Versions with seq > cursor in seq order: at most min(`limit`, page size) of them
+        and `max_page_bytes` of envelopes (at least one), never reading more than that."""
         ...
 
     def stored_versions(self, name: str) -> int: ...
@@ -161,6 +162,8 @@ class VersionRules:
     max_drift_ms: int = 5 * 60 * 1000
     page_size: int = 1000
     max_account_bytes: int = 1 << 30
+    max_page_bytes: int = 8 * 1024 * 1024
+    """A page holds at most this many envelope bytes (but always at least one envelope)."""
 
 
 def new_random_id() -> str:

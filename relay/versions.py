@@ -11,7 +11,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from replica.errors import ProtocolError
+from replica.errors import InvalidArgumentError, ProtocolError
 from replica.wire import Header, Receipt, VersionVector, dominates, hlc_ms, parse_header
 
 
@@ -78,3 +78,25 @@ def decide(header: Header, envelope: bytes, siblings: Sequence[StoredVersion]) -
             return SUPERSEDED
     vector = header.vector
     return Store(header, [s.seq for s in siblings if dominates(vector, (s.node, s.hlc))])
+
+
+def page_bounds(cursor: int, limit: int | None, page_size: int) -> int:
+    """The entry count of a pull: `limit` capped at the page size; bad arguments refused."""
+    if cursor < 0:
+        raise InvalidArgumentError(f"cursor {cursor} must be ≥ 0")
+    if limit is not None and limit < 1:
+        raise InvalidArgumentError(f"page limit {limit} must be ≥ 1")
+    return min(limit or page_size, page_size)
+
+
+def cut_page(sizes: Sequence[tuple[int, int]], count: int, max_bytes: int) -> tuple[int, bool]:
+    """How many of the (seq, size) rows after a cursor make the page — at most `count`, at
+    most `max_bytes` of envelopes but at least one — and whether more rows follow. Backends
+    read sizes first, so a page never loads more than it sends."""
+    total, kept = 0, 0
+    for _, size in sizes[:count]:
+        total += size
+        if total > max_bytes and kept:
+            break
+        kept += 1
+    return kept, kept < len(sizes)

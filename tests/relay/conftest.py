@@ -102,15 +102,22 @@ def make_storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sto
         postgres_url()
 
     def make(
-        *, clock: FakeClock | None = None, page_size: int = 3, max_account_bytes: int = 1 << 30
+        *,
+        clock: FakeClock | None = None,
+        page_size: int = 3,
+        max_account_bytes: int = 1 << 30,
+        max_page_bytes: int = 1 << 20,
     ) -> Storage:
-        rules = VersionRules(clock or FakeClock(NOW_MS), 5 * 60_000, page_size, max_account_bytes)
+        rules = VersionRules(
+            clock or FakeClock(NOW_MS), 5 * 60_000, page_size, max_account_bytes, max_page_bytes
+        )
         storage: Storage
         if kind == "memory":
             storage = MemoryRelay(
                 clock_ms=rules.clock_ms,
                 page_size=page_size,
                 max_account_bytes=max_account_bytes,
+                max_page_bytes=max_page_bytes,
             )
         elif kind == "sqlite":
             storage = SQLiteStorage(tmp_path / f"relay{len(made)}.db", rules)

@@ -17,7 +17,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from relay.app import create_app
 from relay.config import RelayConfig
 from relay.sqlite import SQLiteStorage
-from relay.storage import VersionRules
 from tests.conftest import FakeClock
 from tests.relay.conftest import NOW_MS
 
@@ -45,9 +44,7 @@ class Relays:
         self, client_address: tuple[str, int] = ("testclient", 50000), **settings: Any
     ) -> Relay:
         config = RelayConfig(**{"open_signup": True, **settings})
-        rules = VersionRules(
-            self.clock, config.max_drift_ms, config.page_size, config.max_account_bytes
-        )
+        rules = config.version_rules(self.clock)
         storage = SQLiteStorage(self.directory / f"relay{len(self.made)}.db", rules)
         app = create_app(storage, config, clock_ms=self.clock)
         relay = Relay(app, TestClient(app, client=client_address), storage, config, self.clock)

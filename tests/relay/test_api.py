@@ -14,7 +14,6 @@ from relay import tokens
 from relay.app import create_app
 from relay.config import RelayConfig
 from relay.sqlite import SQLiteStorage
-from relay.storage import VersionRules
 from replica.wire import (
     DeleteAccount,
     DeviceList,
@@ -61,7 +60,7 @@ def make_client(tmp_path: Path, clock: FakeClock) -> Iterator[AppFactory]:
 
     def make(**settings: object) -> TestClient:
         config = RelayConfig(**{"open_signup": True, **settings})  # type: ignore[arg-type]
-        rules = VersionRules(clock, config.max_drift_ms, config.page_size, config.max_account_bytes)
+        rules = config.version_rules(clock)
         storage = SQLiteStorage(tmp_path / f"relay{len(clients)}.db", rules)
         client = TestClient(create_app(storage, config, clock_ms=clock))
         clients.append(client)

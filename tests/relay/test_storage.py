@@ -281,3 +281,20 @@ def test_storage_stays_o_of_siblings_however_long_the_history(storage: Storage) 
     (summary,) = storage.accounts()
     assert summary.stored_bytes == sum(len(e) for e in served)
     assert summary.head == 2000  # every version got a seq; only the siblings kept theirs
+
+
+def test_pages_stop_at_the_byte_bound_but_hold_at_least_one_envelope(
+    make_storage: StorageFactory,
+) -> None:
+    s = make_storage(page_size=10, max_page_bytes=250)
+    register(s, "a")
+    small = [envelope(bytes([i]) * 16, 1, HLC + i, {1: HLC + i}) for i in range(3)]  # 100 B
+    large = envelope(b"L" * 16, 1, HLC + 9, {1: HLC + 9}, body=b"x" * 400)
+    s.push("a", PushBatch([*small, large, small[0]]))
+    first = s.pull("a", 0)
+    assert [e.seq for e in first.entries] == [1, 2] and first.has_more and first.next_cursor == 2
+    second = s.pull("a", 2)
+    assert [e.seq for e in second.entries] == [3] and second.has_more
+    third = s.pull("a", 3)  # alone over the bound, still served
+    assert [e.envelope for e in third.entries] == [large] and not third.has_more
+    assert third.next_cursor == 4

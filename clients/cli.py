@@ -187,17 +187,17 @@ def relay_serve(
 
 @relay.command("invite")
 @storage_options
-@click.option("--days", default=7, show_default=True, help="Days the invite stays valid.")
-def relay_invite(where: RelayStorage, days: int) -> None:
+@click.option("--days", type=int, help="Days the invite stays valid (default: invite_s).")
+def relay_invite(where: RelayStorage, days: int | None) -> None:
     """Print a single-use invite token for a new account."""
     with user_errors():
-        if days < 1:
+        config = where.config()
+        valid_ms = days * 86_400_000 if days is not None else config.invite_s * 1000
+        if valid_ms < 1:
             fail(f"--days {days} must be at least 1")
         with where.opened() as storage:
-            invite = tokens.new_token()
-            digest = tokens.token_hash(invite)
-            assert digest is not None
-            storage.add_invite(digest, time.time_ns() // 1_000_000 + days * 86_400_000)
+            invite, digest = tokens.new_invite()
+            storage.add_invite(digest, time.time_ns() // 1_000_000 + valid_ms)
         out.print(invite)
 
 

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import anyio.to_thread
@@ -92,8 +92,12 @@ class Endpoint:
 
 @dataclass(frozen=True)
 class Caller:
+    """Who sent a request, from its access token."""
+
     account: str
     device_id: str
+    token_hash: bytes = field(repr=False)
+    expires_ms: int
 
 
 def system_clock_ms() -> int:
@@ -149,7 +153,7 @@ class RelayApi:
         wait = self.token_buckets.take(record.device_id + "/" + record.account)
         if wait is not None:
             raise RateLimitedError("too many requests with this token", retry_after_s=wait)
-        return Caller(record.account, record.device_id)
+        return Caller(record.account, record.device_id, record.hash, record.expires_ms)
 
     def new_session(
         self, account: str, device_id: str, state: RelayState
@@ -170,7 +174,7 @@ class RelayApi:
         return codec.respond(request, info)
 
     async def health(self, request: Request) -> Response:
-        await self.call(lambda: self.storage.storage_id)
+        await self.call(self.storage.token, bytes(32))  # a real read: the storage answers
         return codec.respond(request, Health("ok"))
 
     async def prelogin(self, request: Request) -> Response:
@@ -251,7 +255,7 @@ class RelayApi:
             raise UnauthorizedError()
         state = await self.call(self.storage.state, record.account)
         session, records = self.new_session(record.account, record.device_id, state)
-        if digest is None or not await self.call(self.storage.replace_token, digest, records):
+        if not await self.call(self.storage.replace_token, record.hash, records):
             raise UnauthorizedError()
         return codec.respond(request, session)
 
@@ -267,14 +271,14 @@ class RelayApi:
         caller = await self.caller(request)
         body = await codec.read(request, RenameDevice)
         new_name = codec.check_name(body.name, "device name")
-        device_id = request.path_params["device_id"]
+        device_id = _device_id(request)
         if not await self.call(self.storage.rename_device, caller.account, device_id, new_name):
             raise NotFoundError("no such device")
         return Response(status_code=204)
 
     async def revoke_device(self, request: Request) -> Response:
         caller = await self.caller(request)
-        device_id = request.path_params["device_id"]
+        device_id = _device_id(request)
         if not await self.call(self.storage.revoke_device, caller.account, device_id):
             raise NotFoundError("no such device")
         log.info("device revoked", extra={"device": device_id})
@@ -294,6 +298,10 @@ class RelayApi:
             check_kdf_params(body.kdf)
         except KdfParametersError as exc:
             raise InvalidError(str(exc)) from exc
+        record = await self.call(self.storage.account, caller.account)
+        known = (record.auth_hash, record.recovery_hash) if record else (None, None)
+        if not tokens.key_matches(body.current_auth_key, *known):
+            raise ForbiddenError("replacing the key bundle takes the current auth key")
         version = await self.call(
             self.storage.put_key_bundle,
             caller.account,
@@ -360,16 +368,23 @@ class RelayApi:
         caller = await self.caller(request)
         seen = _last_event_id(request)
         self.hub.bind(asyncio.get_running_loop())
-        queue = self.hub.subscribe(caller.account)
-        first = await self.call(self.storage.state, caller.account)
 
         async def hints() -> AsyncIterator[ServerSentEvent]:
+            """Head hints for as long as the token stays valid: it is checked again every
+            heartbeat, so a revoked device or a deleted account stops hearing at once."""
+            queue = self.hub.subscribe(caller.account)
             try:
-                head = first.head
+                head = (await self.call(self.storage.state, caller.account)).head
                 if head != seen:
                     yield _head_event(head)
-                while True:
-                    head = await queue.get()
+                while (left_ms := caller.expires_ms - self.clock_ms()) > 0:
+                    wait_s = min(self.config.heartbeat_s, left_ms / 1000)
+                    try:
+                        head = await asyncio.wait_for(queue.get(), wait_s)
+                    except TimeoutError:
+                        if await self.call(self.storage.token, caller.token_hash) is None:
+                            return
+                        continue
                     yield _head_event(head)
             finally:
                 self.hub.unsubscribe(caller.account, queue)
@@ -379,6 +394,15 @@ class RelayApi:
 
 def _head_event(head: int) -> ServerSentEvent:
     return ServerSentEvent(data=str(head), id=str(head), event="head")
+
+
+def _device_id(request: Request) -> str:
+    """A device id as the relay makes them (`tokens.new_device_id`); anything else cannot
+    name a device, so it is not found — and never reaches a SQL TEXT column."""
+    device_id: str = request.path_params["device_id"]
+    if not tokens.is_device_id(device_id):
+        raise NotFoundError("no such device")
+    return device_id
 
 
 def _last_event_id(request: Request) -> int | None:
@@ -507,7 +531,7 @@ def _http_error(request: Request, exc: Exception) -> Response:
     """Starlette's own 404/405 in the relay's error shape."""
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "bad_request")
-    return JSONResponse({"code": code, "message": str(exc.detail)}, exc.status_code)
+    return codec.respond(request, ErrorBody(code, str(exc.detail)), exc.status_code)
 
 
 def create_app(

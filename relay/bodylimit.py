@@ -6,9 +6,12 @@ cut off after at most the limit plus one chunk (uvicorn reads 64 KiB at a time).
 
 from __future__ import annotations
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from relay import codec
 from relay.errors import TooLargeError
+from replica.wire import ErrorBody
 
 
 class BodyTooLargeError(TooLargeError):
@@ -28,7 +31,7 @@ class BodyLimit:
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await _refuse(send, self.max_bytes)
+            await _refuse(scope, receive, send, self.max_bytes)
             return
         received, started = 0, False
 
@@ -55,17 +58,8 @@ def _message(max_bytes: int) -> str:
     return f"request body over {max_bytes} bytes"
 
 
-async def _refuse(send: Send, max_bytes: int) -> None:
-    body = ('{"code":"body_too_large","message":"' + _message(max_bytes) + '"}').encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+async def _refuse(scope: Scope, receive: Receive, send: Send, max_bytes: int) -> None:
+    """413 in the relay's error shape and encoding, without reading the body."""
+    error = ErrorBody(BodyTooLargeError.code, _message(max_bytes))
+    response = codec.respond(Request(scope), error, 413, {"connection": "close"})
+    await response(scope, receive, send)

@@ -133,12 +133,14 @@ def load_config(
         table = document.get("relay", document)
         if not isinstance(table, dict):
             raise InvalidArgumentError(f"relay config {toml_path}: [relay] must be a table")
-        unknown = set(table) - set(_FIELDS)
-        if unknown:
-            raise InvalidArgumentError(f"unknown relay settings in {toml_path}: {sorted(unknown)}")
         values.update(table)
     for key, value in (environ or {}).items():
         if key.startswith(ENV_PREFIX) and key[len(ENV_PREFIX) :].lower() in _FIELDS:
             values[key[len(ENV_PREFIX) :].lower()] = value
     values.update({k: v for k, v in (flags or {}).items() if v is not None})
+    unknown = sorted(set(values) - set(_FIELDS))  # from the file or a flag; unknown
+    if unknown:  # SEALSYNC_RELAY_* variables are ignored, as other programs' would be
+        raise InvalidArgumentError(
+            f"unknown relay settings {unknown}", hint=f"known: {', '.join(sorted(_FIELDS))}"
+        )
     return RelayConfig(**{name: _coerce(name, value) for name, value in values.items()})  # type: ignore[arg-type]

@@ -62,11 +62,6 @@ class NotFoundError(RelayError):
     code = "not_found"
 
 
-class MethodNotAllowedError(RelayError):
-    status = 405
-    code = "method_not_allowed"
-
-
 class ConflictError(RelayError):
     """A compare-and-set lost, or a name is taken."""
 

@@ -2,7 +2,9 @@
 
 Storage backends report new heads from whatever thread committed (or from PostgreSQL's
 LISTEN thread); the hub hands them to the event loop and wakes that account's subscribers.
-A hint only says "pull now": losing one is harmless, the next pull catches up.
+A hint only says "pull now": losing one is harmless, the next pull catches up. Hints from
+several committing threads can arrive out of order, so a device must not read a hint's head
+as the relay state (rollback detection uses the state in pull and push answers).
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ class HeadHub:
 
     def _publish(self, account: str, head: int) -> None:
         for queue in self._subscribers.get(account, ()):
-            if queue.full():  # keep only the newest hint
-                queue.get_nowait()
+            if queue.full():  # one hint waits at most: the highest (they can race in)
+                head = max(head, queue.get_nowait())
             queue.put_nowait(head)
 
     def subscribe(self, account: str) -> asyncio.Queue[int]:

@@ -30,6 +30,14 @@ def token_hash(token: str) -> bytes | None:
     return hashlib.sha256(token.encode()).digest()
 
 
+def new_invite() -> tuple[str, bytes]:
+    """An invite token and the hash the relay stores for it."""
+    invite = new_token()
+    digest = token_hash(invite)
+    assert digest is not None
+    return invite, digest
+
+
 def issue(
     account: str, device_id: str, kind: TokenKind, expires_ms: int
 ) -> tuple[str, TokenRecord]:
@@ -60,5 +68,12 @@ def fake_kdf(secret: bytes, account: str) -> KdfParams:
     return KdfParams(salt)
 
 
+_DEVICE_ID = re.compile(r"[0-9a-f]{16}")
+
+
 def new_device_id() -> str:
     return secrets.token_hex(8)
+
+
+def is_device_id(value: str) -> bool:
+    return _DEVICE_ID.fullmatch(value) is not None

@@ -25,7 +25,7 @@ A's vector covers B's dot: ``A.vv[B.node] >= B.hlc`` (specs/merge.md).
 from __future__ import annotations
 
 import struct
-from typing import Annotated, Literal, NamedTuple, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple, TypeVar
 
 import msgspec
 
@@ -274,6 +274,20 @@ class Page(msgspec.Struct, frozen=True):
     state: RelayState
 
 
+class Redacted(msgspec.Struct, frozen=True):
+    """A message that carries a secret: `repr`, `str` and rich's pretty printer show only the
+    fields named in `shown` (rich reads `__rich_repr__`, which would bypass `__repr__`)."""
+
+    shown: ClassVar[tuple[str, ...]] = ()
+
+    def __rich_repr__(self) -> list[tuple[str, Any]]:
+        return [(name, getattr(self, name)) for name in self.shown]
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={value!r}" for name, value in self.__rich_repr__())
+        return f"{type(self).__name__}({fields})"
+
+
 AccountName = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 """An account name: 1..256 characters, NFC, no NUL (the relay checks the last two)."""
 DeviceName = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
@@ -292,7 +306,7 @@ class PreloginResponse(msgspec.Struct, frozen=True):
     kdf: KdfParams
 
 
-class RegisterRequest(msgspec.Struct, frozen=True):
+class RegisterRequest(Redacted, frozen=True):
     """A new account: its auth keys (hashed by the relay) and its opaque key bundle."""
 
     account: AccountName
@@ -303,29 +317,24 @@ class RegisterRequest(msgspec.Struct, frozen=True):
     device_name: DeviceName
     invite: Token | None = None
 
-    def __repr__(self) -> str:
-        return f"RegisterRequest(account={self.account!r}, device_name={self.device_name!r})"
+    shown = ("account", "device_name")
 
 
-class LoginRequest(msgspec.Struct, frozen=True):
+class LoginRequest(Redacted, frozen=True):
     """A new device session: the passphrase's or the recovery key's auth key."""
 
     account: AccountName
     auth_key: AuthKey
     device_name: DeviceName
 
-    def __repr__(self) -> str:
-        return f"LoginRequest(account={self.account!r}, device_name={self.device_name!r})"
+    shown = ("account", "device_name")
 
 
-class RefreshRequest(msgspec.Struct, frozen=True):
+class RefreshRequest(Redacted, frozen=True):
     refresh_token: Token
 
-    def __repr__(self) -> str:
-        return "RefreshRequest(…)"
 
-
-class Session(msgspec.Struct, frozen=True):
+class Session(Redacted, frozen=True):
     """Bearer tokens of one device: a short-lived access token and a single-use refresh one."""
 
     account: AccountName
@@ -336,8 +345,7 @@ class Session(msgspec.Struct, frozen=True):
     refresh_expires_ms: int
     state: RelayState
 
-    def __repr__(self) -> str:
-        return f"Session(account={self.account!r}, device_id={self.device_id!r})"
+    shown = ("account", "device_id")
 
 
 class DeviceInfo(msgspec.Struct, frozen=True):
@@ -356,13 +364,10 @@ class RenameDevice(msgspec.Struct, frozen=True):
     name: DeviceName
 
 
-class DeleteAccount(msgspec.Struct, frozen=True):
+class DeleteAccount(Redacted, frozen=True):
     """Deleting everything takes the auth key again, not just a (possibly stolen) token."""
 
     auth_key: AuthKey
-
-    def __repr__(self) -> str:
-        return "DeleteAccount(…)"
 
 
 class KeyBundleValue(msgspec.Struct, frozen=True):
@@ -372,17 +377,19 @@ class KeyBundleValue(msgspec.Struct, frozen=True):
     version: Version
 
 
-class PutKeyBundle(msgspec.Struct, frozen=True):
+class PutKeyBundle(Redacted, frozen=True):
     """A new bundle (a passphrase change re-wraps the account key) and the new passphrase's
-    auth key; refused unless the stored bundle is still `expected_version`."""
+    auth key; refused unless the stored bundle is still `expected_version`, and unless
+    `current_auth_key` is the account's passphrase or recovery auth key — a stolen token
+    alone must not be able to take the account over."""
 
     bundle: Bundle
     kdf: KdfParams
     auth_key: AuthKey
     expected_version: Version
+    current_auth_key: AuthKey
 
-    def __repr__(self) -> str:
-        return f"PutKeyBundle(expected_version={self.expected_version})"
+    shown = ("expected_version",)
 
 
 class RelayLimits(msgspec.Struct, frozen=True):

@@ -221,10 +221,14 @@ def test_key_bundle_compare_and_set_and_passphrase_change(client: TestClient) ->
     current = decode(client.get("/v1/keys", headers=bearer(session)).content, KeyBundleValue)
     assert current == KeyBundleValue(b"bundle", 1)
     new_auth = b"n" * 32
-    change = PutKeyBundle(b"bundle2", KdfParams(b"t" * 16), new_auth, 1)
+    stolen = PutKeyBundle(b"evil", KdfParams(b"t" * 16), new_auth, 1, b"w" * 32)
+    refused = client.put("/v1/keys", content=body(stolen), headers=bearer(session))
+    assert (refused.status_code, error_code(refused)) == (403, "forbidden")  # a token is not enough
+    change = PutKeyBundle(b"bundle2", KdfParams(b"t" * 16), new_auth, 1, keys.auth_key)
     answer = client.put("/v1/keys", content=body(change), headers=bearer(session))
     assert decode(answer.content, KeyBundleValue) == KeyBundleValue(b"bundle2", 2)
-    lost = client.put("/v1/keys", content=body(change), headers=bearer(session))
+    stale = PutKeyBundle(b"bundle3", KdfParams(b"t" * 16), new_auth, 1, keys.recovery_auth_key)
+    lost = client.put("/v1/keys", content=body(stale), headers=bearer(session))
     assert (lost.status_code, error_code(lost)) == (409, "version_conflict")
     refused = client.post(
         "/v1/login", content=body(LoginRequest("alice", keys.auth_key, "x")), headers=MSGPACK
@@ -296,3 +300,19 @@ def test_the_live_feed_says_head_is_now_n(client: TestClient) -> None:
             headers=bearer(session),
         )
         assert {next(lines) for _ in range(3)} == {"event: head", "id: 3", "data: 3"}
+
+
+def test_the_live_feed_ends_when_its_token_stops_being_valid(
+    make_client: AppFactory, clock: FakeClock
+) -> None:
+    client = make_client(heartbeat_s=0.05)
+    keys = new_keys()
+    laptop = register(client, "alice", keys)
+    phone = login(client, "alice", keys.auth_key)
+    with client.stream("GET", "/v1/events", headers=bearer(phone)) as events:
+        client.delete(f"/v1/devices/{phone.device_id}", headers=bearer(laptop))
+        lines = [line for line in events.iter_lines() if line.startswith(("data", "id"))]
+    assert lines == ["id: 0", "data: 0"] or sorted(lines) == ["data: 0", "id: 0"]
+    with client.stream("GET", "/v1/events", headers=bearer(laptop)) as events:
+        clock.now_ms += 3600_000  # the access token expires while the stream is open
+        assert all(not line.startswith("data: 1") for line in events.iter_lines())

@@ -110,7 +110,9 @@ def request_body(endpoint: Endpoint, keys: Keys) -> bytes:
     bodies: dict[type | None, object] = {
         None: None,
         RenameDevice: RenameDevice("renamed-by-attacker"),
-        PutKeyBundle: PutKeyBundle(b"attacker-bundle", KdfParams(b"m" * 16), b"x" * 32, 1),
+        PutKeyBundle: PutKeyBundle(
+            b"attacker-bundle", KdfParams(b"m" * 16), b"x" * 32, 1, b"y" * 32
+        ),
         DeleteAccount: DeleteAccount(keys.auth_key),
         PushBatch: PushBatch([envelope(b"m" * 16, 9, HLC, {9: HLC})]),
     }
@@ -287,9 +289,12 @@ def test_another_accounts_token_only_ever_sees_its_own_account(world: World) -> 
     assert [r.seq for r in decode(pushed.content, PushResult).receipts] == [1]  # Mallory's seq
     page = decode(client.get("/v1/pull", headers=mallory).content, Page)
     assert [e.envelope for e in page.entries] == [mine]
-    change = PutKeyBundle(b"mallory-bundle", KdfParams(b"m" * 16), b"x" * 32, 1)
+    current = world.mallory_keys.auth_key
+    change = PutKeyBundle(b"mallory-bundle", KdfParams(b"m" * 16), b"x" * 32, 1, current)
     put = client.put("/v1/keys", content=body(change), headers=mallory)
     assert decode(put.content, KeyBundleValue) == KeyBundleValue(b"mallory-bundle", 2)
+    alices = PutKeyBundle(b"x", KdfParams(b"m" * 16), b"x" * 32, 2, world.alice_keys.auth_key)
+    assert client.put("/v1/keys", content=body(alices), headers=mallory).status_code == 403
     with_alices_key = client.request(
         "DELETE",
         "/v1/account",

@@ -197,11 +197,8 @@ def test_shaped_accounts_and_logins_never_make_a_server_error(
         )
         assert registered in (201, 409, 422)
         assert post(relay, "/v1/login", LoginRequest(name, auth, device)) in (200, 401, 422, 429)
-        assert post(relay, "/v1/keys", PutKeyBundle(bundle, kdf, auth, version), session) in (
-            200,
-            409,
-            422,
-        )
+        change = PutKeyBundle(bundle, kdf, auth, version, auth)
+        assert post(relay, "/v1/keys", change, session) in (200, 403, 409, 422)
 
     attempt()
 

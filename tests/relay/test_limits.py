@@ -418,5 +418,6 @@ def test_a_body_sent_to_the_event_stream_ends_the_stream_not_in_an_error(relays:
     session = register(relay.client, "alice", new_keys())
     headers = {"authorization": f"Bearer {session.access_token}"}
     answer = call_asgi(relay.app, "GET", "/v1/events", itertools.repeat(b"x" * KIB), headers)
-    assert answer.status == 200 and answer.body.startswith(b"id: 0")
+    assert answer.status == 200  # hung up, before or after the first hint
+    assert answer.body == b"" or answer.body.startswith((b"id: 0", b"event: head"))
     assert BODY_LIMIT < answer.pulled_bytes <= BODY_LIMIT + CHUNK

@@ -1,0 +1,65 @@
+"""What talking to a relay can go wrong with, as one small tree under `SealsyncError`.
+
+The split that matters to a caller is `retryable`: an `UnknownOutcomeError` (timeout, dropped
+connection, truncated answer, 5xx) means the relay may or may not have acted, so the same
+request is sent again — every sync request is idempotent. A `RelayRefusedError` is the relay's
+definitive word, with its stable `code`. No message ever holds a token or a key.
+"""
+
+from __future__ import annotations
+
+from replica.errors import SealsyncError
+
+
+class RelayClientError(SealsyncError):
+    """Root of the errors of `clients.http`; `retryable` says whether sending again may help."""
+
+    code = "relay_client"
+    retryable = False
+
+
+class UnknownOutcomeError(RelayClientError):
+    """No complete answer: the relay may have acted or not. Safe to retry (idempotent)."""
+
+    code = "unknown_outcome"
+    retryable = True
+
+
+class RelayRefusedError(RelayClientError):
+    """A definitive 4xx from the relay, with its machine-readable `code` and `status`.
+
+    Only `rate_limited` (429) is worth sending again, after `retry_after_s`.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        retry_after_s: float | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(f"relay refused ({status} {code}): {message}", hint=hint)
+        self.status = status
+        self.code = code
+        self.retry_after_s = retry_after_s
+        self.retryable = status == 429
+
+
+class ProtocolMismatchError(RelayClientError):
+    """The relay speaks another protocol version, or is not a sealsync relay at all."""
+
+    code = "protocol_mismatch"
+
+
+class InsecureRelayError(RelayClientError):
+    """A plain-http relay URL that is not loopback: tokens and metadata would travel in clear."""
+
+    code = "insecure_url"
+
+
+class NoSessionError(RelayClientError):
+    """A call that needs a device session before one was registered, logged in or given."""
+
+    code = "no_session"

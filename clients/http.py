@@ -1,0 +1,433 @@
+"""`RelayClient`: the relay's HTTP API (specs/protocol.md §6) as typed Python calls.
+
+One `httpx2.Client` with keep-alive and explicit timeouts; MessagePack both ways; answers
+decoded by msgspec into `replica.wire` types. Foreign exceptions are translated once, here:
+no complete answer is an `UnknownOutcomeError` (retryable), a 4xx a `RelayRefusedError` with
+the relay's code. The client holds the device's `Session`; an access token the relay no longer
+takes is refreshed once and the request sent again, and `on_session` hears every new session
+so the caller can store it. Retrying is the sync driver's job, not this module's.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TypeVar
+
+import httpx2
+import msgspec
+
+from clients.errors import (
+    InsecureRelayError,
+    NoSessionError,
+    ProtocolMismatchError,
+    RelayRefusedError,
+    UnknownOutcomeError,
+)
+from replica.errors import InvalidArgumentError
+from replica.wire import (
+    PROTOCOL_VERSION,
+    DeleteAccount,
+    DeviceList,
+    ErrorBody,
+    KeyBundleValue,
+    LoginRequest,
+    Page,
+    PreloginRequest,
+    PreloginResponse,
+    PushBatch,
+    PushResult,
+    PutKeyBundle,
+    RefreshRequest,
+    RegisterRequest,
+    RelayInfo,
+    RelayLimits,
+    RelayState,
+    RenameDevice,
+    Session,
+    decode_message,
+    encode_message,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+MSGPACK = "application/msgpack"
+
+HINT_BY_CODE = {
+    "unauthorized": "this device's session ended (revoked, expired, or the relay was wiped): "
+    "log in again",
+    "bad_credentials": "check the account name and the passphrase or recovery key",
+    "forbidden": "this takes an invite, or the account's current passphrase",
+    "account_exists": "choose another account name, or join the existing account",
+    "version_conflict": "the key bundle changed on another device: read it again and retry",
+    "quota_exceeded": "the account is at its storage quota on this relay: ask the operator",
+    "too_large": "the request is over the relay's limits (GET /v1/info)",
+    "rate_limited": "wait a little and try again",
+}
+UNKNOWN_OUTCOME_HINT = "the relay may or may not have acted; sending the same request is safe"
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds for each phase of a request. The live feed's read timeout outlasts the relay's
+    heartbeat (15 s) with room to spare: a feed silent for longer than that is dead."""
+
+    connect_s: float = 5.0
+    read_s: float = 30.0
+    write_s: float = 30.0
+    pool_s: float = 5.0
+    events_read_s: float = 60.0
+
+    def for_requests(self) -> httpx2.Timeout:
+        return httpx2.Timeout(
+            connect=self.connect_s, read=self.read_s, write=self.write_s, pool=self.pool_s
+        )
+
+    def for_events(self) -> httpx2.Timeout:
+        return httpx2.Timeout(
+            connect=self.connect_s, read=self.events_read_s, write=self.write_s, pool=self.pool_s
+        )
+
+
+def check_relay_url(url: str, *, insecure: bool = False) -> str:
+    """The URL without a trailing slash; plain http only to loopback unless `insecure`."""
+    try:
+        parsed = httpx2.URL(url)
+    except httpx2.InvalidURL as exc:
+        raise InvalidArgumentError(f"relay URL {url!r} is not a URL: {exc}") from exc
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise InvalidArgumentError(
+            f"relay URL {url!r} must be http:// or https:// with a host",
+            hint="for example https://relay.example.org",
+        )
+    if parsed.scheme == "http" and not insecure and not is_loopback(parsed.host):
+        raise InsecureRelayError(
+            f"relay URL {url!r} is plain http to a host that is not loopback",
+            hint="use https:// (a TLS-terminating proxy in front of the relay), or pass "
+            "--insecure on a network you trust",
+        )
+    return url.rstrip("/")
+
+
+def is_loopback(host: str) -> bool:
+    """localhost, 127.0.0.0/8 or ::1: traffic that never leaves the machine."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class _Version(msgspec.Struct):
+    """Just the protocol version of `/v1/info`, read before the rest: another version's
+    limits may have another shape, and the mismatch is the error worth reporting."""
+
+    protocol_version: int
+
+
+class RelayClient:
+    """One relay, one device session; thread-safe (the live feed reads in another thread)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        session: Session | None = None,
+        on_session: Callable[[Session], None] | None = None,
+        insecure: bool = False,
+        timeouts: Timeouts = Timeouts(),
+        transport: httpx2.BaseTransport | None = None,
+    ) -> None:
+        """`transport` is the seam for tests (a real transport with injected faults)."""
+        self.url = check_relay_url(url, insecure=insecure)
+        self._session = session
+        self._on_session = on_session
+        self._timeouts = timeouts
+        self._refresh_lock = threading.Lock()
+        self._info: RelayInfo | None = None
+        self._http = httpx2.Client(
+            base_url=self.url,
+            timeout=timeouts.for_requests(),
+            transport=transport,
+            headers={"accept": MSGPACK},
+            limits=httpx2.Limits(max_keepalive_connections=4, keepalive_expiry=30.0),
+            follow_redirects=False,
+            trust_env=False,  # libraries take explicit arguments; only the CLI reads the world
+        )
+
+    def __repr__(self) -> str:
+        account = self._session.account if self._session else None
+        return f"RelayClient(url={self.url!r}, account={account!r})"
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> RelayClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def session(self) -> Session | None:
+        return self._session
+
+    # -- relay -------------------------------------------------------------------------------
+
+    def info(self) -> RelayInfo:
+        """Protocol version and limits, asked once per client; another version is refused."""
+        if self._info is None:
+            response = self._send("GET", "/v1/info", auth=False)
+            if response.status_code >= 500 or response.status_code == 429:
+                _raise_for(response)  # a relay having trouble, not a stranger
+            version = _protocol_version(response)
+            if version is None:
+                raise ProtocolMismatchError(
+                    f"{self.url} did not answer /v1/info as a sealsync relay",
+                    hint="check the relay URL",
+                )
+            if version != PROTOCOL_VERSION:
+                raise ProtocolMismatchError(
+                    f"relay at {self.url} speaks protocol {version}, this device {PROTOCOL_VERSION}",
+                    hint="upgrade whichever side is older",
+                )
+            self._info = self._decode(response, RelayInfo)
+        return self._info
+
+    def limits(self) -> RelayLimits:
+        return self.info().limits
+
+    # -- accounts and devices ----------------------------------------------------------------
+
+    def prelogin(self, account: str) -> PreloginResponse:
+        response = self._send("POST", "/v1/prelogin", body=PreloginRequest(account), auth=False)
+        return self._decode(response, PreloginResponse)
+
+    def register(self, request: RegisterRequest) -> Session:
+        response = self._send("POST", "/v1/register", body=request, auth=False)
+        return self._adopt(self._decode(response, Session, status=201))
+
+    def login(self, request: LoginRequest) -> Session:
+        response = self._send("POST", "/v1/login", body=request, auth=False)
+        return self._adopt(self._decode(response, Session))
+
+    def refresh(self) -> Session:
+        """New tokens for the refresh token (which works once; its successor is adopted)."""
+        session = self._require_session()
+        request = RefreshRequest(session.refresh_token)
+        response = self._send("POST", "/v1/refresh", body=request, auth=False)
+        return self._adopt(self._decode(response, Session))
+
+    def devices(self) -> DeviceList:
+        return self._decode(self._send("GET", "/v1/devices"), DeviceList)
+
+    def rename_device(self, device_id: str, name: str) -> None:
+        path = f"/v1/devices/{device_id}"
+        self._expect_empty(self._send("PATCH", path, body=RenameDevice(name)))
+
+    def revoke_device(self, device_id: str) -> None:
+        self._expect_empty(self._send("DELETE", f"/v1/devices/{device_id}"))
+
+    def key_bundle(self) -> KeyBundleValue:
+        return self._decode(self._send("GET", "/v1/keys"), KeyBundleValue)
+
+    def put_key_bundle(self, request: PutKeyBundle) -> KeyBundleValue:
+        return self._decode(self._send("PUT", "/v1/keys", body=request), KeyBundleValue)
+
+    def delete_account(self, request: DeleteAccount) -> None:
+        self._expect_empty(self._send("DELETE", "/v1/account", body=request))
+
+    # -- versions ----------------------------------------------------------------------------
+
+    def state(self) -> RelayState:
+        return self._decode(self._send("GET", "/v1/state"), RelayState)
+
+    def reseed(self) -> RelayState:
+        """A new account epoch (specs/protocol.md §4.5): every other device will reseed."""
+        return self._decode(self._send("POST", "/v1/reseed"), RelayState)
+
+    def push(self, batch: PushBatch) -> PushResult:
+        return self._decode(self._send("POST", "/v1/push", body=batch), PushResult)
+
+    def pull(self, cursor: int, limit: int | None = None) -> Page:
+        params = {"cursor": str(cursor)}
+        if limit is not None:
+            params["limit"] = str(limit)
+        return self._decode(self._send("GET", "/v1/pull", params=params), Page)
+
+    @contextmanager
+    def events(self, last_event_id: int | None = None) -> Iterator[Iterator[int]]:
+        """The live feed, open: iterate for head hints ("pull now") until the relay ends it.
+
+        Resumes after `last_event_id` (the relay says the head at once if it moved since).
+        A broken feed raises `UnknownOutcomeError` from the iteration.
+        """
+        headers = {"accept": "text/event-stream"}
+        if last_event_id is not None:
+            headers["last-event-id"] = str(last_event_id)
+        response = self._send("GET", "/v1/events", headers=headers, stream=True)
+        if response.status_code != 200:
+            _raise_for(response)
+        try:
+            yield _heads(response)
+        finally:
+            response.close()
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def _require_session(self) -> Session:
+        if self._session is None:
+            raise NoSessionError(
+                "this relay call needs a device session", hint="register or log in first"
+            )
+        return self._session
+
+    def _adopt(self, session: Session) -> Session:
+        self._session = session
+        if self._on_session is not None:
+            self._on_session(session)
+        return session
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: msgspec.Struct | None = None,
+        params: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        auth: bool = True,
+        stream: bool = False,
+    ) -> httpx2.Response:
+        """Send once, or twice when the access token needed a refresh; any status returned."""
+        content = None if body is None else encode_message(body)
+        for attempt in (1, 2):
+            session = self._require_session() if auth else None
+            sent = dict(headers or {})
+            if content is not None:
+                sent["content-type"] = MSGPACK
+            if session is not None:
+                sent["authorization"] = f"Bearer {session.access_token}"
+            response = self._exchange(method, path, content, params, sent, stream)
+            if response.status_code == 401 and session is not None and attempt == 1:
+                _discard(response)
+                self._refresh_after(session)
+                continue
+            if stream and response.status_code != 200:
+                _discard(response)
+            return response
+        raise AssertionError("unreachable: the second attempt returns")
+
+    def _exchange(
+        self,
+        method: str,
+        path: str,
+        content: bytes | None,
+        params: Mapping[str, str] | None,
+        headers: dict[str, str],
+        stream: bool,
+    ) -> httpx2.Response:
+        timeout = self._timeouts.for_events() if stream else self._timeouts.for_requests()
+        request = self._http.build_request(
+            method, path, content=content, params=params, headers=headers, timeout=timeout
+        )
+        try:
+            response = self._http.send(request, stream=stream)
+        except httpx2.TimeoutException as exc:
+            raise UnknownOutcomeError(
+                f"{method} {path}: no answer within the timeout", hint=UNKNOWN_OUTCOME_HINT
+            ) from exc
+        except httpx2.TransportError as exc:
+            raise UnknownOutcomeError(
+                f"{method} {path}: {type(exc).__name__} talking to {self.url}",
+                hint=UNKNOWN_OUTCOME_HINT,
+            ) from exc
+        log.debug("%s %s -> %s", method, path, response.status_code)
+        if not stream:
+            _check_complete(method, path, response)
+        return response
+
+    def _refresh_after(self, used: Session) -> None:
+        """Refresh the tokens `used` was refused with — unless another thread already did:
+        a refresh token works once, so two refreshes would lock the device out."""
+        with self._refresh_lock:
+            if self._session is used:
+                self.refresh()
+
+    def _decode(self, response: httpx2.Response, kind: type[T], *, status: int = 200) -> T:
+        if response.status_code != status:
+            _raise_for(response)
+        return decode_message(response.content, kind)
+
+    def _expect_empty(self, response: httpx2.Response) -> None:
+        if response.status_code != 204:
+            _raise_for(response)
+
+
+def _check_complete(method: str, path: str, response: httpx2.Response) -> None:
+    """A body shorter than its Content-Length was cut off in transit: outcome unknown."""
+    declared = response.headers.get("content-length")
+    if declared is None or "content-encoding" in response.headers:
+        return
+    if declared.isdigit() and int(declared) != len(response.content):
+        raise UnknownOutcomeError(
+            f"{method} {path}: answer truncated ({len(response.content)} of {declared} bytes)",
+            hint=UNKNOWN_OUTCOME_HINT,
+        )
+
+
+def _protocol_version(response: httpx2.Response) -> int | None:
+    if response.status_code != 200:
+        return None
+    try:
+        return msgspec.msgpack.decode(response.content, type=_Version).protocol_version
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def _discard(response: httpx2.Response) -> None:
+    try:
+        response.read()
+    except httpx2.TransportError:
+        pass  # the answer is thrown away either way
+    finally:
+        response.close()
+
+
+def _raise_for(response: httpx2.Response) -> None:
+    """An answer other than the expected one: 4xx refused, 5xx unknown, anything else odd."""
+    status = response.status_code
+    path = response.request.url.path
+    if status >= 500:
+        raise UnknownOutcomeError(f"{path}: relay answered {status}", hint=UNKNOWN_OUTCOME_HINT)
+    if 400 <= status < 500:
+        try:
+            error = msgspec.msgpack.decode(response.content, type=ErrorBody)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            error = ErrorBody(f"http_{status}", "an answer that is not the relay's error body")
+        retry_after = response.headers.get("retry-after", "")
+        raise RelayRefusedError(
+            status,
+            error.code,
+            error.message,
+            retry_after_s=float(retry_after) if retry_after.isdigit() else None,
+            hint=HINT_BY_CODE.get(error.code),
+        )
+    raise ProtocolMismatchError(f"{path}: unexpected HTTP status {status} from the relay")
+
+
+def _heads(response: httpx2.Response) -> Iterator[int]:
+    """Head hints from a Server-Sent Events stream (`event: head`, `data: N`)."""
+    try:
+        for event in httpx2.EventSource(response):
+            if event.event == "head" and event.data.isascii() and event.data.isdigit():
+                yield int(event.data)
+    except httpx2.TransportError as exc:
+        raise UnknownOutcomeError(
+            f"live feed broken: {type(exc).__name__}", hint="it reconnects on its own"
+        ) from exc

@@ -1,0 +1,81 @@
+"""A real HTTP transport with injected faults: replies lost after the relay acted, bodies cut
+short, a little jitter, and an optional relay restart — the network the sync driver must beat.
+
+Every fault strikes after the relay answered, so the relay has done the work (a push is
+committed) and only the device does not know it: the hard case for idempotent retries.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import httpx2
+
+
+class CutStream(httpx2.SyncByteStream):
+    """The first bytes of a body, then either a clean end (the Content-Length says more was
+    due) or the error a connection closed mid-body raises."""
+
+    def __init__(self, data: bytes, *, then_raise: bool) -> None:
+        self._data = data
+        self._then_raise = then_raise
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield self._data
+        if self._then_raise:
+            raise httpx2.RemoteProtocolError("injected: peer closed the connection mid-body")
+
+
+class ChaosTransport(httpx2.HTTPTransport):
+    """`HTTPTransport` whose answers are lost (ReadTimeout) or truncated at the given rates.
+
+    `strike(n, path)` may force a fault on the n-th request (1-based); `on_request` runs after
+    the relay answered request n (the test restarts the relay from there).
+    """
+
+    def __init__(
+        self,
+        *,
+        seed: int,
+        timeout_rate: float = 0.05,
+        truncate_rate: float = 0.05,
+        max_jitter_s: float = 0.005,
+        strike: Callable[[int, str], bool] = lambda n, path: False,
+        on_request: Callable[[int], None] = lambda n: None,
+    ) -> None:
+        super().__init__(trust_env=False)
+        self.faults: Counter[str] = Counter()
+        self._random = random.Random(seed)
+        self._lock = threading.Lock()
+        self._rates = (timeout_rate, truncate_rate)
+        self._max_jitter_s = max_jitter_s
+        self._strike = strike
+        self._on_request = on_request
+        self._requests = 0
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        path = request.url.path
+        with self._lock:
+            self._requests += 1
+            n = self._requests
+            roll, cut, jitter = (self._random.random() for _ in range(3))
+        time.sleep(jitter * self._max_jitter_s)
+        response = super().handle_request(request)
+        if path == "/v1/events":  # the live feed streams; it is tested on its own
+            return response
+        body = response.read()
+        response.close()
+        self._on_request(n)
+        timeout_rate, truncate_rate = self._rates
+        if self._strike(n, path) or roll < timeout_rate:
+            self.faults[f"lost {path}"] += 1
+            raise httpx2.ReadTimeout("injected: the reply was lost", request=request)
+        if roll < timeout_rate + truncate_rate and body:
+            self.faults[f"cut {path}"] += 1
+            stream = CutStream(body[: int(cut * len(body))], then_raise=cut < 0.5)
+            return httpx2.Response(response.status_code, headers=response.headers, stream=stream)
+        return httpx2.Response(response.status_code, headers=response.headers, content=body)

@@ -1,0 +1,137 @@
+"""RelayClient against real servers on loopback: URLs, protocol version, tokens, errors."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import msgspec
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from clients.errors import (
+    InsecureRelayError,
+    NoSessionError,
+    ProtocolMismatchError,
+    RelayRefusedError,
+    UnknownOutcomeError,
+)
+from clients.http import RelayClient, check_relay_url
+from replica.wire import PROTOCOL_VERSION, PushBatch
+from tests.clients.conftest import Fleet
+from tests.relay.server import RelayProcess, free_port
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1:8787", "http://127.8.9.10", "http://localhost:1/", "http://[::1]:5",
+     "https://relay.example.org"],
+)  # fmt: skip
+def test_loopback_and_https_urls_are_accepted(url: str) -> None:
+    assert check_relay_url(url) == url.rstrip("/")
+
+
+@pytest.mark.parametrize("url", ["http://relay.example.org", "http://10.0.0.2:8787"])
+def test_plain_http_to_another_host_is_refused_unless_insecure(url: str) -> None:
+    with pytest.raises(InsecureRelayError) as refused:
+        RelayClient(url)
+    assert refused.value.hint and "--insecure" in refused.value.hint
+    RelayClient(url, insecure=True).close()
+
+
+@pytest.fixture
+def foreign_server() -> Iterator[Callable[[bytes, int], str]]:
+    """A real HTTP server on loopback answering /v1/info with the bytes a test gives."""
+    servers: list[tuple[uvicorn.Server, threading.Thread]] = []
+
+    def serve(info: bytes, status: int = 200) -> str:
+        async def answer(request: Request) -> Response:
+            return Response(info, status, media_type="application/msgpack")
+
+        port = free_port()
+        config = uvicorn.Config(
+            Starlette(routes=[Route("/v1/info", answer)]), host="127.0.0.1", port=port,
+            log_config=None, lifespan="off",
+        )  # fmt: skip
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        servers.append((server, thread))
+        return f"http://127.0.0.1:{port}"
+
+    yield serve
+    for server, thread in servers:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_a_relay_of_another_protocol_version_is_refused(
+    foreign_server: Callable[[bytes, int], str],
+) -> None:
+    newer = msgspec.msgpack.encode({"protocol_version": PROTOCOL_VERSION + 1, "limits": "new"})
+    with (
+        RelayClient(foreign_server(newer, 200)) as client,
+        pytest.raises(ProtocolMismatchError) as e,
+    ):
+        client.info()
+    assert f"protocol {PROTOCOL_VERSION + 1}" in str(e.value) and e.value.hint
+    with (
+        RelayClient(foreign_server(b"<html>", 404)) as client,
+        pytest.raises(ProtocolMismatchError),
+    ):
+        client.info()
+
+
+def test_an_unreachable_relay_is_an_unknown_outcome() -> None:
+    client = RelayClient(f"http://127.0.0.1:{free_port()}")
+    with client, pytest.raises(UnknownOutcomeError) as e:
+        client.info()
+    assert e.value.retryable and e.value.hint
+
+
+def test_tokens_refresh_transparently_and_the_caller_hears_each_session(
+    start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet]
+) -> None:
+    relay = start_relay("access_token_s=1")
+    fleet = fleets(relay.url)
+    a = fleet.add("a")
+    a.replica.put("notes", "n1", {"text": "one"})
+    time.sleep(1.2)  # the access token has expired
+    report = a.driver.sync()
+    assert report.stored == 1 and report.retries == 0
+    assert len(a.sessions) >= 2  # register, then at least one refresh
+    assert a.sessions[-1].access_token != a.sessions[0].access_token
+    assert a.client.session is a.sessions[-1]
+    time.sleep(1.2)
+    assert a.client.devices().devices[0].current
+
+
+def test_refusals_are_definitive_typed_and_name_no_secret(
+    start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet]
+) -> None:
+    relay = start_relay()
+    fleet = fleets(relay.url)
+    a, b = fleet.add("a"), fleet.add("b")
+    b_id = b.client.session.device_id if b.client.session else ""
+    a.client.revoke_device(b_id)
+    b.replica.put("notes", "n1", {"text": "one"})
+    with pytest.raises(RelayRefusedError) as refused:
+        b.driver.sync()  # the refresh is refused too: no retry, the device must log in
+    assert refused.value.code == "unauthorized" and not refused.value.retryable
+    assert refused.value.hint and "log in" in refused.value.hint
+    with pytest.raises(RelayRefusedError) as too_many:
+        a.client.push(PushBatch([b"x" * 40] * 1001))
+    assert (too_many.value.status, too_many.value.code) == (413, "too_large")
+    for session in (*a.sessions, *b.sessions):
+        for text in (repr(a.client), repr(b.client), str(refused.value), repr(session)):
+            assert session.access_token not in text and session.refresh_token not in text
+    with RelayClient(relay.url) as anonymous, pytest.raises(NoSessionError):
+        anonymous.state()

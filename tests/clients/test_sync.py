@@ -1,0 +1,201 @@
+"""The sync driver end to end over a real relay: convergence, chaos, rollback, live."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from clients.http import RelayClient
+from clients.sync import is_epoch_change
+from replica import RollbackError
+from replica.wire import LoginRequest, parse_header
+from tests.clients.chaos import ChaosTransport
+from tests.clients.conftest import Device, Fleet, contents
+from tests.clients.scenario import play
+from tests.conftest import FakeClock
+from tests.relay.server import RelayProcess
+
+START_MS = int(time.time() * 1000) - 60_000
+"""Both runs of the chaos test start their replicas' clocks here (behind the relay's)."""
+
+
+def relay_contents(fleet: Fleet) -> tuple[list[tuple[bytes, int, int]], list[int], int]:
+    """Every version the relay holds (identity per entry), their seqs and the head, read by
+    a new device from cursor 0."""
+    with RelayClient(fleet.url) as client:
+        client.login(LoginRequest(fleet.account, fleet.auth_key, "auditor"))
+        identities, seqs, cursor = [], [], 0
+        while True:
+            page = client.pull(cursor)
+            for entry in page.entries:
+                header = parse_header(entry.envelope)
+                identities.append((header.key, header.node, header.hlc))
+                seqs.append(entry.seq)
+            cursor = page.next_cursor
+            if not page.has_more:
+                return identities, seqs, page.state.head
+
+
+@pytest.mark.slow
+def test_three_devices_edit_offline_and_converge_with_siblings(
+    start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet]
+) -> None:
+    relay = start_relay()
+    clock = FakeClock(START_MS)
+    devices = play(fleets(relay.url, clock=clock), clock, seed=1)
+    first = devices[0].replica
+    for device in devices:
+        replica = device.replica
+        assert contents(replica) == contents(first)
+        assert replica.scan("notes") == first.scan("notes")
+        assert len(replica.conflicts("threads", "shared")) == 1  # two concurrent edits: siblings
+        assert replica.get("threads", "shared") == first.get("threads", "shared")
+        assert replica.status().dirty == 0
+    assert any(r.deleted for r in first.scan("notes", include_deleted=True))
+
+
+@pytest.mark.slow
+def test_chaos_transport_and_a_relay_restart_change_nothing(
+    start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet]
+) -> None:
+    calm_relay = start_relay()
+    calm_clock = FakeClock(START_MS)
+    calm_fleet = fleets(calm_relay.url, clock=calm_clock)
+    calm = play(calm_fleet, calm_clock, seed=7)
+
+    relay = start_relay()
+    restarts: list[threading.Thread] = []
+    answered = itertools.count(1)
+
+    def restart_later() -> None:
+        time.sleep(0.5)
+        relay.start()
+
+    def restart_once(n: int) -> None:  # the relay dies right after its 40th answer of the run
+        if next(answered) == 40:
+            relay.kill()
+            restarts.append(threading.Thread(target=restart_later))
+            restarts[0].start()
+
+    transports: list[ChaosTransport] = []
+
+    def chaos() -> ChaosTransport:
+        transports.append(
+            ChaosTransport(
+                seed=len(transports),
+                strike=lambda n, path: path == "/v1/push" and n <= 3,  # a first reply lost
+                on_request=restart_once,
+            )
+        )
+        return transports[-1]
+
+    clock = FakeClock(START_MS)
+    stormy_fleet = fleets(relay.url, clock=clock, transport=chaos)
+    stormy = play(stormy_fleet, clock, seed=7)
+    for thread in restarts:
+        thread.join(timeout=30)
+
+    assert restarts, "the relay was restarted mid-run"
+    faults = sum((t.faults for t in transports), start=Counter[str]())
+    assert faults["lost /v1/push"] >= 1 and sum(faults.values()) >= 5, faults
+    for mine, theirs in zip(stormy, calm, strict=True):
+        assert contents(mine.replica, with_nodes=False) == contents(
+            theirs.replica, with_nodes=False
+        )
+    identities, seqs, head = relay_contents(stormy_fleet)
+    calm_identities, _, calm_head = relay_contents(calm_fleet)
+    assert len(set(identities)) == len(identities) and len(set(seqs)) == len(seqs)
+    assert (len(identities), head) == (len(calm_identities), calm_head)  # 0 lost, 0 duplicated
+
+
+@pytest.mark.slow
+def test_a_reseed_is_followed_and_a_rollback_by_head_reseeds_with_a_new_epoch(
+    start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet], tmp_path: Path
+) -> None:
+    relay = start_relay()
+    fleet = fleets(relay.url)
+    a, b = fleet.add("a"), fleet.add("b")
+    a.replica.put("notes", "n1", {"text": "one"})
+    a.driver.sync()
+    b.driver.sync()
+
+    a.driver.reseed()  # a asks for a new epoch; b follows on its next sync, on its own
+    b.replica.put("notes", "n2", {"text": "offline on b"})
+    report = b.driver.sync()
+    assert report.rounds == 2 and b.replica.status().dirty == 0
+    a.driver.sync()
+    assert a.replica.get("notes", "n2") is not None
+
+    relay.stop()  # the operator keeps a copy, later restores it: same epoch, lower head
+    db = tmp_path / "relay0.db"
+    shutil.copy(db, tmp_path / "old.db")
+    relay.start()
+    a.replica.put("notes", "n3", {"text": "three"})
+    a.driver.sync()
+    b.driver.sync()
+    relay.stop()
+    shutil.copy(tmp_path / "old.db", db)
+    for suffix in ("-wal", "-shm"):
+        (tmp_path / f"relay0.db{suffix}").unlink(missing_ok=True)
+    relay.start()
+
+    with pytest.raises(RollbackError) as found:
+        b.driver.sync()
+    assert not is_epoch_change(found.value) and "below" in str(found.value)
+    assert b.replica.get("notes", "n3") is not None  # nothing read as deleted
+    b.driver.reseed(found.value)  # by head: a new epoch, everything pushed again
+    assert a.driver.sync().rounds == 2  # a follows the new epoch
+    late = fleet.add("c")
+    late.driver.sync()
+    for device in (a, b, late):
+        assert contents(device.replica) == contents(a.replica)
+        assert sorted(r.id for r in device.replica.scan("notes")) == ["n1", "n2", "n3"]
+
+
+@pytest.mark.slow
+def test_a_watching_device_sees_writes_live_and_across_a_relay_restart(
+    start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet]
+) -> None:
+    relay = start_relay("heartbeat_s=0.5")
+    fleet = fleets(relay.url)
+    a, b = fleet.add("a"), fleet.add("b")
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def watch() -> None:
+        try:
+            b.driver.watch(stop, poll_interval_s=0.5, idle_sync_s=30)
+        except BaseException as exc:
+            failure.append(exc)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        a.replica.put("notes", "live", {"text": "hello"})
+        a.driver.sync()
+        assert wait_for(b, "live"), "b did not see a's write"
+        relay.kill()
+        relay.start()
+        a.replica.put("notes", "after", {"text": "again"})
+        a.driver.sync()
+        assert wait_for(b, "after"), "b did not see a's write after the relay restarted"
+    finally:
+        stop.set()
+        watcher.join(timeout=10)
+    assert not watcher.is_alive() and not failure, failure
+
+
+def wait_for(device: Device, record: str, timeout_s: float = 20) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if device.replica.get("notes", record) is not None:
+            return True
+        time.sleep(0.05)
+    return False

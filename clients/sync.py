@@ -94,10 +94,8 @@ def batch_bounds(limits: RelayLimits, max_count: int, max_bytes: int) -> tuple[i
 
 def is_epoch_change(error: RollbackError) -> bool:
     """True when the rollback is an account epoch other than the last seen: another device
-    reseeded (or the relay was restored from before a reseed). The session names the failed
-    check only in its message (`replica.sync.SyncSession._check_state`); the tests of the
-    driver's reseed pin this reading."""
-    return str(error).startswith("account epoch changed")
+    reseeded (or the relay was restored from before a reseed)."""
+    return error.reason == "account_epoch"
 
 
 class SyncDriver:

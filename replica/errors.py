@@ -7,6 +7,8 @@ an operator `hint` where the user can act. The relay maps `code` to a 4xx answer
 
 from __future__ import annotations
 
+from typing import Literal
+
 
 class SealsyncError(Exception):
     """Root of every error sealsync raises on purpose."""
@@ -93,10 +95,20 @@ class RepairRefusedError(SealsyncError):
     code = "repair_refused"
 
 
+RollbackReason = Literal["storage_id", "account_epoch", "head"]
+
+
 class RollbackError(SealsyncError):
-    """The relay was wiped or restored from an older copy (new storage id, epoch or low head)."""
+    """The relay was wiped or restored from an older copy (new storage id, epoch or low head).
+
+    `reason` names the check that failed: a driver asks the relay for a new epoch only after
+    a storage id or head rollback — an epoch change means another device already reseeded."""
 
     code = "relay_rollback"
+
+    def __init__(self, message: str, *, reason: RollbackReason, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.reason: RollbackReason = reason
 
 
 class StoreError(SealsyncError):

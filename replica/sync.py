@@ -198,17 +198,20 @@ class SyncSession:
                 raise RollbackError(
                     f"relay storage changed from {known.storage_id} to {state.storage_id}: "
                     "it was wiped or replaced",
+                    reason="storage_id",
                     hint="run a reseed to push everything this device holds",
                 )
             if known.account_epoch != state.account_epoch:
                 raise RollbackError(
                     f"account epoch changed from {known.account_epoch} to {state.account_epoch}",
+                    reason="account_epoch",
                     hint="another device reseeded or the relay was restored: reseed",
                 )
             if state.head < high:
                 raise RollbackError(
                     f"relay head {state.head} is below sequence {high} seen before: "
                     "it was restored from an older copy",
+                    reason="head",
                     hint="run a reseed to push everything this device holds",
                 )
         self._store.set_meta("relay_state", msgspec.msgpack.encode(state))

@@ -81,10 +81,11 @@ def test_first_contact_adopts_then_a_new_storage_id_is_a_rollback(
     session = make_replica().sync_session()
     session.check_relay_state(RelayState("s1", "e1", 5))
     session.check_relay_state(RelayState("s1", "e1", 9))
-    with pytest.raises(RollbackError, match="storage changed from s1 to s2"):
+    with pytest.raises(RollbackError, match="storage changed from s1 to s2") as wiped:
         session.check_relay_state(RelayState("s2", "e1", 9))
-    with pytest.raises(RollbackError, match="account epoch changed"):
+    with pytest.raises(RollbackError, match="account epoch changed") as reseeded:
         session.check_relay_state(RelayState("s1", "e2", 9))
+    assert (wiped.value.reason, reseeded.value.reason) == ("storage_id", "account_epoch")
 
 
 def test_a_head_below_what_was_seen_is_a_rollback(make_replica: ReplicaFactory) -> None:
@@ -92,8 +93,9 @@ def test_a_head_below_what_was_seen_is_a_rollback(make_replica: ReplicaFactory) 
     session = replica.sync_session()
     state = RelayState("s", "e", 10)
     session.apply_page(Page(0, [], 10, False, state))
-    with pytest.raises(RollbackError, match="below sequence 10"):
+    with pytest.raises(RollbackError, match="below sequence 10") as restored:
         session.apply_page(Page(10, [], 10, False, RelayState("s", "e", 4)))
+    assert restored.value.reason == "head"
     assert session.cursor == 10
 
 

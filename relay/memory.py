@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from relay.errors import AccountExistsError, ForbiddenError, QuotaExceededError
+from relay.errors import AccountExistsError, ForbiddenError, NotFoundError, QuotaExceededError
 from relay.storage import (
     AccountRecord,
     AccountSummary,
@@ -175,7 +175,10 @@ class MemoryRelay:
 
     def add_device(self, name: str, device: Device, tokens: list[TokenRecord]) -> None:
         with self._mutex:
-            self._account(name).devices[device.id] = device
+            entry = self._account(name)
+            if any(t.device_id not in {device.id, *entry.devices} for t in tokens):
+                raise NotFoundError("no such device")  # as the SQL backends' foreign key
+            entry.devices[device.id] = device
             self._tokens.update((t.hash, t) for t in tokens)
 
     def devices(self, name: str) -> list[Device]:
@@ -205,14 +208,21 @@ class MemoryRelay:
 
     def token(self, token_hash: bytes) -> TokenRecord | None:
         with self._mutex:
-            return self._tokens.get(token_hash)
+            token = self._tokens.get(token_hash)
+            return token if token is not None and self._has_device(token) else None
 
     def replace_token(self, old_hash: bytes, tokens: list[TokenRecord]) -> bool:
+        """Like the SQL backends' foreign key: no successor for a device that is gone."""
         with self._mutex:
-            if self._tokens.pop(old_hash, None) is None:
+            if old_hash not in self._tokens or not all(map(self._has_device, tokens)):
                 return False
+            del self._tokens[old_hash]
             self._tokens.update((t.hash, t) for t in tokens)
             return True
+
+    def _has_device(self, token: TokenRecord) -> bool:
+        entry = self._accounts.get(token.account)
+        return entry is not None and token.device_id in entry.devices
 
     # -- state, wipe and restore ------------------------------------------------------------
 

@@ -91,12 +91,15 @@ CREATE TABLE devices (
     created_ms BIGINT NOT NULL,
     PRIMARY KEY (account, id)
 );
+-- a token belongs to a live device: revoking the device deletes it, and a refresh racing
+-- the revoke cannot insert a successor for the device afterwards
 CREATE TABLE tokens (
     hash BYTEA PRIMARY KEY,
-    account BIGINT NOT NULL REFERENCES accounts(id) ON DELETE CASCADE,
+    account BIGINT NOT NULL,
     device TEXT NOT NULL,
     kind TEXT NOT NULL,
-    expires_ms BIGINT NOT NULL
+    expires_ms BIGINT NOT NULL,
+    FOREIGN KEY (account, device) REFERENCES devices(account, id) ON DELETE CASCADE
 );
 CREATE INDEX tokens_by_device ON tokens (account, device);
 CREATE TABLE invites (hash BYTEA PRIMARY KEY, expires_ms BIGINT NOT NULL);
@@ -361,11 +364,14 @@ class PostgresStorage:
     # -- devices and tokens -----------------------------------------------------------------
 
     def add_device(self, name: str, device: Device, tokens: list[TokenRecord]) -> None:
-        with self._write() as db:
-            row = db.execute("SELECT id FROM accounts WHERE name = %s", (name,)).fetchone()
-            if row is None:
-                raise NotFoundError("no such account")
-            self._insert_device(db, row[0], device, tokens)
+        try:
+            with self._write() as db:
+                row = db.execute("SELECT id FROM accounts WHERE name = %s", (name,)).fetchone()
+                if row is None:
+                    raise NotFoundError("no such account")
+                self._insert_device(db, row[0], device, tokens)
+        except psycopg.errors.ForeignKeyViolation as exc:  # the account was deleted meanwhile
+            raise NotFoundError("no such account or device") from exc
 
     def devices(self, name: str) -> list[Device]:
         with self._pool.connection() as db:
@@ -386,13 +392,14 @@ class PostgresStorage:
         return changed > 0
 
     def revoke_device(self, name: str, device_id: str) -> bool:
+        """The tokens go by ON DELETE CASCADE, not by a DELETE of our own: under READ
+        COMMITTED that would miss the successors of a refresh committing meanwhile, while the
+        device row is locked (FOR KEY SHARE) by every token insert until it commits."""
         with self._write() as db:
-            row = db.execute("SELECT id FROM accounts WHERE name = %s", (name,)).fetchone()
-            if row is None:
-                return False
-            db.execute("DELETE FROM tokens WHERE account = %s AND device = %s", (row[0], device_id))
             deleted = db.execute(
-                "DELETE FROM devices WHERE account = %s AND id = %s", (row[0], device_id)
+                "DELETE FROM devices WHERE id = %s"
+                " AND account = (SELECT id FROM accounts WHERE name = %s)",
+                (device_id, name),
             ).rowcount
         return deleted > 0
 
@@ -400,23 +407,27 @@ class PostgresStorage:
         with self._pool.connection() as db:
             row = db.execute(
                 "SELECT t.hash, a.name, t.device, t.kind, t.expires_ms FROM tokens t"
+                " JOIN devices d ON d.account = t.account AND d.id = t.device"
                 " JOIN accounts a ON t.account = a.id WHERE t.hash = %s",
                 (token_hash,),
             ).fetchone()
         return TokenRecord(*row) if row else None
 
     def replace_token(self, old_hash: bytes, tokens: list[TokenRecord]) -> bool:
-        with self._write() as db:
-            # DELETE ... RETURNING: of two concurrent refreshes with one token, one gets a row
-            row = db.execute(
-                "DELETE FROM tokens WHERE hash = %s RETURNING account", (old_hash,)
-            ).fetchone()
-            if row is None:
-                return False
-            db.cursor().executemany(
-                "INSERT INTO tokens VALUES (%s, %s, %s, %s, %s)",
-                [(t.hash, row[0], t.device_id, t.kind, t.expires_ms) for t in tokens],
-            )
+        try:
+            with self._write() as db:
+                # DELETE ... RETURNING: of two concurrent refreshes with one token, one gets a row
+                row = db.execute(
+                    "DELETE FROM tokens WHERE hash = %s RETURNING account", (old_hash,)
+                ).fetchone()
+                if row is None:
+                    return False
+                db.cursor().executemany(
+                    "INSERT INTO tokens VALUES (%s, %s, %s, %s, %s)",
+                    [(t.hash, row[0], t.device_id, t.kind, t.expires_ms) for t in tokens],
+                )
+        except psycopg.errors.ForeignKeyViolation:  # the device was revoked meanwhile
+            return False
         return True
 
     # -- versions ---------------------------------------------------------------------------

@@ -207,6 +207,20 @@ def test_a_refresh_token_is_used_once(storage: Storage) -> None:
     assert storage.token(old.hash) is None and storage.token(new.hash) == new
 
 
+def test_a_revoked_device_keeps_no_token_and_gets_none_by_refresh(storage: Storage) -> None:
+    refresh = TokenRecord(b"r" * 32, "a", "d2", "refresh", NOW_MS + 1)
+    storage.add_device("a", Device("d2", "phone", NOW_MS), [refresh])
+    assert storage.revoke_device("a", "d2")
+    successor = TokenRecord(b"s" * 32, "a", "d2", "refresh", NOW_MS + 2)
+    assert not storage.replace_token(refresh.hash, [successor])
+    assert storage.token(refresh.hash) is None and storage.token(successor.hash) is None
+    # nor through another device's refresh token: a successor needs a live device
+    laptop = TokenRecord(b"l" * 32, "a", "d1", "refresh", NOW_MS + 1)
+    storage.add_device("a", Device("d3", "tablet", NOW_MS), [laptop])
+    assert not storage.replace_token(laptop.hash, [successor])
+    assert storage.token(successor.hash) is None and storage.token(laptop.hash) == laptop
+
+
 def test_invites_are_single_use_and_expire(make_storage: StorageFactory) -> None:
     s = make_storage()
     s.add_invite(b"i" * 32, NOW_MS + 10)

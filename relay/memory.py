@@ -113,12 +113,13 @@ class MemoryRelay:
         now_ms: int,
     ) -> RelayState:
         with self._mutex:
+            # the invite first: without a usable one, a taken name and a free one look alike
+            if invite_hash is not None and self._invites.get(invite_hash, -1) < now_ms:
+                raise ForbiddenError("the invite is unknown, used or expired")
             existing = self._accounts.get(account.name)
             if existing is not None and existing.record is not None:
                 raise AccountExistsError(f"account {account.name!r} already exists")
             if invite_hash is not None:
-                if self._invites.get(invite_hash, -1) < now_ms:
-                    raise ForbiddenError("the invite is unknown, used or expired")
                 del self._invites[invite_hash]
             entry = self._account(account.name)
             entry.record = account

@@ -280,6 +280,15 @@ class PostgresStorage:
     ) -> RelayState:
         epoch = self._new_id()
         with self._write() as db:
+            # the invite first (an existing name rolls its use back): without a usable invite,
+            # a taken name and a free one look alike
+            if invite_hash is not None:
+                used = db.execute(
+                    "DELETE FROM invites WHERE hash = %s AND expires_ms >= %s",
+                    (invite_hash, now_ms),
+                ).rowcount
+                if not used:
+                    raise ForbiddenError("the invite is unknown, used or expired")
             row = db.execute(
                 "INSERT INTO accounts (name, auth_hash, recovery_hash, kdf, bundle,"
                 " bundle_version, created_ms, epoch) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
@@ -297,13 +306,6 @@ class PostgresStorage:
             ).fetchone()
             if row is None:
                 raise AccountExistsError(f"account {account.name!r} already exists")
-            if invite_hash is not None:
-                used = db.execute(
-                    "DELETE FROM invites WHERE hash = %s AND expires_ms >= %s",
-                    (invite_hash, now_ms),
-                ).rowcount
-                if not used:
-                    raise ForbiddenError("the invite is unknown, used or expired")
             self._insert_device(db, row[0], device, tokens)
         return RelayState(self._storage_id, epoch, 0)
 

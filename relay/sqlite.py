@@ -230,14 +230,16 @@ class SQLiteStorage:
         now_ms: int,
     ) -> RelayState:
         with self._write() as db:
-            if db.execute("SELECT 1 FROM accounts WHERE name = ?", (account.name,)).fetchone():
-                raise AccountExistsError(f"account {account.name!r} already exists")
+            # the invite first (an existing name rolls its use back): without a usable invite,
+            # a taken name and a free one look alike
             if invite_hash is not None:
                 used = db.execute(
                     "DELETE FROM invites WHERE hash = ? AND expires_ms >= ?", (invite_hash, now_ms)
                 ).rowcount
                 if not used:
                     raise ForbiddenError("the invite is unknown, used or expired")
+            if db.execute("SELECT 1 FROM accounts WHERE name = ?", (account.name,)).fetchone():
+                raise AccountExistsError(f"account {account.name!r} already exists")
             epoch = self._new_id()
             account_id = db.execute(
                 "INSERT INTO accounts (name, auth_hash, recovery_hash, kdf, bundle,"

@@ -87,7 +87,8 @@ class Storage(Protocol):
         now_ms: int,
     ) -> RelayState:
         """Create the account with its first device and tokens; consume the invite when one
-        is given. Raises `AccountExistsError`, or `ForbiddenError` for an unusable invite."""
+        is given. Raises `ForbiddenError` for an unusable invite — checked first, so it tells
+        nothing of which names exist — or `AccountExistsError` (the invite stays usable)."""
         ...
 
     def account(self, name: str) -> AccountRecord | None: ...

@@ -234,6 +234,22 @@ def test_invites_are_single_use_and_expire(make_storage: StorageFactory) -> None
     assert [a.name for a in s.accounts()] == ["x"]
 
 
+def test_a_bad_invite_is_refused_alike_for_taken_and_free_names(
+    make_storage: StorageFactory,
+) -> None:
+    s = make_storage()
+    register(s, "taken")
+    s.add_invite(b"i" * 32, NOW_MS + 10)
+    device = Device("d2", "laptop", NOW_MS)
+    for name in ("taken", "free"):
+        with pytest.raises(ForbiddenError):
+            s.create_account(account_record(name), device, [], b"u" * 32, NOW_MS)
+    with pytest.raises(AccountExistsError):
+        s.create_account(account_record("taken"), device, [], b"i" * 32, NOW_MS)
+    s.create_account(account_record("free"), device, [], b"i" * 32, NOW_MS)  # still usable
+    assert [a.name for a in s.accounts()] == ["free", "taken"]
+
+
 def test_account_summaries_count_what_is_stored(storage: Storage) -> None:
     storage.push(
         "a", PushBatch([envelope(bytes([i]) * 16, 1, HLC + i, {1: HLC + i}) for i in range(3)])

@@ -33,6 +33,7 @@ from relay.versions import (
     check_envelope,
     cut_page,
     decide,
+    is_over_quota,
     new_version,
     page_bounds,
 )
@@ -275,7 +276,7 @@ class MemoryRelay:
             saved = (account.stored_bytes, dict(account.by_key), dict(account.by_seq))
             now_ms = self._rules.clock_ms()
             receipts = [self._push_one(account, e, now_ms) for e in batch.envelopes]
-            if account.stored_bytes > self._rules.max_account_bytes:  # roll the batch back
+            if is_over_quota(account.stored_bytes, saved[0], self._rules.max_account_bytes):
                 account.stored_bytes, account.by_key, account.by_seq = saved
                 account.head = before
                 del account.seqs[bisect.bisect_right(account.seqs, before) :]

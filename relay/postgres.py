@@ -48,6 +48,7 @@ from relay.versions import (
     cut_page,
     decide,
     envelope_digest,
+    is_over_quota,
     new_version,
     page_bounds,
 )
@@ -482,7 +483,7 @@ class PostgresStorage:
                 h if isinstance(h, Receipt) else work.add(h, e)
                 for h, e in zip(checked, batch.envelopes, strict=True)
             ]
-            if work.stored_bytes > self._rules.max_account_bytes:
+            if is_over_quota(work.stored_bytes, stored_bytes, self._rules.max_account_bytes):
                 raise QuotaExceededError(
                     f"the batch would take the account past its quota of "
                     f"{self._rules.max_account_bytes} bytes"

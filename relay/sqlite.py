@@ -41,6 +41,7 @@ from relay.versions import (
     cut_page,
     decide,
     envelope_digest,
+    is_over_quota,
     page_bounds,
 )
 from replica.errors import InvalidArgumentError
@@ -474,7 +475,7 @@ class SQLiteStorage:
         if row is None:
             raise NotFoundError("no such account")
         account_id, epoch, before, stored_bytes = row
-        head = before
+        head, bytes_before = before, stored_bytes
         receipts: list[Receipt] = []
         for envelope, header in zip(job.envelopes, job.checked, strict=True):
             if isinstance(header, Receipt):
@@ -515,7 +516,7 @@ class SQLiteStorage:
                 ),
             )
             receipts.append(Receipt("stored", seq=head))
-        if stored_bytes > self._rules.max_account_bytes:
+        if is_over_quota(stored_bytes, bytes_before, self._rules.max_account_bytes):
             raise QuotaExceededError(
                 f"the batch would take the account past its quota of "
                 f"{self._rules.max_account_bytes} bytes"

@@ -137,7 +137,8 @@ class Storage(Protocol):
 
     def push(self, name: str, batch: PushBatch) -> PushResult:
         """One receipt per envelope, after a durable commit. Raises `QuotaExceededError`
-        (nothing stored) when the batch would take the account past its quota."""
+        (nothing stored) when the batch would grow the account past its quota
+        (`relay.versions.is_over_quota`)."""
         ...
 
     def pull(self, name: str, cursor: int, limit: int | None = None) -> Page:

@@ -159,6 +159,21 @@ def test_over_quota_the_whole_batch_rolls_back(make_storage: StorageFactory) -> 
     assert s.push("a", PushBatch([batch.envelopes[0]])).receipts[0].seq == 2  # fits alone
 
 
+def test_over_quota_an_account_can_still_resend_and_shrink(make_storage: StorageFactory) -> None:
+    s = make_storage()
+    register(s, "a")
+    first = [envelope(bytes([i]) * 16, 1, HLC + i, {1: HLC + i}) for i in (1, 2)]  # 118 B each
+    s.push("a", PushBatch(first))
+    lowered = make_storage(max_account_bytes=150, reopen=s)  # the operator lowered the quota
+    assert [r.seq for r in lowered.push("a", PushBatch(first)).receipts] == [1, 2]
+    smaller = envelope(b"\1" * 16, 1, HLC + 3, {1: HLC + 3}, body=b"x" * 40)  # replaces seq 1
+    assert lowered.push("a", PushBatch([smaller])).receipts[0].seq == 3
+    with pytest.raises(QuotaExceededError):  # but it may not grow
+        lowered.push("a", PushBatch([envelope(b"n" * 16, 1, HLC + 4, {1: HLC + 4})]))
+    (summary,) = lowered.accounts()
+    assert summary.head == 3 and summary.stored_bytes == len(smaller) + len(first[1])
+
+
 def test_accounts_exist_once_and_are_deleted_whole(storage: Storage) -> None:
     with pytest.raises(AccountExistsError):
         register(storage, "a", "d9")

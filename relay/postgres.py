@@ -10,7 +10,6 @@ process LISTENs on its own connection and tells its listeners (DESIGN §8, specs
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import secrets
@@ -18,6 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import msgspec
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -137,9 +137,41 @@ Connection = psycopg.Connection[TupleRow]
 
 
 def _conninfo(url: str, schema: str) -> str:
-    """`url` with `search_path` set to `schema`, keeping any options the URL already has."""
+    """`url` with `search_path` set to `schema`, keeping any options the URL already has, and
+    `synchronous_commit` on whatever the server's or the URL's default: a receipt promises
+    the version survives a crash of the server."""
     options = conninfo_to_dict(url).get("options") or ""
-    return make_conninfo(url, options=f"{options} -c search_path={schema}".strip())
+    extra = f"-c search_path={schema} -c synchronous_commit=on"
+    return make_conninfo(url, options=f"{options} {extra}".strip())
+
+
+def _open_error(url: str, exc: psycopg.Error) -> InvalidArgumentError:
+    """Why the storage cannot open, naming the server and database but never the password
+    (a malformed URL is not quoted at all: the parser's message may hold any part of it)."""
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.Error:
+        return InvalidArgumentError(
+            "the PostgreSQL URL is malformed", hint="postgresql://user@host:5432/database"
+        )
+    where = f"{params.get('host') or 'localhost'}:{params.get('port') or 5432}"
+    reason = str(exc).strip()
+    password = params.get("password")
+    if password:
+        reason = reason.replace(str(password), "***")
+    return InvalidArgumentError(
+        f"cannot open relay storage in PostgreSQL {where}/{params.get('dbname') or ''}: {reason}",
+        hint="check the database URL, that the server runs, and that the user may connect",
+    )
+
+
+class _Notice(msgspec.Struct):
+    """The NOTIFY payload of a push: which schema, which process, which account, what head."""
+
+    schema: str
+    origin: str
+    account: str
+    head: int
 
 
 class _Batch:
@@ -193,17 +225,22 @@ class PostgresStorage:
         self._schema = schema
         self._rules = rules
         self._new_id = new_id
-        self._conninfo = _conninfo(url, schema)
         self._origin = secrets.token_hex(8)
         """Tells this object's own notifications apart: its listeners heard those already."""
         self._listeners: list[HeadListener] = []
         self._listen_lock = threading.Lock()
         self._listening: threading.Thread | None = None
         self._closing = threading.Event()
-        self._storage_id, self._secret = self._initialise()
+        try:
+            self._conninfo = _conninfo(url, schema)
+            self._storage_id, self._secret = self._initialise()
+        except psycopg.Error as exc:
+            raise _open_error(url, exc) from exc
         self._pool: ConnectionPool[Connection] = ConnectionPool(
             self._conninfo,
             kwargs={"autocommit": True},
+            # a connection the server dropped (a restart) is replaced, not handed out to fail
+            check=ConnectionPool.check_connection,
             min_size=1,
             max_size=MAX_CONNECTIONS,
             open=True,
@@ -574,9 +611,8 @@ class PostgresStorage:
     def _notice(self, name: str, head: int) -> str:
         """The NOTIFY payload: ~100 bytes plus the account name, far below the 8000-byte
         limit for names of up to 256 characters (longer names would fail the push)."""
-        return json.dumps(
-            {"schema": self._schema, "origin": self._origin, "account": name, "head": head}
-        )
+        notice = _Notice(self._schema, self._origin, name, head)
+        return msgspec.json.encode(notice).decode()
 
     def listen(self, listener: HeadListener) -> None:
         """Pushes through this object are told at once, after their commit; pushes through
@@ -605,8 +641,12 @@ class PostgresStorage:
                     log.info("LISTEN connection for schema %r restored", self._schema)
                 for notify in db.notifies(timeout=LISTEN_POLL_S):
                     self._deliver(notify.payload)
-            except psycopg.OperationalError as exc:
-                log.warning("LISTEN connection for schema %r lost: %s", self._schema, exc)
+            except Exception as exc:
+                # this thread alone hears other processes' pushes: it must outlive any error
+                if isinstance(exc, psycopg.OperationalError):
+                    log.warning("LISTEN connection for schema %r lost: %s", self._schema, exc)
+                else:
+                    log.exception("LISTEN for schema %r failed; reconnecting", self._schema)
                 if db is not None:
                     db.close()
                 db = None
@@ -615,12 +655,17 @@ class PostgresStorage:
             db.close()
 
     def _deliver(self, payload: str) -> None:
-        notice = json.loads(payload)
-        if notice["schema"] != self._schema or notice["origin"] == self._origin:
+        """Anyone who may connect can NOTIFY on the channel: a malformed payload is skipped."""
+        try:
+            notice = msgspec.json.decode(payload, type=_Notice)
+        except msgspec.DecodeError:  # ValidationError too
+            log.warning("skipped a malformed notification on channel %s", CHANNEL)
+            return
+        if notice.schema != self._schema or notice.origin == self._origin:
             return
         for listener in list(self._listeners):
             try:
-                listener(notice["account"], notice["head"])
+                listener(notice.account, notice.head)
             except Exception:
                 # this thread is the only one that can report it; it must keep listening
                 log.exception("a head listener failed for a push through another process")

@@ -9,14 +9,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 
+import msgspec
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import TupleRow
 
-from relay.postgres import PostgresStorage
+from relay.postgres import CHANNEL, PostgresStorage
 from relay.storage import Device, TokenRecord, VersionRules
+from replica.errors import InvalidArgumentError
 from replica.wire import Page, PushBatch
 from tests.conftest import FakeClock
 from tests.relay.conftest import HLC, NOW_MS, envelope, fresh_schema, postgres_url, register
@@ -230,3 +234,67 @@ def test_a_device_revoked_while_its_refresh_commits_keeps_no_token(
     assert storage.token(successor.hash) is None
     assert not storage.replace_token(successor.hash, [refresh])
     assert storage.devices("a") == [Device("d1", "laptop", NOW_MS)]
+
+
+def test_commits_are_synchronous_whatever_the_url_or_the_server_says(schema: str) -> None:
+    url = make_conninfo(postgres_url(), options="-c synchronous_commit=off")
+    storage = PostgresStorage(url, VersionRules(FakeClock(NOW_MS)), schema=schema)
+    try:
+        with storage._pool.connection() as db:
+            assert db.execute("SHOW synchronous_commit").fetchone() == ("on",)
+    finally:
+        storage.close()
+
+
+def test_a_malformed_notification_is_skipped_and_listening_goes_on(
+    make_storage: MakeStorage, schema: str
+) -> None:
+    storage, peer = make_storage(), make_storage()
+    register(storage, "a")
+    heard = Heard()
+    storage.listen(heard)
+    wrong_types = {"schema": schema, "origin": "elsewhere", "account": 1, "head": "2"}
+    with psycopg.connect(postgres_url(), autocommit=True) as db:
+        for payload in (
+            "not json",
+            "[1]",
+            '{"schema": "x"}',
+            msgspec.json.encode(wrong_types).decode(),
+        ):
+            db.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
+    peer.push("a", one(1))
+    assert heard.wait_for(1) == [("a", 1)]
+
+
+def test_connections_the_server_dropped_cost_no_request(make_storage: MakeStorage) -> None:
+    """As after a database restart: every pooled connection is gone, and the next calls
+    still succeed (each connection is checked before it is handed out)."""
+    storage = make_storage()
+    register(storage, "a")
+    size = storage._pool.get_stats()["pool_size"]
+    with ExitStack() as taken:
+        pids = [
+            taken.enter_context(storage._pool.connection()).info.backend_pid for _ in range(size)
+        ]
+    with psycopg.connect(postgres_url(), autocommit=True) as db:
+        db.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,))
+        while db.execute("SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)).fetchone():
+            time.sleep(0.01)
+    for _ in range(size + 1):
+        assert storage.state("a").head == 0
+
+
+@pytest.mark.parametrize(
+    ("url", "named"),
+    [
+        ("postgresql://sealsync:s3cret-pw@127.0.0.1:1/relaydb", "127.0.0.1:1/relaydb"),
+        ("postgresql://sealsync:s3cret-pw@[::1", "malformed"),
+    ],
+)
+def test_a_storage_that_cannot_open_names_the_server_but_never_the_password(
+    url: str, named: str
+) -> None:
+    with pytest.raises(InvalidArgumentError) as refused:
+        PostgresStorage(url, VersionRules(FakeClock(NOW_MS)))
+    assert named in str(refused.value) and "s3cret-pw" not in str(refused.value)
+    assert refused.value.hint

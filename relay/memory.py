@@ -189,6 +189,8 @@ class MemoryRelay:
             return sorted(entry.devices.values(), key=lambda d: d.id) if entry else []
 
     def rename_device(self, name: str, device_id: str, new_name: str) -> bool:
+        if "\0" in device_id:  # no device has one: PostgreSQL TEXT cannot even hold it
+            return False
         with self._mutex:
             entry = self._accounts.get(name)
             if entry is None or device_id not in entry.devices:
@@ -197,6 +199,8 @@ class MemoryRelay:
             return True
 
     def revoke_device(self, name: str, device_id: str) -> bool:
+        if "\0" in device_id:  # no device has one: PostgreSQL TEXT cannot even hold it
+            return False
         with self._mutex:
             entry = self._accounts.get(name)
             if entry is None or entry.devices.pop(device_id, None) is None:

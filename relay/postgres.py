@@ -423,6 +423,8 @@ class PostgresStorage:
         return [Device(*row) for row in rows]
 
     def rename_device(self, name: str, device_id: str, new_name: str) -> bool:
+        if "\0" in device_id:  # no device has one: PostgreSQL TEXT cannot even hold it
+            return False
         with self._write() as db:
             changed = db.execute(
                 "UPDATE devices SET name = %s WHERE id = %s"
@@ -435,6 +437,8 @@ class PostgresStorage:
         """The tokens go by ON DELETE CASCADE, not by a DELETE of our own: under READ
         COMMITTED that would miss the successors of a refresh committing meanwhile, while the
         device row is locked (FOR KEY SHARE) by every token insert until it commits."""
+        if "\0" in device_id:  # no device has one: PostgreSQL TEXT cannot even hold it
+            return False
         with self._write() as db:
             deleted = db.execute(
                 "DELETE FROM devices WHERE id = %s"

@@ -341,6 +341,8 @@ class SQLiteStorage:
         return [Device(*row) for row in rows]
 
     def rename_device(self, name: str, device_id: str, new_name: str) -> bool:
+        if "\0" in device_id:  # no device has one: PostgreSQL TEXT cannot even hold it
+            return False
         with self._write() as db:
             return (
                 db.execute(
@@ -353,6 +355,8 @@ class SQLiteStorage:
 
     def revoke_device(self, name: str, device_id: str) -> bool:
         """The device's tokens go with it (foreign key, ON DELETE CASCADE)."""
+        if "\0" in device_id:  # no device has one: PostgreSQL TEXT cannot even hold it
+            return False
         with self._write() as db:
             return (
                 db.execute(

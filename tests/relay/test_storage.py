@@ -213,6 +213,12 @@ def test_devices_are_added_renamed_and_revoked_with_their_tokens(storage: Storag
     assert storage.token(b"t" * 32) is None and [d.id for d in storage.devices("a")] == ["d1"]
 
 
+def test_a_device_id_with_nul_is_no_device(storage: Storage) -> None:
+    assert not storage.rename_device("a", "d1\0", "stolen")
+    assert not storage.revoke_device("a", "\0")
+    assert storage.devices("a") == [Device("d1", "laptop", NOW_MS)]
+
+
 def test_a_refresh_token_is_used_once(storage: Storage) -> None:
     old = TokenRecord(b"o" * 32, "a", "d1", "refresh", NOW_MS + 1)
     new = TokenRecord(b"n" * 32, "a", "d1", "refresh", NOW_MS + 2)

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from relay.errors import AccountExistsError, ForbiddenError, QuotaExceededError
+from relay.errors import AccountExistsError, ForbiddenError, NotFoundError, QuotaExceededError
 from relay.storage import (
     AccountRecord,
     AccountSummary,
@@ -33,6 +33,7 @@ from relay.versions import (
     check_envelope,
     cut_page,
     decide,
+    is_over_quota,
     new_version,
     page_bounds,
 )
@@ -113,12 +114,13 @@ class MemoryRelay:
         now_ms: int,
     ) -> RelayState:
         with self._mutex:
+            # the invite first: without a usable one, a taken name and a free one look alike
+            if invite_hash is not None and self._invites.get(invite_hash, -1) < now_ms:
+                raise ForbiddenError("the invite is unknown, used or expired")
             existing = self._accounts.get(account.name)
             if existing is not None and existing.record is not None:
                 raise AccountExistsError(f"account {account.name!r} already exists")
             if invite_hash is not None:
-                if self._invites.get(invite_hash, -1) < now_ms:
-                    raise ForbiddenError("the invite is unknown, used or expired")
                 del self._invites[invite_hash]
             entry = self._account(account.name)
             entry.record = account
@@ -175,7 +177,10 @@ class MemoryRelay:
 
     def add_device(self, name: str, device: Device, tokens: list[TokenRecord]) -> None:
         with self._mutex:
-            self._account(name).devices[device.id] = device
+            entry = self._account(name)
+            if any(t.device_id not in {device.id, *entry.devices} for t in tokens):
+                raise NotFoundError("no such device")  # as the SQL backends' foreign key
+            entry.devices[device.id] = device
             self._tokens.update((t.hash, t) for t in tokens)
 
     def devices(self, name: str) -> list[Device]:
@@ -184,6 +189,8 @@ class MemoryRelay:
             return sorted(entry.devices.values(), key=lambda d: d.id) if entry else []
 
     def rename_device(self, name: str, device_id: str, new_name: str) -> bool:
+        if "\0" in device_id:  # no device has one: PostgreSQL TEXT cannot even hold it
+            return False
         with self._mutex:
             entry = self._accounts.get(name)
             if entry is None or device_id not in entry.devices:
@@ -192,6 +199,8 @@ class MemoryRelay:
             return True
 
     def revoke_device(self, name: str, device_id: str) -> bool:
+        if "\0" in device_id:  # no device has one: PostgreSQL TEXT cannot even hold it
+            return False
         with self._mutex:
             entry = self._accounts.get(name)
             if entry is None or entry.devices.pop(device_id, None) is None:
@@ -205,14 +214,21 @@ class MemoryRelay:
 
     def token(self, token_hash: bytes) -> TokenRecord | None:
         with self._mutex:
-            return self._tokens.get(token_hash)
+            token = self._tokens.get(token_hash)
+            return token if token is not None and self._has_device(token) else None
 
     def replace_token(self, old_hash: bytes, tokens: list[TokenRecord]) -> bool:
+        """Like the SQL backends' foreign key: no successor for a device that is gone."""
         with self._mutex:
-            if self._tokens.pop(old_hash, None) is None:
+            if old_hash not in self._tokens or not all(map(self._has_device, tokens)):
                 return False
+            del self._tokens[old_hash]
             self._tokens.update((t.hash, t) for t in tokens)
             return True
+
+    def _has_device(self, token: TokenRecord) -> bool:
+        entry = self._accounts.get(token.account)
+        return entry is not None and token.device_id in entry.devices
 
     # -- state, wipe and restore ------------------------------------------------------------
 
@@ -264,7 +280,7 @@ class MemoryRelay:
             saved = (account.stored_bytes, dict(account.by_key), dict(account.by_seq))
             now_ms = self._rules.clock_ms()
             receipts = [self._push_one(account, e, now_ms) for e in batch.envelopes]
-            if account.stored_bytes > self._rules.max_account_bytes:  # roll the batch back
+            if is_over_quota(account.stored_bytes, saved[0], self._rules.max_account_bytes):
                 account.stored_bytes, account.by_key, account.by_seq = saved
                 account.head = before
                 del account.seqs[bisect.bisect_right(account.seqs, before) :]

@@ -10,7 +10,6 @@ process LISTENs on its own connection and tells its listeners (DESIGN §8, specs
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import secrets
@@ -18,6 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import msgspec
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -48,6 +48,7 @@ from relay.versions import (
     cut_page,
     decide,
     envelope_digest,
+    is_over_quota,
     new_version,
     page_bounds,
 )
@@ -91,12 +92,15 @@ CREATE TABLE devices (
     created_ms BIGINT NOT NULL,
     PRIMARY KEY (account, id)
 );
+-- a token belongs to a live device: revoking the device deletes it, and a refresh racing
+-- the revoke cannot insert a successor for the device afterwards
 CREATE TABLE tokens (
     hash BYTEA PRIMARY KEY,
-    account BIGINT NOT NULL REFERENCES accounts(id) ON DELETE CASCADE,
+    account BIGINT NOT NULL,
     device TEXT NOT NULL,
     kind TEXT NOT NULL,
-    expires_ms BIGINT NOT NULL
+    expires_ms BIGINT NOT NULL,
+    FOREIGN KEY (account, device) REFERENCES devices(account, id) ON DELETE CASCADE
 );
 CREATE INDEX tokens_by_device ON tokens (account, device);
 CREATE TABLE invites (hash BYTEA PRIMARY KEY, expires_ms BIGINT NOT NULL);
@@ -133,9 +137,41 @@ Connection = psycopg.Connection[TupleRow]
 
 
 def _conninfo(url: str, schema: str) -> str:
-    """`url` with `search_path` set to `schema`, keeping any options the URL already has."""
+    """`url` with `search_path` set to `schema`, keeping any options the URL already has, and
+    `synchronous_commit` on whatever the server's or the URL's default: a receipt promises
+    the version survives a crash of the server."""
     options = conninfo_to_dict(url).get("options") or ""
-    return make_conninfo(url, options=f"{options} -c search_path={schema}".strip())
+    extra = f"-c search_path={schema} -c synchronous_commit=on"
+    return make_conninfo(url, options=f"{options} {extra}".strip())
+
+
+def _open_error(url: str, exc: psycopg.Error) -> InvalidArgumentError:
+    """Why the storage cannot open, naming the server and database but never the password
+    (a malformed URL is not quoted at all: the parser's message may hold any part of it)."""
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.Error:
+        return InvalidArgumentError(
+            "the PostgreSQL URL is malformed", hint="postgresql://user@host:5432/database"
+        )
+    where = f"{params.get('host') or 'localhost'}:{params.get('port') or 5432}"
+    reason = str(exc).strip()
+    password = params.get("password")
+    if password:
+        reason = reason.replace(str(password), "***")
+    return InvalidArgumentError(
+        f"cannot open relay storage in PostgreSQL {where}/{params.get('dbname') or ''}: {reason}",
+        hint="check the database URL, that the server runs, and that the user may connect",
+    )
+
+
+class _Notice(msgspec.Struct):
+    """The NOTIFY payload of a push: which schema, which process, which account, what head."""
+
+    schema: str
+    origin: str
+    account: str
+    head: int
 
 
 class _Batch:
@@ -189,17 +225,22 @@ class PostgresStorage:
         self._schema = schema
         self._rules = rules
         self._new_id = new_id
-        self._conninfo = _conninfo(url, schema)
         self._origin = secrets.token_hex(8)
         """Tells this object's own notifications apart: its listeners heard those already."""
         self._listeners: list[HeadListener] = []
         self._listen_lock = threading.Lock()
         self._listening: threading.Thread | None = None
         self._closing = threading.Event()
-        self._storage_id, self._secret = self._initialise()
+        try:
+            self._conninfo = _conninfo(url, schema)
+            self._storage_id, self._secret = self._initialise()
+        except psycopg.Error as exc:
+            raise _open_error(url, exc) from exc
         self._pool: ConnectionPool[Connection] = ConnectionPool(
             self._conninfo,
             kwargs={"autocommit": True},
+            # a connection the server dropped (a restart) is replaced, not handed out to fail
+            check=ConnectionPool.check_connection,
             min_size=1,
             max_size=MAX_CONNECTIONS,
             open=True,
@@ -277,6 +318,15 @@ class PostgresStorage:
     ) -> RelayState:
         epoch = self._new_id()
         with self._write() as db:
+            # the invite first (an existing name rolls its use back): without a usable invite,
+            # a taken name and a free one look alike
+            if invite_hash is not None:
+                used = db.execute(
+                    "DELETE FROM invites WHERE hash = %s AND expires_ms >= %s",
+                    (invite_hash, now_ms),
+                ).rowcount
+                if not used:
+                    raise ForbiddenError("the invite is unknown, used or expired")
             row = db.execute(
                 "INSERT INTO accounts (name, auth_hash, recovery_hash, kdf, bundle,"
                 " bundle_version, created_ms, epoch) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
@@ -294,13 +344,6 @@ class PostgresStorage:
             ).fetchone()
             if row is None:
                 raise AccountExistsError(f"account {account.name!r} already exists")
-            if invite_hash is not None:
-                used = db.execute(
-                    "DELETE FROM invites WHERE hash = %s AND expires_ms >= %s",
-                    (invite_hash, now_ms),
-                ).rowcount
-                if not used:
-                    raise ForbiddenError("the invite is unknown, used or expired")
             self._insert_device(db, row[0], device, tokens)
         return RelayState(self._storage_id, epoch, 0)
 
@@ -361,11 +404,14 @@ class PostgresStorage:
     # -- devices and tokens -----------------------------------------------------------------
 
     def add_device(self, name: str, device: Device, tokens: list[TokenRecord]) -> None:
-        with self._write() as db:
-            row = db.execute("SELECT id FROM accounts WHERE name = %s", (name,)).fetchone()
-            if row is None:
-                raise NotFoundError("no such account")
-            self._insert_device(db, row[0], device, tokens)
+        try:
+            with self._write() as db:
+                row = db.execute("SELECT id FROM accounts WHERE name = %s", (name,)).fetchone()
+                if row is None:
+                    raise NotFoundError("no such account")
+                self._insert_device(db, row[0], device, tokens)
+        except psycopg.errors.ForeignKeyViolation as exc:  # the account was deleted meanwhile
+            raise NotFoundError("no such account or device") from exc
 
     def devices(self, name: str) -> list[Device]:
         with self._pool.connection() as db:
@@ -377,6 +423,8 @@ class PostgresStorage:
         return [Device(*row) for row in rows]
 
     def rename_device(self, name: str, device_id: str, new_name: str) -> bool:
+        if "\0" in device_id:  # no device has one: PostgreSQL TEXT cannot even hold it
+            return False
         with self._write() as db:
             changed = db.execute(
                 "UPDATE devices SET name = %s WHERE id = %s"
@@ -386,13 +434,16 @@ class PostgresStorage:
         return changed > 0
 
     def revoke_device(self, name: str, device_id: str) -> bool:
+        """The tokens go by ON DELETE CASCADE, not by a DELETE of our own: under READ
+        COMMITTED that would miss the successors of a refresh committing meanwhile, while the
+        device row is locked (FOR KEY SHARE) by every token insert until it commits."""
+        if "\0" in device_id:  # no device has one: PostgreSQL TEXT cannot even hold it
+            return False
         with self._write() as db:
-            row = db.execute("SELECT id FROM accounts WHERE name = %s", (name,)).fetchone()
-            if row is None:
-                return False
-            db.execute("DELETE FROM tokens WHERE account = %s AND device = %s", (row[0], device_id))
             deleted = db.execute(
-                "DELETE FROM devices WHERE account = %s AND id = %s", (row[0], device_id)
+                "DELETE FROM devices WHERE id = %s"
+                " AND account = (SELECT id FROM accounts WHERE name = %s)",
+                (device_id, name),
             ).rowcount
         return deleted > 0
 
@@ -400,23 +451,27 @@ class PostgresStorage:
         with self._pool.connection() as db:
             row = db.execute(
                 "SELECT t.hash, a.name, t.device, t.kind, t.expires_ms FROM tokens t"
+                " JOIN devices d ON d.account = t.account AND d.id = t.device"
                 " JOIN accounts a ON t.account = a.id WHERE t.hash = %s",
                 (token_hash,),
             ).fetchone()
         return TokenRecord(*row) if row else None
 
     def replace_token(self, old_hash: bytes, tokens: list[TokenRecord]) -> bool:
-        with self._write() as db:
-            # DELETE ... RETURNING: of two concurrent refreshes with one token, one gets a row
-            row = db.execute(
-                "DELETE FROM tokens WHERE hash = %s RETURNING account", (old_hash,)
-            ).fetchone()
-            if row is None:
-                return False
-            db.cursor().executemany(
-                "INSERT INTO tokens VALUES (%s, %s, %s, %s, %s)",
-                [(t.hash, row[0], t.device_id, t.kind, t.expires_ms) for t in tokens],
-            )
+        try:
+            with self._write() as db:
+                # DELETE ... RETURNING: of two concurrent refreshes with one token, one gets a row
+                row = db.execute(
+                    "DELETE FROM tokens WHERE hash = %s RETURNING account", (old_hash,)
+                ).fetchone()
+                if row is None:
+                    return False
+                db.cursor().executemany(
+                    "INSERT INTO tokens VALUES (%s, %s, %s, %s, %s)",
+                    [(t.hash, row[0], t.device_id, t.kind, t.expires_ms) for t in tokens],
+                )
+        except psycopg.errors.ForeignKeyViolation:  # the device was revoked meanwhile
+            return False
         return True
 
     # -- versions ---------------------------------------------------------------------------
@@ -469,7 +524,7 @@ class PostgresStorage:
                 h if isinstance(h, Receipt) else work.add(h, e)
                 for h, e in zip(checked, batch.envelopes, strict=True)
             ]
-            if work.stored_bytes > self._rules.max_account_bytes:
+            if is_over_quota(work.stored_bytes, stored_bytes, self._rules.max_account_bytes):
                 raise QuotaExceededError(
                     f"the batch would take the account past its quota of "
                     f"{self._rules.max_account_bytes} bytes"
@@ -560,9 +615,8 @@ class PostgresStorage:
     def _notice(self, name: str, head: int) -> str:
         """The NOTIFY payload: ~100 bytes plus the account name, far below the 8000-byte
         limit for names of up to 256 characters (longer names would fail the push)."""
-        return json.dumps(
-            {"schema": self._schema, "origin": self._origin, "account": name, "head": head}
-        )
+        notice = _Notice(self._schema, self._origin, name, head)
+        return msgspec.json.encode(notice).decode()
 
     def listen(self, listener: HeadListener) -> None:
         """Pushes through this object are told at once, after their commit; pushes through
@@ -591,8 +645,12 @@ class PostgresStorage:
                     log.info("LISTEN connection for schema %r restored", self._schema)
                 for notify in db.notifies(timeout=LISTEN_POLL_S):
                     self._deliver(notify.payload)
-            except psycopg.OperationalError as exc:
-                log.warning("LISTEN connection for schema %r lost: %s", self._schema, exc)
+            except Exception as exc:
+                # this thread alone hears other processes' pushes: it must outlive any error
+                if isinstance(exc, psycopg.OperationalError):
+                    log.warning("LISTEN connection for schema %r lost: %s", self._schema, exc)
+                else:
+                    log.exception("LISTEN for schema %r failed; reconnecting", self._schema)
                 if db is not None:
                     db.close()
                 db = None
@@ -601,12 +659,17 @@ class PostgresStorage:
             db.close()
 
     def _deliver(self, payload: str) -> None:
-        notice = json.loads(payload)
-        if notice["schema"] != self._schema or notice["origin"] == self._origin:
+        """Anyone who may connect can NOTIFY on the channel: a malformed payload is skipped."""
+        try:
+            notice = msgspec.json.decode(payload, type=_Notice)
+        except msgspec.DecodeError:  # ValidationError too
+            log.warning("skipped a malformed notification on channel %s", CHANNEL)
+            return
+        if notice.schema != self._schema or notice.origin == self._origin:
             return
         for listener in list(self._listeners):
             try:
-                listener(notice["account"], notice["head"])
+                listener(notice.account, notice.head)
             except Exception:
                 # this thread is the only one that can report it; it must keep listening
                 log.exception("a head listener failed for a push through another process")

@@ -41,6 +41,7 @@ from relay.versions import (
     cut_page,
     decide,
     envelope_digest,
+    is_over_quota,
     page_bounds,
 )
 from replica.errors import InvalidArgumentError
@@ -81,12 +82,15 @@ CREATE TABLE devices (
     created_ms INTEGER NOT NULL,
     PRIMARY KEY (account, id)
 ) STRICT;
+-- a token belongs to a live device: revoking the device deletes it, and a refresh racing
+-- the revoke cannot insert a successor for the device afterwards
 CREATE TABLE tokens (
     hash BLOB PRIMARY KEY,
-    account INTEGER NOT NULL REFERENCES accounts(id) ON DELETE CASCADE,
+    account INTEGER NOT NULL,
     device TEXT NOT NULL,
     kind TEXT NOT NULL,
-    expires_ms INTEGER NOT NULL
+    expires_ms INTEGER NOT NULL,
+    FOREIGN KEY (account, device) REFERENCES devices(account, id) ON DELETE CASCADE
 ) STRICT;
 CREATE INDEX tokens_by_device ON tokens (account, device);
 CREATE TABLE invites (hash BLOB PRIMARY KEY, expires_ms INTEGER NOT NULL) STRICT;
@@ -103,6 +107,11 @@ CREATE TABLE versions (
 ) STRICT;
 CREATE INDEX versions_by_key ON versions (account, key);
 """
+
+
+def _is_foreign_key_failure(exc: sqlite3.IntegrityError) -> bool:
+    """A token for a device that is not (or no longer) there."""
+    return exc.sqlite_errorcode == sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY
 
 
 @dataclass
@@ -222,14 +231,16 @@ class SQLiteStorage:
         now_ms: int,
     ) -> RelayState:
         with self._write() as db:
-            if db.execute("SELECT 1 FROM accounts WHERE name = ?", (account.name,)).fetchone():
-                raise AccountExistsError(f"account {account.name!r} already exists")
+            # the invite first (an existing name rolls its use back): without a usable invite,
+            # a taken name and a free one look alike
             if invite_hash is not None:
                 used = db.execute(
                     "DELETE FROM invites WHERE hash = ? AND expires_ms >= ?", (invite_hash, now_ms)
                 ).rowcount
                 if not used:
                     raise ForbiddenError("the invite is unknown, used or expired")
+            if db.execute("SELECT 1 FROM accounts WHERE name = ?", (account.name,)).fetchone():
+                raise AccountExistsError(f"account {account.name!r} already exists")
             epoch = self._new_id()
             account_id = db.execute(
                 "INSERT INTO accounts (name, auth_hash, recovery_hash, kdf, bundle,"
@@ -312,8 +323,13 @@ class SQLiteStorage:
     # -- devices and tokens -----------------------------------------------------------------
 
     def add_device(self, name: str, device: Device, tokens: list[TokenRecord]) -> None:
-        with self._write() as db:
-            self._insert_device(db, self._account_id(db, name), device, tokens)
+        try:
+            with self._write() as db:
+                self._insert_device(db, self._account_id(db, name), device, tokens)
+        except sqlite3.IntegrityError as exc:
+            if not _is_foreign_key_failure(exc):
+                raise
+            raise NotFoundError("no such device") from exc
 
     def devices(self, name: str) -> list[Device]:
         with self._read() as db:
@@ -325,6 +341,8 @@ class SQLiteStorage:
         return [Device(*row) for row in rows]
 
     def rename_device(self, name: str, device_id: str, new_name: str) -> bool:
+        if "\0" in device_id:  # no device has one: PostgreSQL TEXT cannot even hold it
+            return False
         with self._write() as db:
             return (
                 db.execute(
@@ -336,14 +354,15 @@ class SQLiteStorage:
             )
 
     def revoke_device(self, name: str, device_id: str) -> bool:
+        """The device's tokens go with it (foreign key, ON DELETE CASCADE)."""
+        if "\0" in device_id:  # no device has one: PostgreSQL TEXT cannot even hold it
+            return False
         with self._write() as db:
-            row = db.execute("SELECT id FROM accounts WHERE name = ?", (name,)).fetchone()
-            if row is None:
-                return False
-            db.execute("DELETE FROM tokens WHERE account = ? AND device = ?", (row[0], device_id))
             return (
                 db.execute(
-                    "DELETE FROM devices WHERE account = ? AND id = ?", (row[0], device_id)
+                    "DELETE FROM devices WHERE id = ?"
+                    " AND account = (SELECT id FROM accounts WHERE name = ?)",
+                    (device_id, name),
                 ).rowcount
                 > 0
             )
@@ -352,22 +371,30 @@ class SQLiteStorage:
         with self._read() as db:
             row = db.execute(
                 "SELECT t.hash, a.name, t.device, t.kind, t.expires_ms FROM tokens t"
+                " JOIN devices d ON d.account = t.account AND d.id = t.device"
                 " JOIN accounts a ON t.account = a.id WHERE t.hash = ?",
                 (token_hash,),
             ).fetchone()
         return TokenRecord(*row) if row else None
 
     def replace_token(self, old_hash: bytes, tokens: list[TokenRecord]) -> bool:
-        with self._write() as db:
-            row = db.execute("SELECT account FROM tokens WHERE hash = ?", (old_hash,)).fetchone()
-            if row is None:
-                return False
-            db.execute("DELETE FROM tokens WHERE hash = ?", (old_hash,))
-            db.executemany(
-                "INSERT INTO tokens VALUES (?, ?, ?, ?, ?)",
-                [(t.hash, row[0], t.device_id, t.kind, t.expires_ms) for t in tokens],
-            )
-            return True
+        try:
+            with self._write() as db:
+                row = db.execute(
+                    "SELECT account FROM tokens WHERE hash = ?", (old_hash,)
+                ).fetchone()
+                if row is None:
+                    return False
+                db.execute("DELETE FROM tokens WHERE hash = ?", (old_hash,))
+                db.executemany(
+                    "INSERT INTO tokens VALUES (?, ?, ?, ?, ?)",
+                    [(t.hash, row[0], t.device_id, t.kind, t.expires_ms) for t in tokens],
+                )
+                return True
+        except sqlite3.IntegrityError as exc:
+            if not _is_foreign_key_failure(exc):
+                raise
+            return False  # a successor for a device that is gone: nothing changed
 
     # -- versions ---------------------------------------------------------------------------
 
@@ -452,7 +479,7 @@ class SQLiteStorage:
         if row is None:
             raise NotFoundError("no such account")
         account_id, epoch, before, stored_bytes = row
-        head = before
+        head, bytes_before = before, stored_bytes
         receipts: list[Receipt] = []
         for envelope, header in zip(job.envelopes, job.checked, strict=True):
             if isinstance(header, Receipt):
@@ -493,7 +520,7 @@ class SQLiteStorage:
                 ),
             )
             receipts.append(Receipt("stored", seq=head))
-        if stored_bytes > self._rules.max_account_bytes:
+        if is_over_quota(stored_bytes, bytes_before, self._rules.max_account_bytes):
             raise QuotaExceededError(
                 f"the batch would take the account past its quota of "
                 f"{self._rules.max_account_bytes} bytes"

@@ -87,7 +87,8 @@ class Storage(Protocol):
         now_ms: int,
     ) -> RelayState:
         """Create the account with its first device and tokens; consume the invite when one
-        is given. Raises `AccountExistsError`, or `ForbiddenError` for an unusable invite."""
+        is given. Raises `ForbiddenError` for an unusable invite — checked first, so it tells
+        nothing of which names exist — or `AccountExistsError` (the invite stays usable)."""
         ...
 
     def account(self, name: str) -> AccountRecord | None: ...
@@ -113,10 +114,13 @@ class Storage(Protocol):
 
     def devices(self, name: str) -> list[Device]: ...
 
-    def rename_device(self, name: str, device_id: str, new_name: str) -> bool: ...
+    def rename_device(self, name: str, device_id: str, new_name: str) -> bool:
+        """False if the device is not this account's (an id with NUL never is one)."""
+        ...
 
     def revoke_device(self, name: str, device_id: str) -> bool:
-        """Delete the device and every token it holds; False if it is not this account's."""
+        """Delete the device and every token it holds; False if it is not this account's (an
+        id with NUL never is one)."""
         ...
 
     def token(self, token_hash: bytes) -> TokenRecord | None: ...
@@ -136,7 +140,8 @@ class Storage(Protocol):
 
     def push(self, name: str, batch: PushBatch) -> PushResult:
         """One receipt per envelope, after a durable commit. Raises `QuotaExceededError`
-        (nothing stored) when the batch would take the account past its quota."""
+        (nothing stored) when the batch would grow the account past its quota
+        (`relay.versions.is_over_quota`)."""
         ...
 
     def pull(self, name: str, cursor: int, limit: int | None = None) -> Page:

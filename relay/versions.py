@@ -80,6 +80,12 @@ def decide(header: Header, envelope: bytes, siblings: Sequence[StoredVersion]) -
     return Store(header, [s.seq for s in siblings if dominates(vector, (s.node, s.hlc))])
 
 
+def is_over_quota(stored_bytes: int, bytes_before: int, max_account_bytes: int) -> bool:
+    """Whether a push must be refused: only one that grows the account past its quota, so an
+    account over it (the operator lowered the bound) can still re-send and shrink."""
+    return stored_bytes > max_account_bytes and stored_bytes > bytes_before
+
+
 def page_bounds(cursor: int, limit: int | None, page_size: int) -> int:
     """The entry count of a pull: `limit` capped at the page size; bad arguments refused."""
     if cursor < 0:

@@ -94,8 +94,11 @@ def fresh_schema() -> Iterator[str]:
 
 @pytest.fixture(params=BACKENDS)
 def make_storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StorageFactory]:
-    """Build storages of the parametrized backend; each is closed after the test."""
+    """Build storages of the parametrized backend; each is closed after the test. With
+    `reopen`, the new storage holds the data of that earlier one (its file, its schema, or a
+    copy for memory) under the new bounds, as after an operator changed the configuration."""
     made: list[Storage] = []
+    database_by_storage: dict[int, str] = {}
     kind = request.param
     schemas = ExitStack()
     if kind == "postgres":
@@ -107,11 +110,13 @@ def make_storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sto
         page_size: int = 3,
         max_account_bytes: int = 1 << 30,
         max_page_bytes: int = 1 << 20,
+        reopen: Storage | None = None,
     ) -> Storage:
         rules = VersionRules(
             clock or FakeClock(NOW_MS), 5 * 60_000, page_size, max_account_bytes, max_page_bytes
         )
         storage: Storage
+        database = database_by_storage[id(reopen)] if reopen else None
         if kind == "memory":
             storage = MemoryRelay(
                 clock_ms=rules.clock_ms,
@@ -119,14 +124,18 @@ def make_storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sto
                 max_account_bytes=max_account_bytes,
                 max_page_bytes=max_page_bytes,
             )
+            if isinstance(reopen, MemoryRelay):
+                storage.restore(reopen.snapshot())
         elif kind == "sqlite":
-            storage = SQLiteStorage(tmp_path / f"relay{len(made)}.db", rules)
+            database = database or str(tmp_path / f"relay{len(made)}.db")
+            storage = SQLiteStorage(database, rules)
         else:
-            schema = schemas.enter_context(fresh_schema())
-            storage = PostgresStorage(postgres_url(), rules, schema=schema)
+            database = database or schemas.enter_context(fresh_schema())
+            storage = PostgresStorage(postgres_url(), rules, schema=database)
             if len(made) >= OPEN_POSTGRES_STORAGES:
                 made[-OPEN_POSTGRES_STORAGES].close()
         made.append(storage)
+        database_by_storage[id(storage)] = database or ""
         return storage
 
     with schemas:

@@ -1,10 +1,12 @@
-"""The real relay app over a real SQLite file, a fake clock and a raw ASGI driver, for the
-security and robustness suites (authorization, limits, bad input, fuzzing)."""
+"""The real relay app over a real storage (a SQLite file, or a PostgreSQL schema of the test
+server), a fake clock and a raw ASGI driver, for the security and robustness suites
+(authorization, limits, bad input, fuzzing)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,9 +18,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relay.app import create_app
 from relay.config import RelayConfig
+from relay.postgres import PostgresStorage
 from relay.sqlite import SQLiteStorage
+from relay.storage import Storage, VersionRules
 from tests.conftest import FakeClock
-from tests.relay.conftest import NOW_MS
+from tests.relay.conftest import NOW_MS, fresh_schema, postgres_url
+
+BACKENDS = ["sqlite", "postgres"]
+"""The SQL backends a relay process can run on; suites parametrize their `relays` over them."""
 
 
 @dataclass
@@ -27,38 +34,52 @@ class Relay:
 
     app: Starlette
     client: TestClient
-    storage: SQLiteStorage
+    storage: Storage
     config: RelayConfig
     clock: FakeClock
 
 
 class Relays:
-    """Builds relays over SQLite files in one directory; closes them all at the end."""
+    """Builds relays over SQLite files in one directory, or over fresh PostgreSQL schemas;
+    closes them all (and drops the schemas) at the end."""
 
-    def __init__(self, directory: Path, clock: FakeClock | None = None) -> None:
+    def __init__(
+        self, directory: Path, clock: FakeClock | None = None, backend: str = "sqlite"
+    ) -> None:
         self.directory = directory
         self.clock = clock or FakeClock(NOW_MS)
+        self.backend = backend
         self.made: list[Relay] = []
+        self.schemas = ExitStack()
 
     def __call__(
         self, client_address: tuple[str, int] = ("testclient", 50000), **settings: Any
     ) -> Relay:
         config = RelayConfig(**{"open_signup": True, **settings})
-        rules = config.version_rules(self.clock)
-        storage = SQLiteStorage(self.directory / f"relay{len(self.made)}.db", rules)
+        storage = self.open_storage(config.version_rules(self.clock))
         app = create_app(storage, config, clock_ms=self.clock)
         relay = Relay(app, TestClient(app, client=client_address), storage, config, self.clock)
         self.made.append(relay)
         return relay
 
+    def open_storage(self, rules: VersionRules) -> Storage:
+        if self.backend == "postgres":
+            schema = self.schemas.enter_context(fresh_schema())
+            return PostgresStorage(postgres_url(), rules, schema=schema)
+        return SQLiteStorage(self.directory / f"relay{len(self.made)}.db", rules)
+
     def close(self) -> None:
-        for relay in self.made:
-            relay.client.close()
-            relay.storage.close()
+        with self.schemas:
+            for relay in self.made:
+                relay.client.close()
+                relay.storage.close()
 
 
-def open_relays(directory: Path) -> Iterator[Relays]:
-    relays = Relays(directory)
+def open_relays(directory: Path, backend: str = "sqlite") -> Iterator[Relays]:
+    """Relays of one test; without a PostgreSQL server its postgres runs skip (fail in CI)."""
+    if backend == "postgres":
+        postgres_url()
+    relays = Relays(directory, backend=backend)
     try:
         yield relays
     finally:

@@ -35,7 +35,7 @@ from replica.wire import (
 )
 from tests.relay.api import KDF, MSGPACK, Keys, body, decode, login, new_keys, register
 from tests.relay.conftest import HLC, envelope
-from tests.relay.harness import Relay, Relays, error_body, open_relays
+from tests.relay.harness import BACKENDS, Relay, Relays, error_body, open_relays
 
 PUBLIC_ROUTES = {
     ("GET", "/v1/info"),
@@ -53,9 +53,9 @@ ALICE_BUNDLE = b"alice's wrapped account key"
 UNAUTHORIZED = {"code": "unauthorized", "message": "a valid bearer token is required"}
 
 
-@pytest.fixture
-def relays(tmp_path: Path) -> Iterator[Relays]:
-    yield from open_relays(tmp_path)
+@pytest.fixture(params=BACKENDS)
+def relays(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Relays]:
+    yield from open_relays(tmp_path, request.param)
 
 
 @dataclass

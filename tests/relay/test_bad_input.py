@@ -17,11 +17,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from relay.sqlite import SQLiteStorage
+from relay.storage import Storage
 from replica.wire import MAX_HLC, Page, PushBatch, PushResult, Session
 from tests.relay.api import Keys, new_keys, register
 from tests.relay.conftest import HLC, envelope
-from tests.relay.harness import Relay, Relays, call_asgi, error_body, open_relays
+from tests.relay.harness import BACKENDS, Relay, Relays, call_asgi, error_body, open_relays
 
 JSON = "application/json"
 MSGPACK = "application/msgpack"
@@ -29,9 +29,9 @@ DEEP = 100_000
 """Nesting far past any recursion limit."""
 
 
-@pytest.fixture
-def relays(tmp_path: Path) -> Iterator[Relays]:
-    yield from open_relays(tmp_path)
+@pytest.fixture(params=BACKENDS)
+def relays(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Relays]:
+    yield from open_relays(tmp_path, request.param)
 
 
 @dataclass
@@ -73,7 +73,7 @@ def register_json(alice: Alice, **fields: Any) -> dict[str, Any]:
 
 
 def assert_nothing_stored(alice: Alice) -> None:
-    storage: SQLiteStorage = alice.relay.storage
+    storage: Storage = alice.relay.storage
     assert [a.name for a in storage.accounts()] == ["alice"]
     assert storage.stored_versions("alice") == 0 and storage.state("alice").head == 0
     record = storage.account("alice")

@@ -39,7 +39,7 @@ from replica.wire import (
 )
 from tests.relay.api import new_keys, register
 from tests.relay.conftest import NOW_MS
-from tests.relay.harness import Relay, Relays, open_relays
+from tests.relay.harness import BACKENDS, Relay, Relays, open_relays
 
 EXAMPLES = int(os.environ.get("SEALSYNC_FUZZ_EXAMPLES", "30"))
 UNLIMITED = {
@@ -50,9 +50,9 @@ UNLIMITED = {
 """Rate limits out of the way (the fake clock never moves), so every example reaches a handler."""
 
 
-@pytest.fixture
-def relays(tmp_path: Path) -> Iterator[Relays]:
-    yield from open_relays(tmp_path)
+@pytest.fixture(params=BACKENDS)
+def relays(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Relays]:
+    yield from open_relays(tmp_path, request.param)
 
 
 @pytest.fixture

@@ -4,16 +4,23 @@ process is heard by every other (the shared behaviour is in test_storage.py)."""
 
 from __future__ import annotations
 
+import secrets
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 
+import msgspec
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
+from psycopg.rows import TupleRow
 
-from relay.postgres import PostgresStorage
-from relay.storage import VersionRules
+from relay.postgres import CHANNEL, PostgresStorage
+from relay.storage import Device, TokenRecord, VersionRules
+from replica.errors import InvalidArgumentError
 from replica.wire import Page, PushBatch
 from tests.conftest import FakeClock
 from tests.relay.conftest import HLC, NOW_MS, envelope, fresh_schema, postgres_url, register
@@ -22,6 +29,14 @@ WAIT_S = 10.0
 """Bound on anything expected to happen: a hang fails the test instead of the whole run."""
 
 MakeStorage = Callable[[], PostgresStorage]
+
+HOLD_TOKEN_COMMITS = """
+CREATE FUNCTION {schema}.hold_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_advisory_xact_lock_shared({key}); RETURN NULL; END $$;
+CREATE CONSTRAINT TRIGGER hold_commit AFTER INSERT ON {schema}.tokens
+DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {schema}.hold_commit();
+"""
+"""A transaction that inserted a token waits at its commit while the test holds `key`."""
 
 
 @pytest.fixture
@@ -181,3 +196,105 @@ def test_concurrent_pushes_from_two_processes_get_consecutive_seqs_and_pulls_see
     assert sorted(seqs) == list(range(1, total + 1))
     final = storages[1].pull("a", 0)
     assert final.state.head == total and storages[0].stored_versions("a") == total
+
+
+def blocked_by(db: psycopg.Connection[TupleRow], pid: int) -> int:
+    """The one backend waiting for `pid` (a lock it holds), once there is one."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        row = db.execute(
+            "SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", (pid,)
+        ).fetchone()
+        if row is not None:
+            return int(row[0])
+        time.sleep(0.01)
+    raise TimeoutError(f"nothing waits for backend {pid}")
+
+
+def test_a_device_revoked_while_its_refresh_commits_keeps_no_token(
+    make_storage: MakeStorage, schema: str
+) -> None:
+    """Under READ COMMITTED a DELETE of the device's tokens would miss the successors of a
+    refresh committing meanwhile: the revoked device would keep a working token chain."""
+    storage = make_storage()
+    register(storage, "a")
+    refresh = TokenRecord(b"r" * 32, "a", "d2", "refresh", NOW_MS + 1)
+    storage.add_device("a", Device("d2", "phone", NOW_MS), [refresh])
+    successor = TokenRecord(b"s" * 32, "a", "d2", "refresh", NOW_MS + 2)
+    key = secrets.randbelow(1 << 62)
+    with psycopg.connect(postgres_url(), autocommit=True) as holder, ThreadPoolExecutor(2) as pool:
+        holder.execute(sql.SQL(HOLD_TOKEN_COMMITS).format(schema=sql.Identifier(schema), key=key))
+        holder.execute("SELECT pg_advisory_lock(%s)", (key,))
+        refreshing = pool.submit(storage.replace_token, refresh.hash, [successor])
+        refresh_pid = blocked_by(holder, holder.info.backend_pid)  # inserted, not committed
+        revoking = pool.submit(storage.revoke_device, "a", "d2")
+        blocked_by(holder, refresh_pid)  # the revoke waits for the refresh
+        holder.execute("SELECT pg_advisory_unlock(%s)", (key,))
+        assert refreshing.result(timeout=WAIT_S) and revoking.result(timeout=WAIT_S)
+    assert storage.token(successor.hash) is None
+    assert not storage.replace_token(successor.hash, [refresh])
+    assert storage.devices("a") == [Device("d1", "laptop", NOW_MS)]
+
+
+def test_commits_are_synchronous_whatever_the_url_or_the_server_says(schema: str) -> None:
+    url = make_conninfo(postgres_url(), options="-c synchronous_commit=off")
+    storage = PostgresStorage(url, VersionRules(FakeClock(NOW_MS)), schema=schema)
+    try:
+        with storage._pool.connection() as db:
+            assert db.execute("SHOW synchronous_commit").fetchone() == ("on",)
+    finally:
+        storage.close()
+
+
+def test_a_malformed_notification_is_skipped_and_listening_goes_on(
+    make_storage: MakeStorage, schema: str
+) -> None:
+    storage, peer = make_storage(), make_storage()
+    register(storage, "a")
+    heard = Heard()
+    storage.listen(heard)
+    wrong_types = {"schema": schema, "origin": "elsewhere", "account": 1, "head": "2"}
+    with psycopg.connect(postgres_url(), autocommit=True) as db:
+        for payload in (
+            "not json",
+            "[1]",
+            '{"schema": "x"}',
+            msgspec.json.encode(wrong_types).decode(),
+        ):
+            db.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
+    peer.push("a", one(1))
+    assert heard.wait_for(1) == [("a", 1)]
+
+
+def test_connections_the_server_dropped_cost_no_request(make_storage: MakeStorage) -> None:
+    """As after a database restart: every pooled connection is gone, and the next calls
+    still succeed (each connection is checked before it is handed out)."""
+    storage = make_storage()
+    register(storage, "a")
+    size = storage._pool.get_stats()["pool_size"]
+    with ExitStack() as taken:
+        pids = [
+            taken.enter_context(storage._pool.connection()).info.backend_pid for _ in range(size)
+        ]
+    with psycopg.connect(postgres_url(), autocommit=True) as db:
+        db.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,))
+        while db.execute("SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)).fetchone():
+            time.sleep(0.01)
+    for _ in range(size + 1):
+        assert storage.state("a").head == 0
+
+
+@pytest.mark.parametrize(
+    ("url", "named"),
+    [
+        ("postgresql://sealsync:s3cret-pw@127.0.0.1:1/relaydb", "127.0.0.1:1/relaydb"),
+        ("postgresql://sealsync:s3cret-pw@[::1", "malformed"),
+    ],
+)
+def test_a_storage_that_cannot_open_names_the_server_but_never_the_password(
+    url: str, named: str
+) -> None:
+    with pytest.raises(InvalidArgumentError) as refused:
+        PostgresStorage(url, VersionRules(FakeClock(NOW_MS)))
+    assert named in str(refused.value) and "s3cret-pw" not in str(refused.value)
+    assert refused.value.hint

@@ -159,6 +159,21 @@ def test_over_quota_the_whole_batch_rolls_back(make_storage: StorageFactory) -> 
     assert s.push("a", PushBatch([batch.envelopes[0]])).receipts[0].seq == 2  # fits alone
 
 
+def test_over_quota_an_account_can_still_resend_and_shrink(make_storage: StorageFactory) -> None:
+    s = make_storage()
+    register(s, "a")
+    first = [envelope(bytes([i]) * 16, 1, HLC + i, {1: HLC + i}) for i in (1, 2)]  # 118 B each
+    s.push("a", PushBatch(first))
+    lowered = make_storage(max_account_bytes=150, reopen=s)  # the operator lowered the quota
+    assert [r.seq for r in lowered.push("a", PushBatch(first)).receipts] == [1, 2]
+    smaller = envelope(b"\1" * 16, 1, HLC + 3, {1: HLC + 3}, body=b"x" * 40)  # replaces seq 1
+    assert lowered.push("a", PushBatch([smaller])).receipts[0].seq == 3
+    with pytest.raises(QuotaExceededError):  # but it may not grow
+        lowered.push("a", PushBatch([envelope(b"n" * 16, 1, HLC + 4, {1: HLC + 4})]))
+    (summary,) = lowered.accounts()
+    assert summary.head == 3 and summary.stored_bytes == len(smaller) + len(first[1])
+
+
 def test_accounts_exist_once_and_are_deleted_whole(storage: Storage) -> None:
     with pytest.raises(AccountExistsError):
         register(storage, "a", "d9")
@@ -198,6 +213,12 @@ def test_devices_are_added_renamed_and_revoked_with_their_tokens(storage: Storag
     assert storage.token(b"t" * 32) is None and [d.id for d in storage.devices("a")] == ["d1"]
 
 
+def test_a_device_id_with_nul_is_no_device(storage: Storage) -> None:
+    assert not storage.rename_device("a", "d1\0", "stolen")
+    assert not storage.revoke_device("a", "\0")
+    assert storage.devices("a") == [Device("d1", "laptop", NOW_MS)]
+
+
 def test_a_refresh_token_is_used_once(storage: Storage) -> None:
     old = TokenRecord(b"o" * 32, "a", "d1", "refresh", NOW_MS + 1)
     new = TokenRecord(b"n" * 32, "a", "d1", "refresh", NOW_MS + 2)
@@ -205,6 +226,20 @@ def test_a_refresh_token_is_used_once(storage: Storage) -> None:
     assert storage.replace_token(old.hash, [new])
     assert not storage.replace_token(old.hash, [new])
     assert storage.token(old.hash) is None and storage.token(new.hash) == new
+
+
+def test_a_revoked_device_keeps_no_token_and_gets_none_by_refresh(storage: Storage) -> None:
+    refresh = TokenRecord(b"r" * 32, "a", "d2", "refresh", NOW_MS + 1)
+    storage.add_device("a", Device("d2", "phone", NOW_MS), [refresh])
+    assert storage.revoke_device("a", "d2")
+    successor = TokenRecord(b"s" * 32, "a", "d2", "refresh", NOW_MS + 2)
+    assert not storage.replace_token(refresh.hash, [successor])
+    assert storage.token(refresh.hash) is None and storage.token(successor.hash) is None
+    # nor through another device's refresh token: a successor needs a live device
+    laptop = TokenRecord(b"l" * 32, "a", "d1", "refresh", NOW_MS + 1)
+    storage.add_device("a", Device("d3", "tablet", NOW_MS), [laptop])
+    assert not storage.replace_token(laptop.hash, [successor])
+    assert storage.token(successor.hash) is None and storage.token(laptop.hash) == laptop
 
 
 def test_invites_are_single_use_and_expire(make_storage: StorageFactory) -> None:
@@ -218,6 +253,22 @@ def test_invites_are_single_use_and_expire(make_storage: StorageFactory) -> None
             s.create_account(account_record(name), device, [], invite, NOW_MS)
         assert s.account(name) is None
     assert [a.name for a in s.accounts()] == ["x"]
+
+
+def test_a_bad_invite_is_refused_alike_for_taken_and_free_names(
+    make_storage: StorageFactory,
+) -> None:
+    s = make_storage()
+    register(s, "taken")
+    s.add_invite(b"i" * 32, NOW_MS + 10)
+    device = Device("d2", "laptop", NOW_MS)
+    for name in ("taken", "free"):
+        with pytest.raises(ForbiddenError):
+            s.create_account(account_record(name), device, [], b"u" * 32, NOW_MS)
+    with pytest.raises(AccountExistsError):
+        s.create_account(account_record("taken"), device, [], b"i" * 32, NOW_MS)
+    s.create_account(account_record("free"), device, [], b"i" * 32, NOW_MS)  # still usable
+    assert [a.name for a in s.accounts()] == ["free", "taken"]
 
 
 def test_account_summaries_count_what_is_stored(storage: Storage) -> None:

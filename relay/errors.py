@@ -97,3 +97,7 @@ class UnsupportedMediaError(RelayError):
 class RateLimitedError(RelayError):
     status = 429
     code = "rate_limited"
+
+
+class StoreFailedError(Exception):
+    """Storage failed under the relay (a disk error, a lost database): a 500, not a refusal."""

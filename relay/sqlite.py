@@ -22,6 +22,7 @@ from relay.errors import (
     NotFoundError,
     QuotaExceededError,
     RelayError,
+    StoreFailedError,
 )
 from relay.storage import (
     AccountRecord,
@@ -123,7 +124,10 @@ class _Push:
     checked: list[Header | Receipt]
     result: PushResult | None = None
     moved: bool = False
-    failure: BaseException | None = None
+    failure: RelayError | None = None
+    """Why this push alone was refused."""
+    group_failure: BaseException | None = None
+    """Why the whole group's transaction failed."""
     done: bool = False
 
 
@@ -140,6 +144,7 @@ class SQLiteStorage:
         self._write_lock = threading.Lock()
         self._listeners: list[HeadListener] = []
         self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
         self._queue: list[_Push] = []
         self._queue_lock = threading.Lock()
         self._writer = self._connect()
@@ -160,7 +165,7 @@ class SQLiteStorage:
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
         if db is None:
             db = self._local.db = self._connect()
-            with self._write_lock:
+            with self._readers_lock:  # not the writer's lock: a read never waits for an fsync
                 self._readers.append(db)
         return db
 
@@ -438,6 +443,8 @@ class SQLiteStorage:
         with self._write_lock:
             if not job.done:
                 self._commit_queued()
+        if job.group_failure is not None:  # each waiting thread gets its own exception
+            raise StoreFailedError("the commit this push joined failed") from job.group_failure
         if job.failure is not None:
             raise job.failure
         assert job.result is not None
@@ -447,6 +454,9 @@ class SQLiteStorage:
         return job.result
 
     def _commit_queued(self) -> None:
+        """Apply every queued push in one transaction. A push refused on its own (quota,
+        account gone) is rolled back to its savepoint and the others go on; when the
+        transaction itself fails, nothing of the group is committed, so every push fails."""
         with self._queue_lock:
             jobs, self._queue = self._queue, []
         db = self._writer
@@ -465,7 +475,7 @@ class SQLiteStorage:
             if db.in_transaction:
                 db.execute("ROLLBACK")
             for job in jobs:  # nothing of the group was committed: no receipt may go out
-                job.result, job.failure = None, job.failure or exc
+                job.result, job.group_failure = None, exc
             raise
         finally:
             for job in jobs:

@@ -5,6 +5,7 @@ account isolation, accounts, devices, tokens, invites and the quota."""
 from __future__ import annotations
 
 import hashlib
+import threading
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -349,3 +350,42 @@ def test_pages_stop_at_the_byte_bound_but_hold_at_least_one_envelope(
     third = s.pull("a", 3)  # alone over the bound, still served
     assert [e.envelope for e in third.entries] == [large] and not third.has_more
     assert third.next_cursor == 4
+
+
+def test_concurrent_pushes_to_several_accounts_stay_consecutive_and_isolated(
+    make_storage: StorageFactory,
+) -> None:
+    """Many threads push to three accounts at once (SQLite commits them in groups): every
+    account's seqs are consecutive, and one account refused over its quota harms no other."""
+    s = make_storage(max_account_bytes=20_000)
+    for name in ("a", "b", "c"):
+        register(s, name, f"d-{name}")
+    refused: list[str] = []
+
+    def pusher(index: int) -> None:
+        name = "abc"[index % 3]
+        for i in range(15):
+            hlc = HLC + index * 1000 + i
+            size = 2000 if name == "c" else 40  # c soon runs out of quota
+            e = envelope(bytes([index, i]) * 8, index + 1, hlc, {index + 1: hlc}, b"x" * size)
+            try:
+                s.push(name, PushBatch([e]))
+            except QuotaExceededError:
+                refused.append(name)
+
+    threads = [threading.Thread(target=pusher, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert refused and set(refused) == {"c"}
+    for name in ("a", "b", "c"):
+        seqs, cursor = [], 0
+        while True:
+            page = s.pull(name, cursor)
+            seqs += [e.seq for e in page.entries]
+            cursor = page.next_cursor
+            if not page.has_more:
+                break
+        assert seqs == list(range(1, len(seqs) + 1)) and s.state(name).head == len(seqs) > 0
+    assert s.state("a").head == s.state("b").head == 60

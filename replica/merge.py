@@ -51,7 +51,10 @@ def is_covered(siblings: Iterable[Versioned], inbound: Versioned) -> bool:
 def is_covered_dot(siblings: Iterable[Versioned], dot: tuple[bytes, int, int] | Dot) -> bool:
     """`is_covered` by a dot alone, or a (key, node, hlc) identity: all a header claims."""
     node, hlc = dot[-2], dot[-1]  # a sibling's vector holds its own dot: equality too
-    return any(sibling.vector.get(node, 0) >= hlc for sibling in siblings)
+    for sibling in siblings:  # noqa: SIM110 (a generator costs more, once per inbound envelope)
+        if sibling.vector.get(node, 0) >= hlc:
+            return True
+    return False
 
 
 def merge_version(siblings: Sequence[V], inbound: V) -> tuple[list[V], list[V]]:

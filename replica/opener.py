@@ -27,14 +27,15 @@ class Opener:
         self, envelope: bytes, header: Header | None = None, *, remember: bool = True
     ) -> Opened:
         """Open an envelope, or raise `EnvelopeError` / `UnknownEpochError`. Merges pass
-        `remember=False`: a page of new versions would only churn the cache of reads."""
+        `remember=False`: a page of new versions would only churn the cache of reads, and
+        would rarely find itself in it (hashing each envelope to look costs more)."""
+        if not remember:
+            return open_envelope(self.keys, envelope, header)
         opened = self._cache.get(envelope)
         if opened is not None:
             self._cache.move_to_end(envelope)
             return opened
         opened = open_envelope(self.keys, envelope, header)
-        if not remember:
-            return opened
         self._cache[envelope] = opened
         if len(self._cache) > self._max_entries:
             self._cache.popitem(last=False)

@@ -134,20 +134,19 @@ def open_envelope(keys: AccountKeys, envelope: bytes, header: Header | None = No
     return _check_plaintext(keys, header, plaintext)
 
 
-def _is_plain_name(name: object) -> bool:
-    """The common case of `limits.check_name`, cheaply: short ASCII without NUL is valid."""
-    return (
-        type(name) is str
-        and 0 < len(name) <= MAX_ID_CHARS
-        and name.isascii()
-        and ("\x00" not in name)
-    )
-
-
 def _check_names(profile: object, collection: object, record_id: object) -> None:
-    """`limits.check_name` for the three names, with its cheap common case tried first."""
-    if _is_plain_name(profile) and _is_plain_name(collection) and _is_plain_name(record_id):
-        return
+    """`limits.check_name` for the three names; its common case first, cheaply: short ASCII
+    names without NUL are valid (ASCII is always NFC and always encodes)."""
+    if type(profile) is str and type(collection) is str and type(record_id) is str:
+        joined = profile + collection + record_id
+        if (
+            0 < len(profile) <= MAX_ID_CHARS
+            and 0 < len(collection) <= MAX_ID_CHARS
+            and 0 < len(record_id) <= MAX_ID_CHARS
+            and joined.isascii()
+            and "\x00" not in joined
+        ):
+            return
     check_name("profile", profile)
     check_name("collection", collection)
     check_name("id", record_id)

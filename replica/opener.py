@@ -23,14 +23,10 @@ class Opener:
         self._max_entries = max_entries
         self._cache: OrderedDict[bytes, Opened] = OrderedDict()
 
-    def open(
-        self, envelope: bytes, header: Header | None = None, *, remember: bool = True
-    ) -> Opened:
-        """Open an envelope, or raise `EnvelopeError` / `UnknownEpochError`. Merges pass
-        `remember=False`: a page of new versions would only churn the cache of reads, and
-        would rarely find itself in it (hashing each envelope to look costs more)."""
-        if not remember:
-            return open_envelope(self.keys, envelope, header)
+    def open(self, envelope: bytes, header: Header | None = None) -> Opened:
+        """Open an envelope, or raise `EnvelopeError` / `UnknownEpochError`. Merges call
+        `open_envelope` directly: a page of new versions would only churn the cache of reads
+        (and hashing each one to look it up costs more than the rare hit saves)."""
         opened = self._cache.get(envelope)
         if opened is not None:
             self._cache.move_to_end(envelope)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hmac
 import struct
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 from cryptography.exceptions import InvalidTag
@@ -31,19 +31,20 @@ MIN_PADDED_BYTES = 64
 _LENGTH = struct.Struct(">I")
 
 
-class Identity(NamedTuple):
+class Identity(msgspec.Struct, frozen=True, gc=False):
     """Where a record lives: a profile, one of its collections, and the record's id.
 
-    A NamedTuple rather than a frozen dataclass: one is built per opened envelope, on the
-    merge hot path, and a tuple costs a third of a frozen dataclass to build."""
+    A msgspec Struct rather than a frozen dataclass: one is built per opened envelope, on
+    the merge hot path, at a fraction of the cost."""
 
     profile: str
     collection: str
     id: str
 
 
-class Opened(NamedTuple):
-    """A decrypted version: its header, identity, tombstone flag and document."""
+class Opened(msgspec.Struct, frozen=True):
+    """A decrypted version: its header, identity, tombstone flag and document (a Struct, as
+    cheap to build as the others; tracked by the GC, since a document may hold anything)."""
 
     header: Header
     identity: Identity

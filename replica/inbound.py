@@ -21,6 +21,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import msgspec
+
 from replica import clock
 from replica.envelope import Identity, Opened, open_envelope, profile_key, scope_key
 from replica.errors import EnvelopeError, ProtocolError, StoreError, UnknownEpochError
@@ -63,8 +65,7 @@ class InboundResult:
     """(profile, collection) of per_item collections that merged a version."""
 
 
-@dataclass(slots=True)
-class _Record:
+class _Record(msgspec.Struct, gc=False):
     """One record's siblings as the page is folded into them."""
 
     siblings: list[Sibling | Header]

@@ -16,7 +16,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Literal
+
+import msgspec
 
 from replica.errors import ReplicaClosedError, StoreError
 from replica.locks import Lock
@@ -73,7 +75,7 @@ def node_from_sql(value: int) -> int:
     return value + (1 << 64) if value < 0 else value
 
 
-class Row(NamedTuple):
+class Row(msgspec.Struct, frozen=True, gc=False):
     """One stored version: where it lives in the file and its sealed bytes."""
 
     key: bytes
@@ -82,8 +84,9 @@ class Row(NamedTuple):
     envelope: bytes
 
 
-class NewVersion(NamedTuple):
-    """A version to store, with the cleartext header facts that queries need."""
+class NewVersion(msgspec.Struct, frozen=True, gc=False):
+    """A version to store, with the cleartext header facts that queries need (Row and
+    NewVersion are msgspec Structs: a merge builds one per version it writes)."""
 
     key: bytes
     node: int

@@ -25,7 +25,7 @@ A's vector covers B's dot: ``A.vv[B.node] >= B.hlc`` (specs/merge.md).
 from __future__ import annotations
 
 import struct
-from typing import Annotated, Literal, NamedTuple, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 import msgspec
 
@@ -59,8 +59,12 @@ Dot = tuple[int, int]
 """(node, hlc): names one version of a record; unique because a node's hlc never repeats."""
 
 
-class Header(NamedTuple):
-    """The cleartext header of an envelope: everything the relay may know about a version."""
+class Header(msgspec.Struct, frozen=True, gc=False):
+    """The cleartext header of an envelope: everything the relay may know about a version.
+
+    A msgspec Struct: built per inbound envelope on the merge hot path, where it is several
+    times cheaper to build and read than a NamedTuple (and never tracked by the GC: it holds
+    no container that could point back at it)."""
 
     epoch: int
     key: bytes

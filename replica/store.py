@@ -5,7 +5,7 @@ travel) plus the cleartext header facts that queries need (dot, encoded vector).
 in `BEGIN IMMEDIATE` transactions, so several processes sharing one file serialize on SQLite's
 lock (with a busy timeout) instead of failing; nested `transaction()` calls become savepoints
 that never hide the original error. Node ids are unsigned 64-bit; SQLite integers are signed,
-hence `node_to_sql`.
+hence `node_to_sql`. The merge's statements pass BLOB values through `_blob` (see there).
 """
 
 from __future__ import annotations
@@ -73,6 +73,12 @@ def node_to_sql(node: int) -> int:
 
 def node_from_sql(value: int) -> int:
     return value + (1 << 64) if value < 0 else value
+
+
+_blob = bytearray
+"""A BLOB parameter as the stdlib sqlite3 module binds it fastest. It looks for an adapter,
+through two failing attribute lookups, for every `bytes` value, but binds a bytearray at once
+(same BLOB stored, and read back as bytes): a merge binds several per version."""
 
 
 class Row(msgspec.Struct, frozen=True, gc=False):
@@ -292,7 +298,15 @@ class Store:
             "INSERT INTO versions (key, node, hlc, scope, vector, envelope, dirty) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
             [
-                (v.key, node_to_sql(v.node), v.hlc, v.scope, v.vector, v.envelope, int(v.dirty))
+                (
+                    _blob(v.key),
+                    node_to_sql(v.node),
+                    v.hlc,
+                    _blob(v.scope),
+                    _blob(v.vector),
+                    _blob(v.envelope),
+                    int(v.dirty),
+                )
                 for v in rows
             ],
         )
@@ -302,7 +316,7 @@ class Store:
         needs, without reading a single envelope."""
         unique = list(dict.fromkeys(keys))
         for start in range(0, len(unique), 500):
-            chunk = unique[start : start + 500]
+            chunk = [_blob(key) for key in unique[start : start + 500]]
             marks = ",".join("?" * len(chunk))
             for rowid, key, node, hlc, vector in self.db.execute(
                 f"SELECT id, key, node, hlc, vector FROM versions WHERE key IN ({marks})", chunk
@@ -319,7 +333,14 @@ class Store:
         self.db.executemany(
             "UPDATE versions SET node = ?, hlc = ?, vector = ?, envelope = ?, dirty = ? WHERE id = ?",
             [
-                (node_to_sql(new.node), new.hlc, new.vector, new.envelope, int(new.dirty), rowid)
+                (
+                    node_to_sql(new.node),
+                    new.hlc,
+                    _blob(new.vector),
+                    _blob(new.envelope),
+                    int(new.dirty),
+                    rowid,
+                )
                 for rowid, new in pairs
             ],
         )

@@ -130,11 +130,14 @@ class _Merger:
 
     def run(self, envelopes: Sequence[bytes]) -> InboundResult:
         dots = [peek_dot(envelope) for envelope in envelopes]
-        self.records = _load_records(self.ctx.store, [d[0] for d in dots if d is not None])
+        records = self.records = _load_records(
+            self.ctx.store, [d[0] for d in dots if d is not None]
+        )
+        result = self.result
         for envelope, dot in zip(envelopes, dots, strict=True):
-            record = None if dot is None else self.records.get(dot[0])
+            record = None if dot is None else records.get(dot[0])
             if record is not None and dot is not None and is_covered_dot(record.siblings, dot):
-                self.result.superseded += 1  # known already: no need to parse or open it
+                result.superseded += 1  # known already: no need to parse or open it
                 continue
             try:
                 header = parse_header(envelope)

@@ -311,17 +311,19 @@ class Store:
             ],
         )
 
-    def sibling_rows(self, keys: Sequence[bytes]) -> Iterator[tuple[int, bytes, int, int, bytes]]:
+    def sibling_rows(self, keys: Sequence[bytes]) -> list[tuple[int, bytes, int, int, bytes]]:
         """(row id, key, node, hlc, encoded vector) of many records' siblings: what merging
         needs, without reading a single envelope."""
         unique = list(dict.fromkeys(keys))
+        rows: list[tuple[int, bytes, int, int, bytes]] = []
         for start in range(0, len(unique), 500):
             chunk = [_blob(key) for key in unique[start : start + 500]]
             marks = ",".join("?" * len(chunk))
-            for rowid, key, node, hlc, vector in self.db.execute(
+            cursor = self.db.execute(
                 f"SELECT id, key, node, hlc, vector FROM versions WHERE key IN ({marks})", chunk
-            ):
-                yield rowid, key, node_from_sql(node), hlc, vector
+            )
+            rows += [(i, key, node_from_sql(node), hlc, v) for i, key, node, hlc, v in cursor]
+        return rows
 
     def scope_of(self, key: bytes) -> bytes | None:
         row = self.db.execute("SELECT scope FROM versions WHERE key = ? LIMIT 1", (key,)).fetchone()

@@ -51,6 +51,8 @@ _FIXED_ONE_ENTRY = struct.Struct(">BBI16sQQHQQ")
 FIXED_HEADER_BYTES = _FIXED.size
 _MIN_ENVELOPE_BYTES = FIXED_HEADER_BYTES + NONCE_BYTES + TAG_BYTES
 _MIN_ONE_ENTRY_ENVELOPE_BYTES = _FIXED_ONE_ENTRY.size + NONCE_BYTES + TAG_BYTES
+_ONE_ENTRY_COUNT = struct.pack(">H", 1)
+"""The vector-count field (the fixed header's last two bytes) of a one-writer envelope."""
 
 VersionVector = dict[int, int]
 """node id → highest hlc of that node's writes a version descends from."""
@@ -114,7 +116,8 @@ def parse_header(envelope: bytes) -> Header:
         raise ProtocolError(
             f"envelope of {size} bytes outside {_MIN_ENVELOPE_BYTES}..{MAX_ENVELOPE_BYTES}"
         )
-    if size >= _MIN_ONE_ENTRY_ENVELOPE_BYTES and envelope[39] == 1 and envelope[38] == 0:
+    count_bytes = envelope[FIXED_HEADER_BYTES - 2 : FIXED_HEADER_BYTES]
+    if count_bytes == _ONE_ENTRY_COUNT and size >= _MIN_ONE_ENTRY_ENVELOPE_BYTES:
         return _one_writer_header(envelope)  # the common case, on the merge hot path
     version, algorithm, epoch, key, hlc, node, count = _FIXED.unpack_from(envelope)
     if version != FORMAT_VERSION or algorithm != ALGORITHM_AES_256_GCM:

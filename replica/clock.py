@@ -55,6 +55,12 @@ def is_ahead(hlc: int, now_ms: int, max_drift_ms: int) -> bool:
     return hlc_ms(hlc) > now_ms + max_drift_ms
 
 
+def latest_hlc(now_ms: int, max_drift_ms: int) -> int:
+    """The greatest hlc within the drift bound: `is_ahead(hlc, ...)` exactly when `hlc` is
+    greater. Merges compute it once per batch and compare each inbound hlc with it."""
+    return ((now_ms + max_drift_ms + 1) << COUNTER_BITS) - 1
+
+
 def observe(state: int, remote: int, now_ms: int, max_drift_ms: int) -> int:
     """The clock after seeing an inbound hlc; never raises, ignores one ahead of the drift bound."""
     if is_ahead(remote, now_ms, max_drift_ms) or remote > MAX_HLC:

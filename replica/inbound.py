@@ -21,8 +21,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import msgspec
+
 from replica import clock
-from replica.envelope import Identity, Opened, profile_key, scope_key
+from replica.envelope import Identity, Opened, open_envelope, profile_key, scope_key
 from replica.errors import EnvelopeError, ProtocolError, StoreError, UnknownEpochError
 from replica.events import ChangeEvent
 from replica.locks import LockIndex, Targets
@@ -63,8 +65,7 @@ class InboundResult:
     """(profile, collection) of per_item collections that merged a version."""
 
 
-@dataclass(slots=True)
-class _Record:
+class _Record(msgspec.Struct, gc=False):
     """One record's siblings as the page is folded into them."""
 
     siblings: list[Sibling | Header]
@@ -79,12 +80,31 @@ class _Record:
 def _load_records(store: Store, keys: Sequence[bytes]) -> dict[bytes, _Record]:
     records: dict[bytes, _Record] = {}
     for rowid, key, node, hlc, vector in store.sibling_rows(keys):
+        sibling = Sibling(node, hlc, decode_vector(vector))
         record = records.get(key)
         if record is None:
-            record = records[key] = _Record([], None, {})
-        record.siblings.append(Sibling(node, hlc, decode_vector(vector)))
-        record.rowid_by_dot[node, hlc] = rowid
+            records[key] = _Record([sibling], None, {(node, hlc): rowid})
+        else:
+            record.siblings.append(sibling)
+            record.rowid_by_dot[node, hlc] = rowid
     return records
+
+
+def _fold(
+    record: _Record, header: Header, envelope: bytes, scope: bytes, identity: Identity
+) -> None:
+    """Merge a version no sibling covers into its record (specs/merge.md §4 step 2)."""
+    record.scope = scope
+    record.identity = identity
+    siblings = record.siblings
+    if len(siblings) == 1 and header.vector.get(siblings[0].node, 0) >= siblings[0].hlc:
+        record.siblings = [header]  # add_uncovered's result when it replaces the one sibling
+    else:
+        record.siblings, _ = add_uncovered(siblings, header)
+    if record.added is None:
+        record.added = {(header.node, header.hlc): (header, envelope)}
+    else:
+        record.added[header.node, header.hlc] = (header, envelope)
 
 
 class _Merger:
@@ -95,9 +115,13 @@ class _Merger:
         self.now_ms = now_ms
         self.source = source
         self.max_drift_ms = ctx.options.max_drift_ms
+        self.latest_hlc = clock.latest_hlc(now_ms, self.max_drift_ms)
+        """An inbound hlc above this is ahead of the wall clock by more than the bound."""
         self.result = InboundResult()
         self.clock = ctx.store.get_int("clock")
-        self.locks = LockIndex(ctx.store.active_locks(now_ms))
+        locks = LockIndex(ctx.store.active_locks(now_ms))
+        self.locks = locks if locks else None
+        """None when no lock is active (the usual case): nothing to check per version."""
         self.holds: list[HeldVersion] = []
         self.scope_cache: dict[tuple[str, str], bytes] = {}
         self.records: dict[bytes, _Record] = {}
@@ -106,11 +130,14 @@ class _Merger:
 
     def run(self, envelopes: Sequence[bytes]) -> InboundResult:
         dots = [peek_dot(envelope) for envelope in envelopes]
-        self.records = _load_records(self.ctx.store, [d[0] for d in dots if d is not None])
+        records = self.records = _load_records(
+            self.ctx.store, [d[0] for d in dots if d is not None]
+        )
+        result = self.result
         for envelope, dot in zip(envelopes, dots, strict=True):
-            record = None if dot is None else self.records.get(dot[0])
+            record = None if dot is None else records.get(dot[0])
             if record is not None and dot is not None and is_covered_dot(record.siblings, dot):
-                self.result.superseded += 1  # known already: no need to parse or open it
+                result.superseded += 1  # known already: no need to parse or open it
                 continue
             try:
                 header = parse_header(envelope)
@@ -127,7 +154,7 @@ class _Merger:
             self._hold_unverified(header, envelope, "sealed")
             return
         try:
-            opened = opener.open(envelope, header, remember=False)
+            opened = open_envelope(opener.keys, envelope, header)  # not cached: see Opener
         except UnknownEpochError:
             self._hold_unverified(header, envelope, "epoch")
             return
@@ -141,12 +168,15 @@ class _Merger:
     ) -> None:
         """An authenticated version that no sibling covers: hold it or merge it."""
         header, identity = opened.header, opened.identity
+        hlc = header.hlc
         # Only an authenticated version can tell us how far ahead peers' clocks run, or that
         # this file was copied: a header alone is the relay's word.
-        self.result.max_hlc = max(self.result.max_hlc, header.hlc)
-        scope = self._scope(opener, identity.profile, identity.collection)
-        if clock.is_ahead(header.hlc, self.now_ms, self.max_drift_ms):  # drift before locks
-            release = clock.hlc_ms(header.hlc) - self.max_drift_ms
+        self.result.max_hlc = max(self.result.max_hlc, hlc)
+        scope = self.scope_cache.get((identity.profile, identity.collection))
+        if scope is None:
+            scope = self._cache_scope(opener, identity.profile, identity.collection)
+        if hlc > self.latest_hlc:  # ahead by more than the drift bound; drift before locks
+            release = clock.hlc_ms(hlc) - self.max_drift_ms
             self._hold(header, envelope, "drift", release, scope, identity)
             return
         if header.node == self.ctx.node and not self._known_own(header):
@@ -157,26 +187,36 @@ class _Merger:
             # until a schema that syncs it is declared (never degrade this device's own draft).
             self._hold(header, envelope, "collection", None, scope)
             return
-        self.clock = clock.observe(self.clock, header.hlc, self.now_ms, self.max_drift_ms)
-        if self.locks:
-            profile = (
-                profile_key(opener.keys, identity.profile) if self.locks.has_profile_locks else b""
-            )
-            until = self.locks.held_until(Targets(header.key, scope, profile), header)
-            if until is not None:
-                self._hold(header, envelope, "lock", until, scope, identity)
-                return
+        # What clock.observe gives for an hlc within the drift bound (and parse_header
+        # bounded it by MAX_HLC): one comparison, not three calls, per version.
+        self.clock = max(self.clock, hlc)
+        if self.locks is not None and self._held_by_lock(
+            self.locks, opener, header, envelope, scope, identity
+        ):
+            return
         if record is None:
             record = self.records[header.key] = _Record([], scope, {})
-        record.scope = scope
-        record.siblings, _ = add_uncovered(record.siblings, header)  # run() checked coverage
-        if record.added is None:
-            record.added = {}
-        record.added[header.dot] = (header, envelope)
-        record.identity = identity
+        _fold(record, header, envelope, scope, identity)
         if collection.max_items is not None:
             self.result.per_item_scopes.add((identity.profile, identity.collection))
         self.result.merged += 1
+
+    def _held_by_lock(
+        self,
+        locks: LockIndex,
+        opener: Opener,
+        header: Header,
+        envelope: bytes,
+        scope: bytes,
+        identity: Identity,
+    ) -> bool:
+        """Hold the version if a freshness lock protects its record (specs/merge.md §10)."""
+        profile = profile_key(opener.keys, identity.profile) if locks.has_profile_locks else b""
+        until = locks.held_until(Targets(header.key, scope, profile), header)
+        if until is None:
+            return False
+        self._hold(header, envelope, "lock", until, scope, identity)
+        return True
 
     def _known_own(self, header: Header) -> bool:
         """A version with our node id is ours if we hold it (covered ones never get here)."""
@@ -189,12 +229,11 @@ class _Merger:
         self.ctx.store.set_meta("node", str(new))
         self.result.events.append(ChangeEvent("node_changed", "remote", None, None, None, "clone"))
 
-    def _scope(self, opener: Opener, profile: str, collection: str) -> bytes:
-        scope = self.scope_cache.get((profile, collection))
-        if scope is None:
-            scope = self.scope_cache[(profile, collection)] = scope_key(
-                opener.keys, profile, collection
-            )
+    def _cache_scope(self, opener: Opener, profile: str, collection: str) -> bytes:
+        """The scope key of a (profile, collection) not yet in `scope_cache` (an HMAC)."""
+        scope = self.scope_cache[(profile, collection)] = scope_key(
+            opener.keys, profile, collection
+        )
         return scope
 
     def _hold(
@@ -256,56 +295,27 @@ class _Merger:
             store.mark_degraded(key, store.scope_of(key), reason)
 
     def _write(self) -> None:
+        """Write what the batch decided: each changed record once, one statement per table."""
         store = self.ctx.store
         inserts: list[NewVersion] = []
         deletes: list[Row] = []
         replacements: list[tuple[int, NewVersion]] = []
-        replaced: list[Row] = []
-        to_push = self.ctx.to_push
         for key, record in self.records.items():
-            added = record.added
-            if not added:
+            if not record.added:
                 continue
-            if self.ctx.want_events and record.identity is not None:
-                i = record.identity
-                self.result.events.append(
-                    ChangeEvent("changed", "remote", i.profile, i.collection, i.id)
-                )
-            assert record.scope is not None
-            siblings, rowids = record.siblings, record.rowid_by_dot
-            if len(siblings) == 1 and len(rowids) == 1 and len(added) == 1:
-                # The common merge: one stored version replaced by one newer one, in place.
-                ((dot, (header, envelope)),) = added.items()
-                ((old, rowid),) = rowids.items()
-                if siblings[0] is header:
-                    dirty = (key, *dot) in to_push
-                    new_version = NewVersion(
-                        key, dot[0], dot[1], record.scope, header.vector_bytes, envelope, dirty
-                    )
-                    replacements.append((rowid, new_version))
-                    replaced.append(Row(key, old[0], old[1], b""))
-                    continue
-            final = {(s.node, s.hlc) for s in record.siblings}
-            gone = [Row(key, n, h, b"") for n, h in record.rowid_by_dot.keys() - final]
-            new = [
-                NewVersion(
-                    key,
-                    dot[0],
-                    dot[1],
-                    record.scope,
-                    added[dot][0].vector_bytes,
-                    added[dot][1],
-                    dirty=(key, *dot) in to_push,
-                )
-                for dot in final - record.rowid_by_dot.keys()
-            ]
+            if self.ctx.want_events:
+                self._announce(record)
+            replacement = self._in_place(key, record)
+            if replacement is not None:
+                replacements.append(replacement)
+                continue
+            gone, new = self._difference(key, record)
             if len(gone) == 1 and len(new) == 1:  # one version replaced by one: update in place
                 replacements.append((record.rowid_by_dot[gone[0].node, gone[0].hlc], new[0]))
-                replaced.append(gone[0])
             else:
                 deletes.extend(gone)
                 inserts.extend(new)
-        self._keep_history(deletes + replaced)
+        self._keep_history()
         store.delete_versions(deletes)
         store.replace_versions(replacements)
         store.insert_versions(inserts)
@@ -313,24 +323,61 @@ class _Merger:
         store.set_meta("clock", self.clock)
         self._latch()
 
-    def _keep_history(self, deletes: list[Row]) -> None:
-        """Replaced versions of collections declared with `history` move to the history table."""
-        depth_by_key: dict[bytes, int] = {}
-        for key, record in self.records.items():
-            if record.identity is not None:
-                collection = self.ctx.schema.get(record.identity.collection)
-                if collection is not None and collection.history > 0:
-                    depth_by_key[key] = collection.history
-        if not depth_by_key:
+    def _announce(self, record: _Record) -> None:
+        identity = record.identity
+        if identity is not None:
+            event = ChangeEvent(
+                "changed", "remote", identity.profile, identity.collection, identity.id
+            )
+            self.result.events.append(event)
+
+    def _in_place(self, key: bytes, record: _Record) -> tuple[int, NewVersion] | None:
+        """(row id, new version) when the batch replaced the record's one stored version by one
+        version: the common merge, written over the old row without any set arithmetic."""
+        siblings, rowids, added = record.siblings, record.rowid_by_dot, record.added
+        if len(siblings) != 1 or len(rowids) != 1 or added is None or len(added) != 1:
+            return None
+        ((header, envelope),) = added.values()
+        if siblings[0] is not header:
+            return None
+        (rowid,) = rowids.values()
+        return rowid, self._new_version(key, record, header, envelope)
+
+    def _difference(self, key: bytes, record: _Record) -> tuple[list[Row], list[NewVersion]]:
+        """The stored versions the batch replaced, and the versions it added that stay."""
+        assert record.added is not None
+        final = {(s.node, s.hlc) for s in record.siblings}
+        stored = record.rowid_by_dot.keys()
+        gone = [Row(key, node, hlc, b"") for node, hlc in stored - final]
+        new = [self._new_version(key, record, *record.added[dot]) for dot in final - stored]
+        return gone, new
+
+    def _new_version(
+        self, key: bytes, record: _Record, header: Header, envelope: bytes
+    ) -> NewVersion:
+        assert record.scope is not None
+        to_push = self.ctx.to_push
+        dirty = bool(to_push) and (key, header.node, header.hlc) in to_push
+        return NewVersion(
+            key, header.node, header.hlc, record.scope, header.vector_bytes, envelope, dirty
+        )
+
+    def _keep_history(self) -> None:
+        """Replaced versions of collections declared with `history` move to the history table
+        (read before the batch deletes or overwrites their rows)."""
+        schema, store = self.ctx.schema, self.ctx.store
+        if not any(c.history for c in schema.collections):
             return
-        replaced: dict[bytes, list[Row]] = {}
-        for row in deletes:
-            if row.key in depth_by_key:
-                replaced.setdefault(row.key, []).append(row)
-        for key, rows in replaced.items():
-            dots = {(r.node, r.hlc) for r in rows}
-            old = [r for r in self.ctx.store.versions_of(key) if (r.node, r.hlc) in dots]
-            self.ctx.store.add_history(old, self.now_ms, depth_by_key[key])
+        for key, record in self.records.items():
+            if not record.added or record.identity is None:
+                continue
+            collection = schema.get(record.identity.collection)
+            if collection is None or collection.history == 0:
+                continue
+            gone = record.rowid_by_dot.keys() - {(s.node, s.hlc) for s in record.siblings}
+            if gone:
+                old = [r for r in store.versions_of(key) if (r.node, r.hlc) in gone]
+                store.add_history(old, self.now_ms, collection.history)
 
 
 def merge_inbound(

@@ -14,7 +14,9 @@ order is total and every replica shows the same version. The decision reads only
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
+
+import msgspec
 
 from replica.wire import Dot, VersionVector, merge_vectors
 
@@ -35,8 +37,9 @@ class Versioned(Protocol):
 V = TypeVar("V", bound=Versioned)
 
 
-class Sibling(NamedTuple):
-    """A stored version as merging sees it: its dot and its vector, nothing more."""
+class Sibling(msgspec.Struct, frozen=True, gc=False):
+    """A stored version as merging sees it: its dot and its vector, nothing more (a msgspec
+    Struct: one is built per stored sibling a merge loads, cheaply)."""
 
     node: int
     hlc: int
@@ -51,7 +54,10 @@ def is_covered(siblings: Iterable[Versioned], inbound: Versioned) -> bool:
 def is_covered_dot(siblings: Iterable[Versioned], dot: tuple[bytes, int, int] | Dot) -> bool:
     """`is_covered` by a dot alone, or a (key, node, hlc) identity: all a header claims."""
     node, hlc = dot[-2], dot[-1]  # a sibling's vector holds its own dot: equality too
-    return any(sibling.vector.get(node, 0) >= hlc for sibling in siblings)
+    for sibling in siblings:  # noqa: SIM110 (a generator costs more, once per inbound envelope)
+        if sibling.vector.get(node, 0) >= hlc:
+            return True
+    return False
 
 
 def merge_version(siblings: Sequence[V], inbound: V) -> tuple[list[V], list[V]]:

@@ -23,18 +23,15 @@ class Opener:
         self._max_entries = max_entries
         self._cache: OrderedDict[bytes, Opened] = OrderedDict()
 
-    def open(
-        self, envelope: bytes, header: Header | None = None, *, remember: bool = True
-    ) -> Opened:
-        """Open an envelope, or raise `EnvelopeError` / `UnknownEpochError`. Merges pass
-        `remember=False`: a page of new versions would only churn the cache of reads."""
+    def open(self, envelope: bytes, header: Header | None = None) -> Opened:
+        """Open an envelope, or raise `EnvelopeError` / `UnknownEpochError`. Merges call
+        `open_envelope` directly: a page of new versions would only churn the cache of reads
+        (and hashing each one to look it up costs more than the rare hit saves)."""
         opened = self._cache.get(envelope)
         if opened is not None:
             self._cache.move_to_end(envelope)
             return opened
         opened = open_envelope(self.keys, envelope, header)
-        if not remember:
-            return opened
         self._cache[envelope] = opened
         if len(self._cache) > self._max_entries:
             self._cache.popitem(last=False)

@@ -5,7 +5,7 @@ travel) plus the cleartext header facts that queries need (dot, encoded vector).
 in `BEGIN IMMEDIATE` transactions, so several processes sharing one file serialize on SQLite's
 lock (with a busy timeout) instead of failing; nested `transaction()` calls become savepoints
 that never hide the original error. Node ids are unsigned 64-bit; SQLite integers are signed,
-hence `node_to_sql`.
+hence `node_to_sql`. The merge's statements pass BLOB values through `_blob` (see there).
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Literal
+
+import msgspec
 
 from replica.errors import ReplicaClosedError, StoreError
 from replica.locks import Lock
@@ -73,7 +75,13 @@ def node_from_sql(value: int) -> int:
     return value + (1 << 64) if value < 0 else value
 
 
-class Row(NamedTuple):
+_blob = bytearray
+"""A BLOB parameter as the stdlib sqlite3 module binds it fastest. It looks for an adapter,
+through two failing attribute lookups, for every `bytes` value, but binds a bytearray at once
+(same BLOB stored, and read back as bytes): a merge binds several per version."""
+
+
+class Row(msgspec.Struct, frozen=True, gc=False):
     """One stored version: where it lives in the file and its sealed bytes."""
 
     key: bytes
@@ -82,8 +90,9 @@ class Row(NamedTuple):
     envelope: bytes
 
 
-class NewVersion(NamedTuple):
-    """A version to store, with the cleartext header facts that queries need."""
+class NewVersion(msgspec.Struct, frozen=True, gc=False):
+    """A version to store, with the cleartext header facts that queries need (Row and
+    NewVersion are msgspec Structs: a merge builds one per version it writes)."""
 
     key: bytes
     node: int
@@ -289,22 +298,32 @@ class Store:
             "INSERT INTO versions (key, node, hlc, scope, vector, envelope, dirty) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
             [
-                (v.key, node_to_sql(v.node), v.hlc, v.scope, v.vector, v.envelope, int(v.dirty))
+                (
+                    _blob(v.key),
+                    node_to_sql(v.node),
+                    v.hlc,
+                    _blob(v.scope),
+                    _blob(v.vector),
+                    _blob(v.envelope),
+                    int(v.dirty),
+                )
                 for v in rows
             ],
         )
 
-    def sibling_rows(self, keys: Sequence[bytes]) -> Iterator[tuple[int, bytes, int, int, bytes]]:
+    def sibling_rows(self, keys: Sequence[bytes]) -> list[tuple[int, bytes, int, int, bytes]]:
         """(row id, key, node, hlc, encoded vector) of many records' siblings: what merging
         needs, without reading a single envelope."""
         unique = list(dict.fromkeys(keys))
+        rows: list[tuple[int, bytes, int, int, bytes]] = []
         for start in range(0, len(unique), 500):
-            chunk = unique[start : start + 500]
+            chunk = [_blob(key) for key in unique[start : start + 500]]
             marks = ",".join("?" * len(chunk))
-            for rowid, key, node, hlc, vector in self.db.execute(
+            cursor = self.db.execute(
                 f"SELECT id, key, node, hlc, vector FROM versions WHERE key IN ({marks})", chunk
-            ):
-                yield rowid, key, node_from_sql(node), hlc, vector
+            )
+            rows += [(i, key, node_from_sql(node), hlc, v) for i, key, node, hlc, v in cursor]
+        return rows
 
     def scope_of(self, key: bytes) -> bytes | None:
         row = self.db.execute("SELECT scope FROM versions WHERE key = ? LIMIT 1", (key,)).fetchone()
@@ -316,7 +335,14 @@ class Store:
         self.db.executemany(
             "UPDATE versions SET node = ?, hlc = ?, vector = ?, envelope = ?, dirty = ? WHERE id = ?",
             [
-                (node_to_sql(new.node), new.hlc, new.vector, new.envelope, int(new.dirty), rowid)
+                (
+                    node_to_sql(new.node),
+                    new.hlc,
+                    _blob(new.vector),
+                    _blob(new.envelope),
+                    int(new.dirty),
+                    rowid,
+                )
                 for rowid, new in pairs
             ],
         )

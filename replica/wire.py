@@ -25,7 +25,7 @@ A's vector covers B's dot: ``A.vv[B.node] >= B.hlc`` (specs/merge.md).
 from __future__ import annotations
 
 import struct
-from typing import Annotated, Any, ClassVar, Literal, NamedTuple, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
 
@@ -46,7 +46,13 @@ MAX_HLC = (1 << 63) - 1
 
 _FIXED = struct.Struct(">BBI16sQQH")
 _ENTRY = struct.Struct(">QQ")
+_FIXED_ONE_ENTRY = struct.Struct(">BBI16sQQHQQ")
+"""The fixed header and a one-entry vector, read at once: the merge hot path's header."""
 FIXED_HEADER_BYTES = _FIXED.size
+_MIN_ENVELOPE_BYTES = FIXED_HEADER_BYTES + NONCE_BYTES + TAG_BYTES
+_MIN_ONE_ENTRY_ENVELOPE_BYTES = _FIXED_ONE_ENTRY.size + NONCE_BYTES + TAG_BYTES
+_ONE_ENTRY_COUNT = struct.pack(">H", 1)
+"""The vector-count field (the fixed header's last two bytes) of a one-writer envelope."""
 
 VersionVector = dict[int, int]
 """node id → highest hlc of that node's writes a version descends from."""
@@ -55,8 +61,12 @@ Dot = tuple[int, int]
 """(node, hlc): names one version of a record; unique because a node's hlc never repeats."""
 
 
-class Header(NamedTuple):
-    """The cleartext header of an envelope: everything the relay may know about a version."""
+class Header(msgspec.Struct, frozen=True, gc=False):
+    """The cleartext header of an envelope: everything the relay may know about a version.
+
+    A msgspec Struct: built per inbound envelope on the merge hot path, where it is several
+    times cheaper to build and read than a NamedTuple (and never tracked by the GC: it holds
+    no container that could point back at it)."""
 
     epoch: int
     key: bytes
@@ -101,25 +111,37 @@ def check_vector(vector: VersionVector, node: int, hlc: int) -> None:
 
 def parse_header(envelope: bytes) -> Header:
     """Parse and check an envelope's cleartext header; raise `ProtocolError` if malformed."""
-    if not FIXED_HEADER_BYTES + NONCE_BYTES + TAG_BYTES <= len(envelope) <= MAX_ENVELOPE_BYTES:
+    size = len(envelope)
+    if not _MIN_ENVELOPE_BYTES <= size <= MAX_ENVELOPE_BYTES:
         raise ProtocolError(
-            f"envelope of {len(envelope)} bytes outside "
-            f"{FIXED_HEADER_BYTES + NONCE_BYTES + TAG_BYTES}..{MAX_ENVELOPE_BYTES}"
+            f"envelope of {size} bytes outside {_MIN_ENVELOPE_BYTES}..{MAX_ENVELOPE_BYTES}"
         )
+    count_bytes = envelope[FIXED_HEADER_BYTES - 2 : FIXED_HEADER_BYTES]
+    if count_bytes == _ONE_ENTRY_COUNT and size >= _MIN_ONE_ENTRY_ENVELOPE_BYTES:
+        return _one_writer_header(envelope)  # the common case, on the merge hot path
     version, algorithm, epoch, key, hlc, node, count = _FIXED.unpack_from(envelope)
     if version != FORMAT_VERSION or algorithm != ALGORITHM_AES_256_GCM:
         raise ProtocolError(f"unknown envelope format {version} / algorithm {algorithm}")
     end = FIXED_HEADER_BYTES + count * _ENTRY.size
-    if not 1 <= count <= MAX_VECTOR_ENTRIES or len(envelope) < end + NONCE_BYTES + TAG_BYTES:
+    if not 1 <= count <= MAX_VECTOR_ENTRIES or size < end + NONCE_BYTES + TAG_BYTES:
         raise ProtocolError(f"envelope version vector of {count} entries does not fit")
-    if count == 1:  # one writer so far: the common case, on the merge hot path
-        n, h = _ENTRY.unpack_from(envelope, FIXED_HEADER_BYTES)
-        vector: VersionVector = {n: h}
-    else:
-        vector = _vector_entries(envelope[FIXED_HEADER_BYTES:end])
+    vector = _vector_entries(envelope[FIXED_HEADER_BYTES:end])
     if not 0 < hlc <= MAX_HLC or vector.get(node) != hlc:
         raise ProtocolError(f"envelope vector does not carry its own dot ({node}, {hlc})")
     return Header(epoch, key, hlc, node, vector, envelope[:end])
+
+
+def _one_writer_header(envelope: bytes) -> Header:
+    """`parse_header` of an envelope whose vector has one entry (its length checked): the
+    same checks, with one struct read instead of two."""
+    version, algorithm, epoch, key, hlc, node, _, entry_node, entry_hlc = (
+        _FIXED_ONE_ENTRY.unpack_from(envelope)
+    )
+    if version != FORMAT_VERSION or algorithm != ALGORITHM_AES_256_GCM:
+        raise ProtocolError(f"unknown envelope format {version} / algorithm {algorithm}")
+    if not 0 < hlc <= MAX_HLC or entry_node != node or entry_hlc != hlc:
+        raise ProtocolError(f"envelope vector does not carry its own dot ({node}, {hlc})")
+    return Header(epoch, key, hlc, node, {node: hlc}, envelope[: _FIXED_ONE_ENTRY.size])
 
 
 def _vector_entries(data: bytes) -> VersionVector:

@@ -64,3 +64,15 @@ def test_observe_ignores_a_timestamp_beyond_the_drift_bound() -> None:
 def test_pack_round_trips(now: int, counter: int) -> None:
     hlc = clock.pack_hlc(now, counter)
     assert (clock.hlc_ms(hlc), clock.hlc_counter(hlc)) == (now, counter)
+
+
+@given(
+    hlc=st.integers(min_value=1, max_value=clock.MAX_HLC),
+    now=ms,
+    drift=st.one_of(st.integers(min_value=0, max_value=10**9), st.just(1 << 62)),
+)
+def test_latest_hlc_is_the_bound_that_is_ahead_checks(hlc: int, now: int, drift: int) -> None:
+    """Merges compare with `latest_hlc` instead of calling `is_ahead` per version."""
+    assert (hlc > clock.latest_hlc(now, drift)) == clock.is_ahead(hlc, now, drift)
+    edge = clock.latest_hlc(now, drift)
+    assert not clock.is_ahead(edge, now, drift) and clock.is_ahead(edge + 1, now, drift)

@@ -450,6 +450,14 @@ def test_opaque_key_differs_for_every_split_of_one_string(text: str, data: st.Da
     assert opaque_key(READER.index_key, left) != opaque_key(READER.index_key, right)
 
 
+@given(identity=identities)
+def test_record_key_equals_the_reference_opaque_key(identity: Identity) -> None:
+    """`AccountKeys.record_key` (unrolled, keyed state copied) is `opaque_key`, byte for byte."""
+    assert READER.record_key(identity.profile, identity.collection, identity.id) == opaque_key(
+        READER.index_key, identity
+    )
+
+
 # ---- PADMÉ ----------------------------------------------------------------------------------------
 
 lengths = st.integers(min_value=0, max_value=1 << 24)

@@ -64,6 +64,10 @@ class _Snapshot:
     tokens: dict[bytes, TokenRecord]
 
 
+def _same_device(a: TokenRecord, b: TokenRecord) -> bool:
+    return (a.account, a.device_id) == (b.account, b.device_id)
+
+
 class MemoryRelay:
     """A relay held in dicts; `clock_ms` is injected so drift refusals are testable."""
 
@@ -156,6 +160,8 @@ class MemoryRelay:
 
     def add_invite(self, invite_hash: bytes, expires_ms: int) -> None:
         with self._mutex:
+            now = self._rules.clock_ms()
+            self._invites = {h: e for h, e in self._invites.items() if e >= now}
             self._invites[invite_hash] = expires_ms
 
     def accounts(self) -> list[AccountSummary]:
@@ -223,6 +229,12 @@ class MemoryRelay:
             if old_hash not in self._tokens or not all(map(self._has_device, tokens)):
                 return False
             del self._tokens[old_hash]
+            now = self._rules.clock_ms()
+            self._tokens = {  # the device's expired tokens go with each refresh
+                h: t
+                for h, t in self._tokens.items()
+                if t.expires_ms > now or not any(_same_device(t, new) for new in tokens)
+            }
             self._tokens.update((t.hash, t) for t in tokens)
             return True
 

@@ -389,6 +389,7 @@ class PostgresStorage:
 
     def add_invite(self, invite_hash: bytes, expires_ms: int) -> None:
         with self._write() as db:
+            db.execute("DELETE FROM invites WHERE expires_ms < %s", (self._rules.clock_ms(),))
             db.execute("INSERT INTO invites VALUES (%s, %s)", (invite_hash, expires_ms))
 
     def accounts(self) -> list[AccountSummary]:
@@ -469,6 +470,10 @@ class PostgresStorage:
                 db.cursor().executemany(
                     "INSERT INTO tokens VALUES (%s, %s, %s, %s, %s)",
                     [(t.hash, row[0], t.device_id, t.kind, t.expires_ms) for t in tokens],
+                )
+                db.execute(  # the device's expired tokens go with each refresh
+                    "DELETE FROM tokens WHERE account = %s AND device = %s AND expires_ms <= %s",
+                    (row[0], tokens[0].device_id if tokens else "", self._rules.clock_ms()),
                 )
         except psycopg.errors.ForeignKeyViolation:  # the device was revoked meanwhile
             return False

@@ -313,6 +313,7 @@ class SQLiteStorage:
 
     def add_invite(self, invite_hash: bytes, expires_ms: int) -> None:
         with self._write() as db:
+            db.execute("DELETE FROM invites WHERE expires_ms < ?", (self._rules.clock_ms(),))
             db.execute("INSERT INTO invites VALUES (?, ?)", (invite_hash, expires_ms))
 
     def accounts(self) -> list[AccountSummary]:
@@ -394,6 +395,10 @@ class SQLiteStorage:
                 db.executemany(
                     "INSERT INTO tokens VALUES (?, ?, ?, ?, ?)",
                     [(t.hash, row[0], t.device_id, t.kind, t.expires_ms) for t in tokens],
+                )
+                db.execute(  # the device's expired tokens go with each refresh
+                    "DELETE FROM tokens WHERE account = ? AND device = ? AND expires_ms <= ?",
+                    (row[0], tokens[0].device_id if tokens else "", self._rules.clock_ms()),
                 )
                 return True
         except sqlite3.IntegrityError as exc:

@@ -389,3 +389,17 @@ def test_concurrent_pushes_to_several_accounts_stay_consecutive_and_isolated(
                 break
         assert seqs == list(range(1, len(seqs) + 1)) and s.state(name).head == len(seqs) > 0
     assert s.state("a").head == s.state("b").head == 60
+
+
+def test_a_refresh_clears_the_devices_expired_tokens(storage: Storage) -> None:
+    expired = TokenRecord(b"x" * 32, "a", "d1", "access", NOW_MS - 1)
+    live = TokenRecord(b"l" * 32, "a", "d1", "access", NOW_MS + 10)
+    old = TokenRecord(b"o" * 32, "a", "d1", "refresh", NOW_MS + 10)
+    other = TokenRecord(b"t" * 32, "a", "d2", "access", NOW_MS - 1)
+    storage.add_device("a", Device("d2", "phone", NOW_MS), [other])
+    assert storage.replace_token(hashlib.sha256(b"a/d1").digest(), [expired, live, old])
+    new = TokenRecord(b"n" * 32, "a", "d1", "refresh", NOW_MS + 20)
+    assert storage.replace_token(old.hash, [new])
+    assert storage.token(expired.hash) is None  # expired, of the refreshing device: gone
+    assert storage.token(live.hash) == live and storage.token(new.hash) == new
+    assert storage.token(other.hash) == other  # another device's tokens are its own business

@@ -9,6 +9,9 @@ from __future__ import annotations
 import functools
 import json
 import os
+import socket
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,11 +21,13 @@ from typing import Any
 
 import click
 import platformdirs
+import uvicorn
 from rich.table import Table
 
 from clients import console
 from clients.commands import DEVICE_COMMANDS
 from clients.console import fail, out
+from clients.demo import run_demo
 from clients.records import RECORD_COMMANDS
 from clients.settings import (
     ENV_CONFIG,
@@ -34,6 +39,7 @@ from clients.settings import (
     read_config,
 )
 from relay import tokens
+from relay.app import create_app
 from relay.config import RelayConfig, load_config
 from relay.errors import RelayError
 from relay.serve import configure_logging, open_storage, serve
@@ -278,6 +284,47 @@ def relay_stats(where: RelayStorage, as_json: bool) -> None:
             return
         for name, value in stats.items():
             out.print(f"{name:>14}  {value}")
+
+
+# -- demo -------------------------------------------------------------------------------------
+
+
+@contextmanager
+def loopback_relay(folder: Path) -> Iterator[str]:
+    """A relay over a SQLite file in `folder`, served by uvicorn in a background thread on a
+    free loopback port (the socket is bound first, so no other process can take the port)."""
+    config = RelayConfig(open_signup=True)
+    storage = open_storage(config, db=folder / "relay.db")
+    app = create_app(storage, config, on_shutdown=storage.close)
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                fail("the demo relay did not start")
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+        sock.close()
+
+
+@main.command("demo")
+def demo() -> None:
+    """Two devices edit offline and converge through a relay on loopback (no setup needed)."""
+    with (
+        console.user_errors(),
+        tempfile.TemporaryDirectory(prefix="sealsync-demo-") as folder,
+        loopback_relay(Path(folder)) as url,
+    ):
+        out.print(f"relay on {url} (a temporary SQLite file)")
+        converged = run_demo(url, Path(folder), out)
+    if not converged:
+        fail("the two devices did not converge", "please report this as a bug")
 
 
 if __name__ == "__main__":

@@ -175,3 +175,10 @@ def test_user_mistakes_are_one_error_line_and_change_nothing(
     relay.kill()
     assert_user_error(cli(a, "sync", "--retry-for", "0.5"), "ConnectError")
     assert dump(a) == before
+
+
+def test_demo_runs_on_its_own_relay_and_converges(cli: Cli, tmp_path: Path) -> None:
+    result = cli.ok(tmp_path / "unused.db", "demo")
+    assert "converged: yes" in result.stdout
+    assert "conflict threads/trip" in result.stdout and "why:" in result.stdout
+    assert "timings" in result.stdout

@@ -9,59 +9,105 @@ from __future__ import annotations
 import functools
 import json
 import os
-import sys
+import socket
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 import platformdirs
-from rich.console import Console
+import uvicorn
 from rich.table import Table
 
+from clients import console
+from clients.commands import DEVICE_COMMANDS
+from clients.console import fail, out
+from clients.demo import run_demo
+from clients.records import RECORD_COMMANDS
+from clients.settings import (
+    ENV_CONFIG,
+    ENV_REPLICA,
+    CliSettings,
+    config_to_default_map,
+    default_config_path,
+    default_replica_path,
+    read_config,
+)
 from relay import tokens
+from relay.app import create_app
 from relay.config import RelayConfig, load_config
 from relay.errors import RelayError
 from relay.serve import configure_logging, open_storage, serve
 from relay.storage import Storage
-from replica.errors import SealsyncError
 
 DEFAULT_PORT = 8787
-err = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
-
-
-def fail(message: str, hint: str | None = None, code: int = 1) -> NoReturn:
-    err.print(f"[red]error:[/red] {message}", markup=True)
-    if hint:
-        err.print(f"[yellow]hint:[/yellow] {hint}", markup=True)
-    sys.exit(code)
 
 
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """Turn the errors a user can cause into `error:`/`hint:` lines."""
+    """`console.user_errors`, and the relay's own errors for the `relay` commands."""
     try:
-        yield
-    except SealsyncError as exc:
-        fail(str(exc), exc.hint)
+        with console.user_errors():
+            yield
     except RelayError as exc:
         fail(exc.message)
-    except OSError as exc:
-        fail(str(exc), "check the path and its permissions")
 
 
 def default_relay_db() -> Path:
     return Path(platformdirs.user_data_dir("sealsync")) / "relay.db"
 
 
+def load_config_file(ctx: click.Context, _: click.Parameter, value: Path | None) -> Path | None:
+    """Eager: the TOML file becomes click's default_map before the other options are read."""
+    path = value or default_config_path()
+    if value is None and not path.is_file():
+        return None
+    with console.user_errors():
+        ctx.default_map = {**config_to_default_map(read_config(path)), **(ctx.default_map or {})}
+    return path
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="sealsync")
-def main() -> None:
+@click.option(
+    "--config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar=ENV_CONFIG,
+    is_eager=True,
+    expose_value=False,
+    callback=load_config_file,
+    help=f"TOML settings (default: {default_config_path()}).",
+)
+@click.option(
+    "--replica",
+    "replica_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar=ENV_REPLICA,
+    help=f"This device's replica file (default: {default_replica_path()}).",
+)
+@click.option(
+    "--passphrase-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Read the passphrase from this file's first line (else SEALSYNC_PASSPHRASE, a prompt).",
+)
+@click.pass_context
+def main(ctx: click.Context, replica_path: Path | None, passphrase_file: Path | None) -> None:
     """sealsync: encrypted offline-first sync: replicas, a ciphertext-only relay."""
+    source = ctx.get_parameter_source("passphrase_file")
+    ctx.obj = CliSettings(
+        replica_path=replica_path or default_replica_path(),
+        passphrase_file=passphrase_file,
+        passphrase_file_is_flag=source is click.core.ParameterSource.COMMANDLINE,
+    )
+
+
+for _command in (*DEVICE_COMMANDS, *RECORD_COMMANDS):
+    main.add_command(_command)
 
 
 # -- relay ------------------------------------------------------------------------------------
@@ -238,6 +284,47 @@ def relay_stats(where: RelayStorage, as_json: bool) -> None:
             return
         for name, value in stats.items():
             out.print(f"{name:>14}  {value}")
+
+
+# -- demo -------------------------------------------------------------------------------------
+
+
+@contextmanager
+def loopback_relay(folder: Path) -> Iterator[str]:
+    """A relay over a SQLite file in `folder`, served by uvicorn in a background thread on a
+    free loopback port (the socket is bound first, so no other process can take the port)."""
+    config = RelayConfig(open_signup=True)
+    storage = open_storage(config, db=folder / "relay.db")
+    app = create_app(storage, config, on_shutdown=storage.close)
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                fail("the demo relay did not start")
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+        sock.close()
+
+
+@main.command("demo")
+def demo() -> None:
+    """Two devices edit offline and converge through a relay on loopback (no setup needed)."""
+    with (
+        console.user_errors(),
+        tempfile.TemporaryDirectory(prefix="sealsync-demo-") as folder,
+        loopback_relay(Path(folder)) as url,
+    ):
+        out.print(f"relay on {url} (a temporary SQLite file)")
+        converged = run_demo(url, Path(folder), out)
+    if not converged:
+        fail("the two devices did not converge", "please report this as a bug")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from replica.errors import (
     WrongKeyError,
 )
 from replica.events import ChangeEvent
-from replica.keys import NewAccount
+from replica.keys import LoginKeys, NewAccount, passphrase_login_keys, recovery_login_keys
 from replica.options import ReplicaOptions
 from replica.record import Context, Record, Version
 from replica.repair import Diagnosis, Finding, RepairReport
@@ -47,6 +47,7 @@ __all__ = [
     "ItemLimitError",
     "KdfParametersError",
     "KdfParams",
+    "LoginKeys",
     "NewAccount",
     "Page",
     "PageEntry",
@@ -72,4 +73,6 @@ __all__ = [
     "UnknownEpochError",
     "Version",
     "WrongKeyError",
+    "passphrase_login_keys",
+    "recovery_login_keys",
 ]

@@ -1,0 +1,217 @@
+"""`init`, `join`, `sync` and `status`: a device's account, relay and health.
+
+The relay URL, account and session live in the sidecar (`clients.device`); nothing here
+prints a token. A failed `init` or `join` leaves no file behind; a failed `sync` leaves the
+replica as it was before the step that failed (every step is resumable, DESIGN §9).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+from contextlib import closing
+from typing import Any
+
+import click
+from rich.table import Table
+
+from clients.account import Secret, join_account, register_account
+from clients.console import err, fail, out, user_errors
+from clients.device import (
+    CLI_OPTIONS,
+    RelaySettings,
+    SessionSaver,
+    device_client,
+    load_settings,
+    opened_replica,
+    refuse_existing,
+    removed_on_failure,
+    save_settings,
+    sidecar_path,
+)
+from clients.http import RelayClient, check_relay_url
+from clients.retry import Backoff
+from clients.schema import CHAT_SCHEMA
+from clients.settings import CliSettings
+from clients.sync import Progress, SyncDriver, SyncReport
+from replica import Replica, RollbackError
+from replica.errors import StoreError
+
+DEFAULT_RETRY_FOR_S = 30.0
+ROLLBACK_HINT = (
+    "the relay holds less than this device has seen (wiped, or restored from an older copy); "
+    "nothing was changed here. If the relay's operator confirms, run `sealsync sync --reseed` "
+    "to push everything this device holds"
+)
+
+
+def default_device_name() -> str:
+    return (socket.gethostname() or "sealsync device")[:128]
+
+
+relay_options = [
+    click.option("--relay", "relay_url", required=True, help="The relay's URL."),
+    click.option("--account", required=True, help="The account's name on the relay."),
+    click.option("--insecure", is_flag=True, help="Allow plain http to a host not loopback."),
+    click.option(
+        "--device-name", default=default_device_name, help="How the relay lists this device."
+    ),
+]
+
+
+def with_relay_options(command: Any) -> Any:
+    for option in reversed(relay_options):
+        command = option(command)
+    return command
+
+
+@click.command("init")
+@with_relay_options
+@click.option("--invite", envvar="SEALSYNC_INVITE", help="Invite token (unless signup is open).")
+@click.pass_obj
+def init(
+    settings: CliSettings,
+    relay_url: str,
+    account: str,
+    insecure: bool,
+    device_name: str,
+    invite: str | None,
+) -> None:
+    """Make a new account and its first device, with the built-in chat schema."""
+    path = settings.replica_path
+    with user_errors():
+        refuse_existing(path)
+        relay = RelaySettings(check_relay_url(relay_url, insecure=insecure), account, insecure)
+        with RelayClient(relay.url, insecure=insecure) as client:
+            client.info()  # unreachable, or another protocol: said before a file exists
+            passphrase = settings.passphrase(confirm=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with removed_on_failure(path):
+                replica, new = Replica.create(path, CHAT_SCHEMA, passphrase, options=CLI_OPTIONS)
+                with closing(replica):
+                    bundle = replica.key_bundle()
+                    session = register_account(client, account, new, bundle, device_name, invite)
+                    save_settings(path, relay.with_session(session))
+    out.print(f"account {account!r} created on {relay.url}; this device's replica: {path}")
+    out.print("recovery key (shown once; keep it somewhere safe, it unlocks the account):")
+    click.echo(new.recovery_key)
+
+
+@click.command("join")
+@with_relay_options
+@click.option("--recovery-key", is_flag=True, help="Prove the account with its recovery key.")
+@click.option("--retry-for", "retry_for_s", type=float, default=DEFAULT_RETRY_FOR_S)
+@click.pass_obj
+def join(
+    settings: CliSettings,
+    relay_url: str,
+    account: str,
+    insecure: bool,
+    device_name: str,
+    recovery_key: bool,
+    retry_for_s: float,
+) -> None:
+    """Add this device to an existing account, then sync it."""
+    path = settings.replica_path
+    with user_errors():
+        refuse_existing(path)
+        relay = RelaySettings(check_relay_url(relay_url, insecure=insecure), account, insecure)
+        saver = SessionSaver(path, relay)
+        with RelayClient(relay.url, insecure=insecure, on_session=saver) as client:
+            client.info()
+            secret = (
+                Secret(settings.recovery_key(), is_recovery_key=True)
+                if recovery_key
+                else Secret(settings.passphrase())
+            )
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with removed_on_failure(path):
+                replica = join_account(client, path, account, secret, device_name, CLI_OPTIONS)
+            with closing(replica):
+                out.print(f"joined account {account!r} on {relay.url}; replica: {path}")
+                report_sync(run_sync(replica, client, retry_for_s, reseed=False))
+
+
+@click.command("sync")
+@click.option("--reseed", is_flag=True, help="After a relay wipe or rollback: push everything.")
+@click.option(
+    "--retry-for",
+    "retry_for_s",
+    type=float,
+    default=DEFAULT_RETRY_FOR_S,
+    show_default=True,
+    envvar="SEALSYNC_RETRY_FOR",
+    help="Seconds to keep retrying an unreachable relay.",
+)
+@click.pass_obj
+def sync(settings: CliSettings, reseed: bool, retry_for_s: float) -> None:
+    """Push this device's changes and pull everyone else's."""
+    path = settings.replica_path
+    with (
+        user_errors(),
+        opened_replica(path, settings.passphrase) as replica,
+        device_client(path, load_settings(path)) as client,
+    ):
+        report_sync(run_sync(replica, client, retry_for_s, reseed=reseed))
+
+
+def run_sync(
+    replica: Replica, client: RelayClient, retry_for_s: float, *, reseed: bool
+) -> SyncReport:
+    """One sync round (or a reseed), with a status line; a rollback stops with its finding."""
+    backoff = Backoff(max_elapsed_s=retry_for_s)
+    with err.status("syncing") as status:
+
+        def progress(p: Progress) -> None:
+            status.update(f"syncing: {p.pushed} pushed, {p.pulled} pulled")
+
+        driver = SyncDriver(replica, client, progress=progress, backoff=backoff)
+        try:
+            return driver.reseed() if reseed else driver.sync()
+        except RollbackError as exc:
+            fail(f"{exc}", ROLLBACK_HINT)
+
+
+def report_sync(report: SyncReport) -> None:
+    refused = f", {report.refused} refused" if report.refused else ""
+    out.print(
+        f"synced: {report.pushed} pushed ({report.stored} stored{refused}), "
+        f"{report.pulled} pulled, {report.merged} merged"
+    )
+    if report.refused:
+        fail(f"the relay refused {report.refused} version(s); they stay to be pushed again")
+
+
+@click.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.pass_obj
+def status(settings: CliSettings, as_json: bool) -> None:
+    """The replica's health (works while locked) and where it syncs."""
+    path = settings.replica_path
+    with user_errors():
+        with opened_replica(path) as replica:
+            fields: dict[str, Any] = dataclasses.asdict(replica.status())
+        fields.update(relay_fields(path))
+    if as_json:
+        click.echo(json.dumps(fields, sort_keys=True))
+        return
+    table = Table("", "", show_header=False, box=None)
+    for name, value in fields.items():
+        table.add_row(name, "-" if value is None else str(value))
+    out.print(table)
+
+
+def relay_fields(path: Any) -> dict[str, Any]:
+    """Relay URL, account and device id from the sidecar; None each when there is none."""
+    try:
+        relay = load_settings(path)
+    except StoreError:
+        if sidecar_path(path).exists():
+            raise
+        return {"relay": None, "account": None, "device_id": None}
+    device = relay.session.device_id if relay.session else None
+    return {"relay": relay.url, "account": relay.account, "device_id": device}
+
+
+DEVICE_COMMANDS = (init, join, sync, status)

@@ -1,0 +1,57 @@
+"""Talking to the person at the terminal: the two consoles, and errors as `error:`/`hint:`.
+
+A user mistake is never a traceback: each error sealsync raises on purpose, and each refusal
+of the operating system or of SQLite, becomes one `error:` line, a `hint:` line where the user
+can act, and a non-zero exit. The hints here are the command line's: the library's hints speak
+of API calls, these speak of commands and options.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NoReturn
+
+from rich.console import Console
+
+from clients.errors import UnknownOutcomeError
+from replica.errors import ReplicaLockedError, SealsyncError, StoreError, WrongKeyError
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True)
+
+HINT_BY_ERROR: dict[type[SealsyncError], str] = {
+    WrongKeyError: "check the passphrase (prompt, --passphrase-file or SEALSYNC_PASSPHRASE) "
+    "or the recovery key",
+    StoreError: "check the --replica path (or SEALSYNC_REPLICA); `sealsync init` or "
+    "`sealsync join` makes a replica",
+    ReplicaLockedError: "give the passphrase (prompt, --passphrase-file or SEALSYNC_PASSPHRASE)",
+}
+UNREACHABLE_HINT = (
+    "check that the relay is running and the URL is right; running the command again is safe"
+)
+
+
+def fail(message: str, hint: str | None = None, code: int = 1) -> NoReturn:
+    """Print `error:` (and `hint:`) on stderr and exit with `code`."""
+    err.print(f"[red]error:[/red] {message}", markup=True)
+    if hint:
+        err.print(f"[yellow]hint:[/yellow] {hint}", markup=True)
+    sys.exit(code)
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn the errors a user can cause into `error:`/`hint:` lines."""
+    try:
+        yield
+    except UnknownOutcomeError as exc:
+        fail(str(exc), UNREACHABLE_HINT)
+    except SealsyncError as exc:
+        fail(str(exc), exc.hint or HINT_BY_ERROR.get(type(exc)))
+    except sqlite3.Error as exc:
+        fail(f"SQLite: {exc}", "another process may hold the replica; check the --replica path")
+    except OSError as exc:
+        fail(str(exc), "check the path and its permissions")

@@ -1,0 +1,181 @@
+"""The device's relay settings, kept in a sidecar file next to its replica.
+
+`<replica>.relay.json` holds the relay URL, the account name, whether plain http to a remote
+host was allowed, and the device's current session (its tokens). The tokens are as good as a
+login, so the file is mode 0600 and replaced atomically (temp file, fsync, rename): a crash
+mid-write leaves the old session or the new one, never half of each — a refresh token works
+only once, so losing the new one would lock the device out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from clients.http import RelayClient
+from replica import Replica, ReplicaOptions
+from replica.errors import StoreError
+from replica.wire import Session
+
+SIDECAR_SUFFIX = ".relay.json"
+CLI_OPTIONS = ReplicaOptions(freshness_window_s=0)
+"""A command's write has no screen to protect from an inbound version arriving moments later
+(what freshness locks are for, DESIGN §5): with the window off, `sync` shows a concurrent
+edit as a conflict at once instead of holding it for ten seconds."""
+FILE_MODE = 0o600
+
+
+def sidecar_path(replica_path: Path) -> Path:
+    return replica_path.with_name(replica_path.name + SIDECAR_SUFFIX)
+
+
+@dataclass(frozen=True)
+class RelaySettings:
+    """Where and as whom this device syncs; `session` is None until it registered or logged in."""
+
+    url: str
+    account: str
+    insecure: bool = False
+    session: Session | None = None
+
+    def __repr__(self) -> str:  # the session's tokens never reach a repr
+        return f"RelaySettings(url={self.url!r}, account={self.account!r})"
+
+    def with_session(self, session: Session) -> RelaySettings:
+        return replace(self, session=session)
+
+
+def settings_to_json(settings: RelaySettings) -> bytes:
+    value: dict[str, Any] = {
+        "url": settings.url,
+        "account": settings.account,
+        "insecure": settings.insecure,
+        "session": msgspec.to_builtins(settings.session),
+    }
+    return json.dumps(value, indent=2).encode() + b"\n"
+
+
+def settings_from_json(data: bytes, path: Path) -> RelaySettings:
+    try:
+        value = json.loads(data)
+        session = value.get("session")
+        return RelaySettings(
+            url=str(value["url"]),
+            account=str(value["account"]),
+            insecure=bool(value.get("insecure", False)),
+            session=None if session is None else msgspec.convert(session, Session),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError, msgspec.ValidationError) as exc:
+        raise StoreError(
+            f"{path} is not a sealsync relay settings file ({type(exc).__name__})",
+            hint="remove it and run `sealsync join` for this device again",
+        ) from exc
+
+
+def load_settings(replica_path: Path) -> RelaySettings:
+    """The settings saved by `init` or `join`; a clear error when there are none."""
+    path = sidecar_path(replica_path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise StoreError(
+            f"no relay settings for {replica_path} (looked for {path})",
+            hint="this replica was not made by `sealsync init` or `sealsync join`",
+        ) from None
+    return settings_from_json(data, path)
+
+
+def save_settings(replica_path: Path, settings: RelaySettings) -> None:
+    """Replace the sidecar atomically with mode 0600, so no reader sees half a file."""
+    write_atomically(sidecar_path(replica_path), settings_to_json(settings))
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    folder = path.parent
+    descriptor, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
+    try:
+        os.fchmod(descriptor, FILE_MODE)
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    fsync_folder(folder)
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make a rename in `folder` durable (POSIX: the directory entry needs its own fsync)."""
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+class SessionSaver:
+    """`RelayClient.on_session`: every new session (login, refresh) is saved at once."""
+
+    def __init__(self, replica_path: Path, settings: RelaySettings) -> None:
+        self.replica_path = replica_path
+        self.settings = settings
+
+    def __call__(self, session: Session) -> None:
+        self.settings = self.settings.with_session(session)
+        save_settings(self.replica_path, self.settings)
+
+
+def device_client(replica_path: Path, settings: RelaySettings) -> RelayClient:
+    """A client for the device's relay, with its saved session, saving the ones to come."""
+    return RelayClient(
+        settings.url,
+        session=settings.session,
+        insecure=settings.insecure,
+        on_session=SessionSaver(replica_path, settings),
+    )
+
+
+def refuse_existing(replica_path: Path) -> None:
+    """`init` and `join` make a replica; one already at the path is never overwritten."""
+    if replica_path.exists():
+        raise StoreError(
+            f"{replica_path} already exists",
+            hint="give another path with --replica (or SEALSYNC_REPLICA)",
+        )
+
+
+@contextmanager
+def removed_on_failure(replica_path: Path) -> Iterator[None]:
+    """Remove the replica and sidecar made inside, if anything inside fails: a half-made
+    device (a replica the relay never heard of) would only confuse the next attempt."""
+    try:
+        yield
+    except BaseException:
+        for suffix in ("", "-wal", "-shm", "-journal", SIDECAR_SUFFIX):
+            replica_path.with_name(replica_path.name + suffix).unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def opened_replica(
+    replica_path: Path, passphrase: Callable[[], str] | None = None
+) -> Iterator[Replica]:
+    """The replica, unlocked with `passphrase()` when given (asked only once the file opened,
+    so a wrong path is reported before anyone types a secret); closed afterwards."""
+    replica = Replica.open(replica_path, options=CLI_OPTIONS)
+    try:
+        if passphrase is not None:
+            replica.unlock(passphrase())
+        yield replica
+    finally:
+        replica.close()

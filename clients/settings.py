@@ -1,0 +1,109 @@
+"""The command line's settings: flags > environment > TOML config > defaults.
+
+Only this module and `clients.cli` read the environment. The TOML file
+(`platformdirs.user_config_dir("sealsync")/config.toml`, or `--config`/`SEALSYNC_CONFIG`)
+may set `replica`, `passphrase_file` and `profile` at its top level; its tables (such as a
+relay's `[relay]`) are left to whoever reads them. Config values reach click as its
+`default_map`, which click already ranks below flags and environment variables.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import platformdirs
+
+from replica.errors import InvalidArgumentError
+
+ENV_REPLICA = "SEALSYNC_REPLICA"
+ENV_CONFIG = "SEALSYNC_CONFIG"
+ENV_PASSPHRASE = "SEALSYNC_PASSPHRASE"
+ENV_RECOVERY_KEY = "SEALSYNC_RECOVERY_KEY"
+CONFIG_KEYS = ("replica", "passphrase_file", "profile")
+PROFILE_COMMANDS = ("put", "get", "rm", "ls", "conflicts")
+"""The commands whose `--profile` default the config's `profile` sets."""
+
+
+def default_replica_path() -> Path:
+    return Path(platformdirs.user_data_dir("sealsync")) / "replica.db"
+
+
+def default_config_path() -> Path:
+    return Path(platformdirs.user_config_dir("sealsync")) / "config.toml"
+
+
+def read_config(path: Path) -> dict[str, str]:
+    """The top-level settings of a TOML file; unknown keys are refused, tables skipped."""
+    try:
+        document = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidArgumentError(f"config {path} is not TOML: {exc}") from exc
+    settings = {k: v for k, v in document.items() if not isinstance(v, dict)}
+    unknown = sorted(set(settings) - set(CONFIG_KEYS))
+    if unknown:
+        raise InvalidArgumentError(
+            f"config {path}: unknown setting {', '.join(unknown)}",
+            hint=f"the settings are {', '.join(CONFIG_KEYS)}",
+        )
+    for name, value in settings.items():
+        if not isinstance(value, str):
+            raise InvalidArgumentError(f"config {path}: {name} must be a string, got {value!r}")
+    return settings
+
+
+def config_to_default_map(settings: dict[str, str]) -> dict[str, Any]:
+    """click's default_map: the group's own options at the top, commands' options nested."""
+    default_map: dict[str, Any] = {
+        k: settings[k] for k in ("replica", "passphrase_file") if k in settings
+    }
+    if "profile" in settings:
+        default_map.update({name: {"profile": settings["profile"]} for name in PROFILE_COMMANDS})
+    return default_map
+
+
+@dataclass(frozen=True)
+class CliSettings:
+    """The global options, resolved: the replica and where its passphrase comes from.
+
+    `passphrase_file_is_flag`: a file named on the command line beats SEALSYNC_PASSPHRASE;
+    one named in the config file does not.
+    """
+
+    replica_path: Path
+    passphrase_file: Path | None = None
+    passphrase_file_is_flag: bool = False
+
+    def passphrase(self, *, confirm: bool = False) -> str:
+        """The passphrase: --passphrase-file, SEALSYNC_PASSPHRASE, config file, else a prompt."""
+        if self.passphrase_file is not None and self.passphrase_file_is_flag:
+            return read_secret_file(self.passphrase_file)
+        if os.environ.get(ENV_PASSPHRASE):
+            return os.environ[ENV_PASSPHRASE]
+        if self.passphrase_file is not None:
+            return read_secret_file(self.passphrase_file)
+        text: str = click.prompt(
+            "passphrase", hide_input=True, confirmation_prompt=confirm, err=True
+        )
+        return text
+
+    def recovery_key(self) -> str:
+        """The recovery key: SEALSYNC_RECOVERY_KEY, else a hidden prompt."""
+        if os.environ.get(ENV_RECOVERY_KEY):
+            return os.environ[ENV_RECOVERY_KEY]
+        text: str = click.prompt("recovery key", hide_input=True, err=True)
+        return text
+
+
+def read_secret_file(path: Path) -> str:
+    """The first line of `path` without its line ending (editors add one)."""
+    lines = path.read_text().splitlines()
+    if not lines or not lines[0]:
+        raise InvalidArgumentError(
+            f"passphrase file {path} is empty", hint="put the passphrase on its first line"
+        )
+    return lines[0]

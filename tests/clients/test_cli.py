@@ -1,0 +1,184 @@
+"""The `sealsync` command line in-process (click's CliRunner) against a real relay process:
+two devices converge through it, and every user mistake is one `error:` line, a `hint:`, a
+non-zero exit, no traceback and an unchanged replica."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import msgspec
+import pytest
+from click.testing import CliRunner, Result
+
+from clients.cli import main
+from clients.device import device_client, load_settings
+from tests.relay.server import RelayProcess, free_port
+
+PASSPHRASE = "correct horse battery staple"
+
+
+@dataclass
+class Cli:
+    """Runs `sealsync --replica PATH …` in-process with the passphrase in the environment."""
+
+    runner: CliRunner
+    home: Path
+
+    def __call__(self, replica: Path, *args: str, passphrase: str = PASSPHRASE) -> Result:
+        env = {"SEALSYNC_PASSPHRASE": passphrase, "XDG_CONFIG_HOME": str(self.home / "config")}
+        return self.runner.invoke(main, ["--replica", str(replica), *args], env=env)
+
+    def ok(self, replica: Path, *args: str) -> Result:
+        result = self(replica, *args)
+        assert result.exit_code == 0, result.output
+        return result
+
+    def json(self, replica: Path, *args: str) -> object:
+        return json.loads(self.ok(replica, *args, "--json").stdout)
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    """No config file of the machine running the tests is read."""
+    return Cli(CliRunner(), tmp_path)
+
+
+def dump(path: Path) -> list[str]:
+    """The replica's logical content: unchanged means these lines are unchanged."""
+    with sqlite3.connect(path) as db:
+        return list(db.iterdump())
+
+
+def assert_user_error(result: Result, *words: str) -> None:
+    assert result.exit_code != 0, result.output
+    assert "error:" in result.stderr and "hint:" in result.stderr, result.output
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    for word in words:
+        assert word in result.stderr, result.stderr
+
+
+@pytest.mark.slow
+def test_two_devices_sync_and_a_put_resolves_a_concurrent_edit(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    relay = start_relay()
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    created = cli.ok(a, "init", "--relay", relay.url, "--account", "ann")
+    assert "recovery key" in created.stdout
+    assert (tmp_path / "a.db.relay.json").stat().st_mode & 0o777 == 0o600
+    assert "access_token" not in created.output
+    cli.ok(b, "join", "--relay", relay.url, "--account", "ann", "--device-name", "laptop")
+
+    cli.ok(a, "put", "threads", "t1", '{"title": "from a", "message_count": 1}')
+    cli.ok(a, "put", "messages", "m1", '{"text": "hello"}')
+    cli.ok(b, "put", "threads", "t1", '{"title": "from b", "message_count": 2}')
+    for device in (a, b, a):
+        cli.ok(device, "sync")
+    assert len(cli.json(a, "conflicts", "threads", "t1")) == 1  # type: ignore[arg-type]
+    visible = cli.json(b, "get", "threads", "t1")
+    assert visible["conflicts"] == 1 and visible == cli.json(a, "get", "threads", "t1")  # type: ignore[index]
+
+    cli.ok(b, "put", "threads", "t1", '{"title": "merged", "message_count": 3}')
+    cli.ok(b, "rm", "messages", "m1")
+    cli.ok(b, "sync")
+    cli.ok(a, "sync")
+    resolved = cli.json(a, "get", "threads", "t1")
+    assert resolved["doc"] == {"title": "merged", "message_count": 3}  # type: ignore[index]
+    assert resolved["conflicts"] == 0 and cli.json(a, "conflicts", "threads", "t1") == []  # type: ignore[index]
+    assert cli.json(a, "ls", "threads") == [{"id": "t1", "doc": resolved["doc"]}]  # type: ignore[index]
+    gone = cli(a, "get", "messages", "m1")
+    assert gone.exit_code == 1 and "not found" in gone.stderr and "0 conflicts" in gone.stderr
+    status = cli.json(a, "status")
+    assert status["dirty"] == 0 and status["account"] == "ann" and status["relay"] == relay.url  # type: ignore[index]
+
+    settings_b = load_settings(b)
+    with device_client(a, load_settings(a)) as client:
+        assert settings_b.session is not None
+        client.revoke_device(settings_b.session.device_id)
+    before = dump(b)
+    assert_user_error(cli(b, "sync", "--retry-for", "1"), "unauthorized")
+    assert dump(b) == before
+
+
+class OtherVersion(BaseHTTPRequestHandler):
+    """A server whose /v1/info says protocol 2."""
+
+    def do_GET(self) -> None:
+        body = msgspec.msgpack.encode({"protocol_version": 2})
+        self.send_response(200)
+        self.send_header("content-type", "application/msgpack")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def other_version_url() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), OtherVersion)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.slow
+def test_user_mistakes_are_one_error_line_and_change_nothing(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path, other_version_url: str
+) -> None:
+    relay = start_relay("max_account_bytes=4000")
+    a, new = tmp_path / "a.db", tmp_path / "new.db"
+    cli.ok(a, "init", "--relay", relay.url, "--account", "ann")
+    cli.ok(a, "put", "threads", "t1", '{"title": "kept"}')
+    before = dump(a)
+
+    mistakes = [
+        (cli(a, "get", "threads", "t1", passphrase="wrong passphrase"), "does not unlock"),
+        (cli(a, "put", "threads", "t2", "{not json"), "is not JSON"),
+        (cli(a, "put", "nope", "x", "{}"), "not declared"),
+        (cli(a, "init", "--relay", relay.url, "--account", "ann"), "already exists"),
+    ]
+    for result, words in mistakes:
+        assert_user_error(result, words)
+        assert dump(a) == before
+
+    joins = [
+        (["--relay", "http://relay.example.org", "--account", "ann"], "plain http"),
+        (["--relay", f"http://127.0.0.1:{free_port()}", "--account", "ann"], "ConnectError"),
+        (["--relay", other_version_url, "--account", "ann"], "protocol 2"),
+        (["--relay", relay.url, "--account", "ann"], "bad_credentials"),
+    ]
+    for args, words in joins:
+        env_passphrase = "not the passphrase" if words == "bad_credentials" else PASSPHRASE
+        assert_user_error(cli(new, "join", *args, passphrase=env_passphrase), words)
+        assert list(tmp_path.glob("new.db*")) == []
+
+    corrupt = tmp_path / "corrupt.db"
+    corrupt.write_bytes(b"this is not a replica" * 100)
+    assert_user_error(cli(corrupt, "ls", "threads"), "not a")
+    assert corrupt.read_bytes() == b"this is not a replica" * 100
+
+    cli.ok(a, "put", "threads", "big", json.dumps({"title": "x" * 5000}))
+    before = dump(a)
+    assert_user_error(cli(a, "sync", "--retry-for", "1"), "quota")
+    assert dump(a) == before
+    relay.kill()
+    assert_user_error(cli(a, "sync", "--retry-for", "0.5"), "ConnectError")
+    assert dump(a) == before
+
+
+def test_demo_runs_on_its_own_relay_and_converges(cli: Cli, tmp_path: Path) -> None:
+    result = cli.ok(tmp_path / "unused.db", "demo")
+    assert "converged: yes" in result.stdout
+    assert "conflict threads/trip" in result.stdout and "why:" in result.stdout
+    assert "timings" in result.stdout

@@ -1,8 +1,9 @@
 """The benchmark harness: result lines, sizes, the scratch workspace, timing and the registry.
 
 Benchmarks live in `raw.py` (plain sqlite3 and AES-GCM: the baselines), `engine.py` (the
-replica) and `relay_http.py` (the relay over HTTP, with `server.py`, `load.py` and `device.py`
-beside it); `run.py` is the command line. See run.py for what the figures mean.
+replica), `relay_http.py` (the relay over HTTP, with `server.py`, `load.py` and `device.py`
+beside it) and `sync_http.py` (two real devices syncing through it); `run.py` is the command
+line. See run.py for what the figures mean.
 """
 
 import cProfile
@@ -27,7 +28,7 @@ from replica import (  # noqa: E402
     Schema,
 )
 
-RATE_UNITS = frozenset({"rows/s", "ops/s", "envelopes/s", "requests/s"})
+RATE_UNITS = frozenset({"rows/s", "ops/s", "envelopes/s", "requests/s", "records/s"})
 SCHEMA = Schema((Collection("notes", "lww"),))
 COLLECTION = "notes"
 PASSPHRASE = "benchmark passphrase, not a secret"
@@ -106,15 +107,22 @@ class Sizes:
     echo_s: float  # raw.starlette_echo: seconds of closed-loop load
     load_devices: int  # relay.load: simulated devices, open loop
     load_s: float  # relay.load: seconds of arrivals
+    sync_records: tuple[int, ...]  # sync.*: records two devices share, the "10k" then "100k"
+    live_writes: int  # sync.live: writes timed from A to B
 
 
-FULL = Sizes(200_000, 200_000, 100_000, 5_000, 20_000, 1000, 1000, 5, 3, 50_000, 10.0, 200, 60.0)
-QUICK = Sizes(50_000, 50_000, 20_000, 2_000, 5_000, 1000, 300, 3, 2, 10_000, 3.0, 50, 10.0)
+FULL = Sizes(
+    200_000, 200_000, 100_000, 5_000, 20_000, 1000, 1000, 5, 3, 50_000, 10.0, 200, 60.0,
+    (10_000, 100_000), 50,
+)  # fmt: skip
+QUICK = Sizes(
+    50_000, 50_000, 20_000, 2_000, 5_000, 1000, 300, 3, 2, 10_000, 3.0, 50, 10.0, (10_000,), 50
+)
 
 
 def sizes_with_n(sizes: Sizes, n: int) -> Sizes:
-    """Every count set to `n` (a tiny run for tests of this script); repeats kept, and the
-    HTTP load benchmarks cut to a second or two."""
+    """Every count set to `n` (a tiny run for tests of this script); repeats kept, the
+    HTTP load benchmarks cut to a second or two, and the sync benchmarks run at one size."""
     return replace(
         sizes,
         sqlite_rows=n,
@@ -128,6 +136,8 @@ def sizes_with_n(sizes: Sizes, n: int) -> Sizes:
         echo_s=min(sizes.echo_s, 1.0),
         load_devices=min(sizes.load_devices, n),
         load_s=min(sizes.load_s, 2.0),
+        sync_records=(n,),
+        live_writes=min(sizes.live_writes, n),
     )
 
 

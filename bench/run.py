@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness and benchmar
 
 import engine  # noqa: F401  (registers the replica's benchmarks, and the baselines)
 import relay_http  # noqa: F401  (registers the relay's HTTP benchmarks and their baseline)
+import sync_http  # noqa: F401  (registers the device-to-device sync benchmarks)
 from harness import (
     FULL,
     PROFILE_TOP,

@@ -26,6 +26,9 @@ REQUIRED = {
     "relay.push",
     "relay.pull",
     "relay.load",
+    "sync.e2e_10k",
+    "sync.incremental",
+    "sync.live",
 }
 LOAD_FIELDS = {"p50_ms", "p99_ms", "errors", "lost", "rate_per_s", "generator_lag_p99_ms"}
 
@@ -95,3 +98,23 @@ def test_bench_only_pulls_in_the_baseline_it_needs() -> None:
     lines = run_bench("--n", "50", "--only", "replica.put_single")
     assert [line["name"] for line in lines] == ["raw.sqlite_upsert", "replica.put_single"]
     check_lines(lines)
+
+
+def test_bench_sync_reports_e2e_incremental_and_live_with_the_merge_baseline() -> None:
+    lines = run_bench("--n", "20", "--only", "sync")
+    check_lines(lines)
+    by_name = {line["name"]: line for line in lines}
+    assert list(by_name) == [
+        "raw.upsert_aead", "replica.merge", "sync.e2e_10k", "sync.incremental", "sync.live"
+    ]  # fmt: skip
+    e2e = by_name["sync.e2e_10k"]
+    assert e2e["unit"] == "records/s" and e2e["baseline"] == "replica.merge" and "ratio" in e2e
+    assert e2e["n"] == 20 and "100k not run" in e2e["note"]
+    incremental = by_name["sync.incremental"]
+    assert (
+        incremental["value"] == pytest.approx(incremental["ms_10k"], abs=0.01)
+        and incremental["bytes_10k"] > 0
+    )
+    assert incremental["ms_100k"] is None and incremental["bytes_100k"] is None
+    live = by_name["sync.live"]
+    assert live["writes"] == 20 and 0 < live["p50_ms"] <= live["p95_ms"] == live["value"]

@@ -175,8 +175,10 @@ class Timeline:
     b_done: float = 0.0
 
 
-def run_e2e(a: SyncDevice, b: SyncDevice, n: int) -> Timeline:
-    """A syncs; when its last push is acknowledged, B syncs in a thread of its own."""
+def run_e2e(bench: Bench, a: SyncDevice, b: SyncDevice, n: int) -> Timeline:
+    """A syncs; when its last push is acknowledged, B syncs in a thread of its own.
+
+    `--profile` sees A's thread only (cProfile follows the thread that enabled it)."""
     times = Timeline()
     pushed = threading.Event()
     failures: list[BaseException] = []
@@ -200,7 +202,7 @@ def run_e2e(a: SyncDevice, b: SyncDevice, n: int) -> Timeline:
     thread.start()
     times.start = time.perf_counter()
     try:
-        a.driver.sync()
+        bench.seconds(a.driver.sync)
     finally:
         times.a_done = time.perf_counter()
         pushed.set()  # never leave B waiting on a failed push
@@ -377,7 +379,7 @@ def bench_sync_e2e(bench: Bench) -> list[Line]:
         for label, n in zip(LABEL_BY_POSITION, bench.sizes.sync_records, strict=False):
             with device_pair(bench, served.port) as (a, b):
                 put_in_batches(a.replica, range(n), batch)
-                times = run_e2e(a, b, n)
+                times = run_e2e(bench, a, b, n)
                 verify_shared(b, n)
                 line = e2e_line(label, n, times, a.wire.total + b.wire.total, batch)
                 lines.append(replace(line, extra=line.extra | note))

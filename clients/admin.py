@@ -1,4 +1,4 @@
-"""`devices`: looking after an account from one of its devices."""
+"""`devices` and `profiles`: looking after an account from one of its devices."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 import click
 from rich.table import Table
 
-from clients.console import out, user_errors
-from clients.device import device_client, load_settings
+from clients.console import fail, out, user_errors
+from clients.device import device_client, load_settings, opened_replica
 from clients.http import RelayClient
 from clients.settings import CliSettings
 from replica.errors import InvalidArgumentError
@@ -60,4 +60,20 @@ def devices(settings: CliSettings, revoke_id: str | None, as_json: bool) -> None
     out.print("* this device")
 
 
-ADMIN_COMMANDS = (devices,)
+@click.command("profiles")
+@click.option("--create", "name", metavar="NAME", help="Make a profile (it syncs to the others).")
+@click.pass_obj
+def profiles(settings: CliSettings, name: str | None) -> None:
+    """The account's profiles: namespaces of records (`--profile` of put, get, ls…)."""
+    with user_errors(), opened_replica(settings.replica_path, settings.passphrase) as replica:
+        if name is not None:
+            try:
+                replica.create_profile(name)
+            except InvalidArgumentError as exc:
+                fail(str(exc), exc.hint or "choose another profile name")
+        names = replica.profiles()
+    for profile in names:
+        out.print(profile)
+
+
+ADMIN_COMMANDS = (devices, profiles)

@@ -1,4 +1,4 @@
-"""`devices` against a real relay process: each does its job, and
+"""`devices` and `profiles` against a real relay process: each does its job, and
 each user mistake is an `error:` with a `hint:` that changes nothing."""
 
 from __future__ import annotations
@@ -48,3 +48,22 @@ def test_devices_lists_the_account_marks_this_one_and_revokes_another(
     before = dump(b)
     assert_user_error(cli(b, "sync", "--retry-for", "1"), "unauthorized")
     assert dump(b) == before
+
+
+@pytest.mark.slow
+def test_a_profile_made_on_one_device_reaches_the_other(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    a, b = two_devices(cli, start_relay(), tmp_path)
+    assert cli.ok(a, "profiles").stdout.split() == ["default"]
+    assert cli.ok(a, "profiles", "--create", "work").stdout.split() == ["default", "work"]
+    cli.ok(a, "put", "threads", "t", '{"title": "at work"}', "--profile", "work")
+    cli.ok(a, "sync")
+    cli.ok(b, "sync")
+    assert cli.ok(b, "profiles").stdout.split() == ["default", "work"]
+    assert cli.json(b, "get", "threads", "t", "--profile", "work")["doc"] == {"title": "at work"}  # type: ignore[index]
+
+    before = dump(a)
+    assert_user_error(cli(a, "profiles", "--create", "x" * 1000), "profile")
+    assert_user_error(cli(a, "profiles", "--create", "y", passphrase="wrong"), "does not unlock")
+    assert dump(a) == before

@@ -202,6 +202,11 @@ class Replica:
     def key_bundle(self) -> bytes:
         return bundle_to_bytes(self._core.bundle())
 
+    def kdf_params(self) -> KdfParams:
+        """The passphrase's Argon2id parameters and salt (works while locked): the relay hands
+        them to a new device at prelogin, so a new key bundle is sent along with them."""
+        return self._core.bundle().kdf
+
     def change_passphrase(self, new_passphrase: str) -> LoginKeys:
         """Re-wrap the account key under a new passphrase; no record is re-encrypted."""
         core = self._core

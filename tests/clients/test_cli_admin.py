@@ -1,4 +1,4 @@
-"""`devices` and `profiles` against a real relay process: each does its job, and
+"""`devices`, `profiles` and `passwd` against a real relay process: each does its job, and
 each user mistake is an `error:` with a `hint:` that changes nothing."""
 
 from __future__ import annotations
@@ -7,10 +7,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
-from tests.clients.test_cli import Cli, assert_user_error, dump
+from clients.admin import HINT_BY_PASSWD_REFUSAL, change_passphrase
+from clients.cli import main
+from clients.device import load_settings
+from clients.errors import RelayRefusedError
+from clients.http import RelayClient
+from replica import Replica, passphrase_login_keys
+from replica.wire import KeyBundleValue, PutKeyBundle
+from tests.clients.test_cli import PASSPHRASE, Cli, assert_user_error, dump
 from tests.relay.server import RelayProcess
+
+NEW_PASSPHRASE = "a new and longer passphrase"
 
 
 @pytest.fixture
@@ -23,6 +32,12 @@ def two_devices(cli: Cli, relay: RelayProcess, tmp_path: Path) -> tuple[Path, Pa
     cli.ok(a, "init", "--relay", relay.url, "--account", "ann", "--device-name", "desk")
     cli.ok(b, "join", "--relay", relay.url, "--account", "ann", "--device-name", "laptop")
     return a, b
+
+
+def passwd(cli: Cli, replica: Path, new: str = NEW_PASSPHRASE, old: str = PASSPHRASE) -> Result:
+    env = {"SEALSYNC_PASSPHRASE": old, "SEALSYNC_NEW_PASSPHRASE": new,
+           "XDG_CONFIG_HOME": str(cli.home / "config")}  # fmt: skip
+    return cli.runner.invoke(main, ["--replica", str(replica), "passwd"], env=env)
 
 
 @pytest.mark.slow
@@ -67,3 +82,66 @@ def test_a_profile_made_on_one_device_reaches_the_other(
     assert_user_error(cli(a, "profiles", "--create", "x" * 1000), "profile")
     assert_user_error(cli(a, "profiles", "--create", "y", passphrase="wrong"), "does not unlock")
     assert dump(a) == before
+
+
+@pytest.mark.slow
+def test_passwd_changes_the_passphrase_here_and_on_the_relay(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    relay = start_relay()
+    a, b = two_devices(cli, relay, tmp_path)
+    cli.ok(a, "put", "threads", "t", '{"title": "kept"}')
+    cli.ok(a, "sync")
+    before = dump(a)
+    assert_user_error(passwd(cli, a, old="wrong passphrase"), "does not unlock")
+    assert_user_error(passwd(cli, a, new=PASSPHRASE), "current one")
+    assert dump(a) == before
+
+    changed = passwd(cli, a)
+    assert changed.exit_code == 0, changed.output
+    assert_user_error(cli(a, "ls", "threads"), "does not unlock")
+    assert cli(a, "ls", "threads", passphrase=NEW_PASSPHRASE).exit_code == 0
+    c = tmp_path / "c.db"
+    join = ["join", "--relay", relay.url, "--account", "ann"]
+    assert_user_error(cli(c, *join), "bad_credentials")
+    joined = cli(c, *join, passphrase=NEW_PASSPHRASE)
+    assert joined.exit_code == 0, joined.output
+    got = cli(c, "get", "threads", "t", "--json", passphrase=NEW_PASSPHRASE)
+    assert '"kept"' in got.stdout
+
+    # b still holds the old passphrase: the relay refuses it, and b's replica stays as it was
+    before = dump(b)
+    assert_user_error(passwd(cli, b, new="yet another passphrase"), "forbidden", "another")
+    assert dump(b) == before
+
+
+class RacedClient(RelayClient):
+    """A relay client whose first read of the key bundle races another device's change."""
+
+    raced = False
+
+    def key_bundle(self) -> KeyBundleValue:
+        value = super().key_bundle()
+        if not self.raced:
+            self.raced = True
+            kdf = self.prelogin("ann").kdf
+            auth = passphrase_login_keys(PASSPHRASE, kdf).auth_key
+            self.put_key_bundle(PutKeyBundle(value.bundle, kdf, auth, value.version, auth))
+        return value
+
+
+@pytest.mark.slow
+def test_passwd_that_loses_the_compare_and_set_race_changes_nothing(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    a, _ = two_devices(cli, start_relay(), tmp_path)
+    before = dump(a)
+    relay = load_settings(a)
+    with Replica.open(a) as replica, RacedClient(relay.url, session=relay.session) as client:
+        replica.unlock(PASSPHRASE)
+        with pytest.raises(RelayRefusedError) as refused:
+            change_passphrase(replica, client, "ann", PASSPHRASE, NEW_PASSPHRASE)
+        assert refused.value.code == "version_conflict"
+        assert "version_conflict" in HINT_BY_PASSWD_REFUSAL
+    assert dump(a) == before
+    assert cli(a, "ls", "threads").exit_code == 0

@@ -207,6 +207,16 @@ class Replica:
         them to a new device at prelogin, so a new key bundle is sent along with them."""
         return self._core.bundle().kdf
 
+    def take_new_node_id(self) -> int:
+        """Write as a new node from now on (works while locked), for a file copied from
+        another device's, such as a restored backup: two files writing as one node would
+        give different versions the same identity. Returns the new id."""
+        core = self._core
+        with core.mutex, core.write_transaction():
+            node = core.options.new_node_id(avoid=core.node())
+            core.store.set_meta("node", str(node))
+            return node
+
     def change_passphrase(self, new_passphrase: str) -> LoginKeys:
         """Re-wrap the account key under a new passphrase; no record is re-encrypted."""
         core = self._core

@@ -25,6 +25,8 @@ import uvicorn
 from rich.table import Table
 
 from clients import console
+from clients.admin import ADMIN_COMMANDS
+from clients.backup import BACKUP_COMMANDS
 from clients.commands import DEVICE_COMMANDS
 from clients.console import fail, out
 from clients.demo import run_demo
@@ -106,7 +108,7 @@ def main(ctx: click.Context, replica_path: Path | None, passphrase_file: Path | 
     )
 
 
-for _command in (*DEVICE_COMMANDS, *RECORD_COMMANDS):
+for _command in (*DEVICE_COMMANDS, *RECORD_COMMANDS, *ADMIN_COMMANDS, *BACKUP_COMMANDS):
     main.add_command(_command)
 
 

@@ -8,9 +8,13 @@ replica as it was before the step that failed (every step is resumable, DESIGN Â
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
+import signal
 import socket
+import threading
 from contextlib import closing
+from types import FrameType
 from typing import Any
 
 import click
@@ -39,6 +43,7 @@ from replica import Replica, RollbackError
 from replica.errors import StoreError
 
 DEFAULT_RETRY_FOR_S = 30.0
+DEFAULT_IDLE_SYNC_S = 60.0
 ROLLBACK_HINT = (
     "the relay holds less than this device has seen (wiped, or restored from an older copy); "
     "nothing was changed here. If the relay's operator confirms, run `sealsync sync --reseed` "
@@ -135,6 +140,16 @@ def join(
 
 @click.command("sync")
 @click.option("--reseed", is_flag=True, help="After a relay wipe or rollback: push everything.")
+@click.option("--watch", is_flag=True, help="Keep syncing live until Ctrl-C (or SIGTERM).")
+@click.option(
+    "--every",
+    "idle_sync_s",
+    type=click.FloatRange(min=0.1),
+    default=DEFAULT_IDLE_SYNC_S,
+    show_default=True,
+    help="With --watch: sync at least this often (writes by other processes on this "
+    "replica are noticed only then).",
+)
 @click.option(
     "--retry-for",
     "retry_for_s",
@@ -145,7 +160,9 @@ def join(
     help="Seconds to keep retrying an unreachable relay.",
 )
 @click.pass_obj
-def sync(settings: CliSettings, reseed: bool, retry_for_s: float) -> None:
+def sync(
+    settings: CliSettings, reseed: bool, watch: bool, idle_sync_s: float, retry_for_s: float
+) -> None:
     """Push this device's changes and pull everyone else's."""
     path = settings.replica_path
     with (
@@ -154,6 +171,37 @@ def sync(settings: CliSettings, reseed: bool, retry_for_s: float) -> None:
         device_client(path, load_settings(path)) as client,
     ):
         report_sync(run_sync(replica, client, retry_for_s, reseed=reseed))
+        if watch:
+            watch_live(SyncDriver(replica, client), idle_sync_s)
+
+
+def watch_live(driver: SyncDriver, idle_sync_s: float) -> None:
+    """Sync on every change until SIGINT or SIGTERM: either ends the watch cleanly (exit 0),
+    after the round in progress, so a service manager's stop never cuts a merge short."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, _: FrameType | None) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    out.print("watching for changes (Ctrl-C stops)")
+    try:
+        driver.watch(stop, idle_sync_s=idle_sync_s, on_report=report_round)
+    except RollbackError as exc:
+        fail(f"{exc}", ROLLBACK_HINT)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    out.print("stopped watching")
+
+
+def report_round(report: SyncReport) -> None:
+    """One line per round, with the time, so a terminal left open shows when it last synced."""
+    moment = datetime.datetime.now().strftime("%H:%M:%S")
+    out.print(
+        f"{moment} synced: {report.pushed} pushed, {report.pulled} pulled, "
+        f"{report.merged} merged" + (f", {report.refused} refused" if report.refused else "")
+    )
 
 
 def run_sync(

@@ -24,6 +24,7 @@ ENV_REPLICA = "SEALSYNC_REPLICA"
 ENV_CONFIG = "SEALSYNC_CONFIG"
 ENV_PASSPHRASE = "SEALSYNC_PASSPHRASE"
 ENV_RECOVERY_KEY = "SEALSYNC_RECOVERY_KEY"
+ENV_NEW_PASSPHRASE = "SEALSYNC_NEW_PASSPHRASE"
 CONFIG_KEYS = ("replica", "passphrase_file", "profile")
 PROFILE_COMMANDS = ("put", "get", "rm", "ls", "conflicts")
 """The commands whose `--profile` default the config's `profile` sets."""
@@ -88,6 +89,15 @@ class CliSettings:
             return read_secret_file(self.passphrase_file)
         text: str = click.prompt(
             "passphrase", hide_input=True, confirmation_prompt=confirm, err=True
+        )
+        return text
+
+    def new_passphrase(self) -> str:
+        """`passwd`'s new passphrase: SEALSYNC_NEW_PASSPHRASE, else a prompt typed twice."""
+        if os.environ.get(ENV_NEW_PASSPHRASE):
+            return os.environ[ENV_NEW_PASSPHRASE]
+        text: str = click.prompt(
+            "new passphrase", hide_input=True, confirmation_prompt=True, err=True
         )
         return text
 

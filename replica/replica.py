@@ -202,6 +202,21 @@ class Replica:
     def key_bundle(self) -> bytes:
         return bundle_to_bytes(self._core.bundle())
 
+    def kdf_params(self) -> KdfParams:
+        """The passphrase's Argon2id parameters and salt (works while locked): the relay hands
+        them to a new device at prelogin, so a new key bundle is sent along with them."""
+        return self._core.bundle().kdf
+
+    def take_new_node_id(self) -> int:
+        """Write as a new node from now on (works while locked), for a file copied from
+        another device's, such as a restored backup: two files writing as one node would
+        give different versions the same identity. Returns the new id."""
+        core = self._core
+        with core.mutex, core.write_transaction():
+            node = core.options.new_node_id(avoid=core.node())
+            core.store.set_meta("node", str(node))
+            return node
+
     def change_passphrase(self, new_passphrase: str) -> LoginKeys:
         """Re-wrap the account key under a new passphrase; no record is re-encrypted."""
         core = self._core

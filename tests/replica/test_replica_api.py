@@ -338,6 +338,36 @@ def test_a_copied_replica_takes_a_new_node_id_when_it_sees_its_twin(
     original.close()
 
 
+def test_a_restored_copy_takes_a_new_node_id_on_request_even_while_locked(
+    make_replica: ReplicaFactory, account: Account
+) -> None:
+    replica = make_replica()
+    replica.put("notes", "n", {"v": 1})
+    old, path = replica.node, replica.path
+    replica.close()
+    copy = Replica.open(path)
+    new = copy.take_new_node_id()
+    assert new not in (0, old) and copy.node == new and copy.status().node == new
+    copy.unlock_with_key(account.key)
+    copy.put("notes", "m", {"v": 2})
+    written = copy.get("notes", "m")
+    assert written is not None and written.node == new
+    copy.close()
+
+
+def test_kdf_params_are_the_bundles_and_follow_a_passphrase_change(
+    make_replica: ReplicaFactory,
+) -> None:
+    replica = make_replica()
+    before = replica.kdf_params()
+    replica.change_passphrase("a new passphrase")
+    after = replica.kdf_params()
+    assert after.salt != before.salt and after.memory_kib == before.memory_kib
+    replica.lock()
+    assert replica.kdf_params() == after
+    replica.unlock("a new passphrase")
+
+
 def test_if_unchanged_without_a_context_is_refused(make_replica: ReplicaFactory) -> None:
     replica = make_replica()
     with pytest.raises(InvalidArgumentError, match="needs the context"):

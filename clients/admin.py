@@ -1,0 +1,149 @@
+"""`devices`, `profiles` and `passwd`: looking after an account from one of its devices.
+
+`passwd` changes the passphrase on the device and on the relay as one step: the new key
+bundle is written inside a replica transaction that commits only once the relay accepted it,
+so a refusal (a wrong passphrase, another device's change in between) leaves both as they were.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Callable
+
+import click
+from rich.table import Table
+
+from clients.console import fail, out, user_errors
+from clients.device import device_client, load_settings, opened_replica
+from clients.errors import RelayRefusedError, UnknownOutcomeError
+from clients.http import RelayClient
+from clients.settings import CliSettings
+from replica import Replica, passphrase_login_keys
+from replica.errors import InvalidArgumentError
+from replica.wire import DeviceInfo, PutKeyBundle
+
+HINT_BY_PASSWD_REFUSAL = {
+    "version_conflict": "the account's key bundle changed on another device meanwhile; "
+    "nothing was changed here: run `sealsync passwd` again",
+    "forbidden": "the relay does not take this device's passphrase: it was changed on another "
+    "device; nothing was changed here",
+}
+
+
+def created_to_text(created_ms: int) -> str:
+    moment = datetime.datetime.fromtimestamp(created_ms / 1000, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def revoke(client: RelayClient, listed: list[DeviceInfo], device_id: str) -> None:
+    """Revoke another device of the account; this one and unknown ids are refused first."""
+    found = next((d for d in listed if d.id == device_id), None)
+    if found is None:
+        raise InvalidArgumentError(
+            f"no device {device_id!r} in this account", hint="`sealsync devices` lists their ids"
+        )
+    if found.current:
+        raise InvalidArgumentError(
+            f"{device_id!r} is this device", hint="revoke it from another device of the account"
+        )
+    client.revoke_device(device_id)
+
+
+@click.command("devices")
+@click.option("--revoke", "revoke_id", metavar="ID", help="Revoke another device's access.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.pass_obj
+def devices(settings: CliSettings, revoke_id: str | None, as_json: bool) -> None:
+    """The account's devices (this one marked); `--revoke ID` takes one's access away."""
+    path = settings.replica_path
+    with user_errors(), device_client(path, load_settings(path)) as client:
+        listed = client.devices().devices
+        if revoke_id is not None:
+            revoke(client, listed, revoke_id)
+            out.print(f"revoked device {revoke_id}")
+            listed = client.devices().devices
+    if as_json:
+        rows = [{"id": d.id, "name": d.name, "created_ms": d.created_ms, "current": d.current}
+                for d in listed]  # fmt: skip
+        click.echo(json.dumps(rows))
+        return
+    table = Table("", "id", "name", "added")
+    for d in listed:
+        table.add_row("*" if d.current else "", d.id, d.name, created_to_text(d.created_ms))
+    out.print(table)
+    out.print("* this device")
+
+
+@click.command("profiles")
+@click.option("--create", "name", metavar="NAME", help="Make a profile (it syncs to the others).")
+@click.pass_obj
+def profiles(settings: CliSettings, name: str | None) -> None:
+    """The account's profiles: namespaces of records (`--profile` of put, get, ls…)."""
+    with user_errors(), opened_replica(settings.replica_path, settings.passphrase) as replica:
+        if name is not None:
+            try:
+                replica.create_profile(name)
+            except InvalidArgumentError as exc:
+                fail(str(exc), exc.hint or "choose another profile name")
+        names = replica.profiles()
+    for profile in names:
+        out.print(profile)
+
+
+@click.command("passwd")
+@click.pass_obj
+def passwd(settings: CliSettings) -> None:
+    """Change the account's passphrase, here and on the relay (other devices: `join` with it)."""
+    path = settings.replica_path
+    with user_errors(), opened_replica(path) as replica:
+        relay = load_settings(path)
+        old = settings.passphrase()
+        replica.unlock(old)  # a wrong passphrase stops here, before anything is sent
+        new = settings.new_passphrase()
+        if new == old:
+            fail("the new passphrase is the current one", "choose a different passphrase")
+        try:
+            with device_client(path, relay) as client:
+                change_passphrase(replica, client, relay.account, old, new)
+        except RelayRefusedError as exc:
+            hint = HINT_BY_PASSWD_REFUSAL.get(exc.code)
+            if hint is None:
+                raise
+            fail(str(exc), hint)
+    out.print("passphrase changed; other devices keep unlocking with the old one until re-joined")
+
+
+def change_passphrase(
+    replica: Replica, client: RelayClient, account: str, old: str, new: str
+) -> None:
+    """Re-wrap the account key under `new` and replace the relay's bundle by compare-and-set.
+
+    The relay takes a new bundle only with the current passphrase's auth key (a stolen token
+    alone must not take the account over); that key is derived with the relay's KDF
+    parameters, as a login would. The local change commits only after the relay's answer.
+    """
+    current_auth_key = passphrase_login_keys(old, client.prelogin(account).kdf).auth_key
+    expected_version = client.key_bundle().version
+    with replica.batch():
+        login = replica.change_passphrase(new)
+        bundle = replica.key_bundle()
+        request = PutKeyBundle(
+            bundle, replica.kdf_params(), login.auth_key, expected_version, current_auth_key
+        )
+        put_key_bundle(client, request, is_stored=lambda: client.key_bundle().bundle == bundle)
+
+
+def put_key_bundle(
+    client: RelayClient, request: PutKeyBundle, is_stored: Callable[[], bool]
+) -> None:
+    """PUT the bundle; when the answer is lost, ask whether the relay stored it (a second PUT
+    would be refused: the relay then holds the new passphrase's auth key, not the old one)."""
+    try:
+        client.put_key_bundle(request)
+    except UnknownOutcomeError:
+        if not is_stored():
+            raise
+
+
+ADMIN_COMMANDS = (devices, profiles, passwd)

@@ -1,0 +1,139 @@
+"""`backup` and `restore`: a replica file copied whole, as ciphertext, and put back.
+
+A backup is one consistent snapshot taken through SQLite's online backup API, so it is whole
+even while another process writes; it needs no passphrase (the file holds only ciphertext and
+the passphrase-wrapped key bundle). Both commands write to a temporary name in the target's
+folder and rename it into place, so a crash never leaves a partial file under the real name.
+A restored replica takes a new node id: the device it came from may still be writing as the
+old one, and two files writing as one node would give different versions one identity.
+
+Device-local records (the `local` policy, such as drafts) stay in the copy: the replica's
+public API has no way to drop them from a locked file.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sqlite3
+import tempfile
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from pathlib import Path
+
+import click
+
+from clients.console import out, user_errors
+from clients.device import FILE_MODE, fsync_folder
+from clients.settings import CliSettings
+from replica import Replica
+from replica.errors import StoreError
+
+BUSY_TIMEOUT_S = 30.0
+SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+@contextmanager
+def temp_beside(target: Path) -> Iterator[Path]:
+    """A new, empty, owner-only file next to `target`; removed (with SQLite's side files)
+    unless the caller renamed it into place."""
+    descriptor, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.fchmod(descriptor, FILE_MODE)
+    os.close(descriptor)
+    temp = Path(name)
+    try:
+        yield temp
+    finally:
+        for suffix in ("", *SIDE_FILES):
+            Path(name + suffix).unlink(missing_ok=True)
+
+
+def copy_database(source: Path, target: Path, *, read_only: bool) -> None:
+    """Copy `source` into the empty file `target` as one snapshot (SQLite's backup API); the
+    copy is left in rollback-journal mode, so it is one self-contained file."""
+    uri = f"file:{source}?mode=ro" if read_only else f"file:{source}"
+    try:
+        with (
+            closing(sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)) as src,
+            closing(sqlite3.connect(target)) as dst,
+        ):
+            src.backup(dst)
+            dst.execute("PRAGMA journal_mode=DELETE")
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(
+            f"{source} could not be copied: {exc}",
+            hint="check that it is a sealsync replica or backup file",
+        ) from exc
+    with target.open("rb") as file:
+        os.fsync(file.fileno())
+
+
+def backup_name(replica_path: Path, now: datetime.datetime) -> str:
+    return f"{replica_path.stem}-{now:%Y%m%dT%H%M%S%fZ}.db"
+
+
+def backup_replica(replica_path: Path, folder: Path, now: datetime.datetime) -> Path:
+    """Snapshot the replica into `folder` under a new timestamped name; returns its path."""
+    Replica.open(replica_path).close()  # a replica, or a clear error before anything is made
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / backup_name(replica_path, now)
+    if target.exists():
+        raise StoreError(f"{target} already exists", hint="run `sealsync backup` again")
+    with temp_beside(target) as temp:
+        copy_database(replica_path, temp, read_only=False)
+        os.replace(temp, target)
+    fsync_folder(folder)
+    return target
+
+
+def restore_replica(backup: Path, replica_path: Path, *, force: bool) -> int:
+    """Copy `backup` to `replica_path` with a new node id; returns that id."""
+    if not backup.is_file():
+        raise StoreError(f"no backup at {backup}", hint="give the path `sealsync backup` printed")
+    if replica_path.exists() and not force:
+        raise StoreError(
+            f"{replica_path} already exists",
+            hint="give --force to replace it (changes not synced yet are lost), or another "
+            "--replica path",
+        )
+    replica_path.parent.mkdir(parents=True, exist_ok=True)
+    with temp_beside(replica_path) as temp:
+        copy_database(backup, temp, read_only=True)
+        with Replica.open(temp) as restored:  # refuses what is not a replica
+            node = restored.take_new_node_id()
+        for suffix in SIDE_FILES:  # a stale WAL must never be replayed into the restored file
+            replica_path.with_name(replica_path.name + suffix).unlink(missing_ok=True)
+        os.replace(temp, replica_path)
+    fsync_folder(replica_path.parent)
+    return node
+
+
+@click.command("backup")
+@click.option(
+    "--to",
+    "folder",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder to write the snapshot into.",
+)
+@click.pass_obj
+def backup(settings: CliSettings, folder: Path) -> None:
+    """Snapshot the replica file (ciphertext; no passphrase needed)."""
+    with user_errors():
+        now = datetime.datetime.now(datetime.UTC)
+        target = backup_replica(settings.replica_path, folder, now)
+    out.print(f"backup written: {target}")
+
+
+@click.command("restore")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="Replace an existing replica at --replica.")
+@click.pass_obj
+def restore(settings: CliSettings, file: Path, force: bool) -> None:
+    """Put a backup in place as this device's replica, writing under a new node id."""
+    with user_errors():
+        node = restore_replica(file, settings.replica_path, force=force)
+    out.print(f"restored {file} to {settings.replica_path} (node {node:016x})")
+
+
+BACKUP_COMMANDS = (backup, restore)

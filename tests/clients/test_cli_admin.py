@@ -1,0 +1,147 @@
+"""`devices`, `profiles` and `passwd` against a real relay process: each does its job, and
+each user mistake is an `error:` with a `hint:` that changes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from clients.admin import HINT_BY_PASSWD_REFUSAL, change_passphrase
+from clients.cli import main
+from clients.device import load_settings
+from clients.errors import RelayRefusedError
+from clients.http import RelayClient
+from replica import Replica, passphrase_login_keys
+from replica.wire import KeyBundleValue, PutKeyBundle
+from tests.clients.test_cli import PASSPHRASE, Cli, assert_user_error, dump
+from tests.relay.server import RelayProcess
+
+NEW_PASSPHRASE = "a new and longer passphrase"
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    return Cli(CliRunner(), tmp_path)
+
+
+def two_devices(cli: Cli, relay: RelayProcess, tmp_path: Path) -> tuple[Path, Path]:
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    cli.ok(a, "init", "--relay", relay.url, "--account", "ann", "--device-name", "desk")
+    cli.ok(b, "join", "--relay", relay.url, "--account", "ann", "--device-name", "laptop")
+    return a, b
+
+
+def passwd(cli: Cli, replica: Path, new: str = NEW_PASSPHRASE, old: str = PASSPHRASE) -> Result:
+    env = {"SEALSYNC_PASSPHRASE": old, "SEALSYNC_NEW_PASSPHRASE": new,
+           "XDG_CONFIG_HOME": str(cli.home / "config")}  # fmt: skip
+    return cli.runner.invoke(main, ["--replica", str(replica), "passwd"], env=env)
+
+
+@pytest.mark.slow
+def test_devices_lists_the_account_marks_this_one_and_revokes_another(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    a, b = two_devices(cli, start_relay(), tmp_path)
+    listed = cli.json(a, "devices")
+    assert isinstance(listed, list)
+    by_name = {d["name"]: d for d in listed}
+    assert set(by_name) == {"desk", "laptop"}
+    assert by_name["desk"]["current"] and not by_name["laptop"]["current"]
+    table = cli.ok(a, "devices").stdout
+    assert "laptop" in table and "* this device" in table
+
+    assert_user_error(cli(a, "devices", "--revoke", by_name["desk"]["id"]), "this device")
+    assert_user_error(cli(a, "devices", "--revoke", "no-such-device"), "no device")
+    assert len(cli.json(a, "devices")) == 2  # type: ignore[arg-type]
+
+    revoked = cli.ok(a, "devices", "--revoke", by_name["laptop"]["id"], "--json")
+    assert "revoked" in revoked.stdout
+    assert [d["name"] for d in cli.json(a, "devices")] == ["desk"]  # type: ignore[union-attr,index]
+    before = dump(b)
+    assert_user_error(cli(b, "sync", "--retry-for", "1"), "unauthorized")
+    assert dump(b) == before
+
+
+@pytest.mark.slow
+def test_a_profile_made_on_one_device_reaches_the_other(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    a, b = two_devices(cli, start_relay(), tmp_path)
+    assert cli.ok(a, "profiles").stdout.split() == ["default"]
+    assert cli.ok(a, "profiles", "--create", "work").stdout.split() == ["default", "work"]
+    cli.ok(a, "put", "threads", "t", '{"title": "at work"}', "--profile", "work")
+    cli.ok(a, "sync")
+    cli.ok(b, "sync")
+    assert cli.ok(b, "profiles").stdout.split() == ["default", "work"]
+    assert cli.json(b, "get", "threads", "t", "--profile", "work")["doc"] == {"title": "at work"}  # type: ignore[index]
+
+    before = dump(a)
+    assert_user_error(cli(a, "profiles", "--create", "x" * 1000), "profile")
+    assert_user_error(cli(a, "profiles", "--create", "y", passphrase="wrong"), "does not unlock")
+    assert dump(a) == before
+
+
+@pytest.mark.slow
+def test_passwd_changes_the_passphrase_here_and_on_the_relay(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    relay = start_relay()
+    a, b = two_devices(cli, relay, tmp_path)
+    cli.ok(a, "put", "threads", "t", '{"title": "kept"}')
+    cli.ok(a, "sync")
+    before = dump(a)
+    assert_user_error(passwd(cli, a, old="wrong passphrase"), "does not unlock")
+    assert_user_error(passwd(cli, a, new=PASSPHRASE), "current one")
+    assert dump(a) == before
+
+    changed = passwd(cli, a)
+    assert changed.exit_code == 0, changed.output
+    assert_user_error(cli(a, "ls", "threads"), "does not unlock")
+    assert cli(a, "ls", "threads", passphrase=NEW_PASSPHRASE).exit_code == 0
+    c = tmp_path / "c.db"
+    join = ["join", "--relay", relay.url, "--account", "ann"]
+    assert_user_error(cli(c, *join), "bad_credentials")
+    joined = cli(c, *join, passphrase=NEW_PASSPHRASE)
+    assert joined.exit_code == 0, joined.output
+    got = cli(c, "get", "threads", "t", "--json", passphrase=NEW_PASSPHRASE)
+    assert '"kept"' in got.stdout
+
+    # b still holds the old passphrase: the relay refuses it, and b's replica stays as it was
+    before = dump(b)
+    assert_user_error(passwd(cli, b, new="yet another passphrase"), "forbidden", "another")
+    assert dump(b) == before
+
+
+class RacedClient(RelayClient):
+    """A relay client whose first read of the key bundle races another device's change."""
+
+    raced = False
+
+    def key_bundle(self) -> KeyBundleValue:
+        value = super().key_bundle()
+        if not self.raced:
+            self.raced = True
+            kdf = self.prelogin("ann").kdf
+            auth = passphrase_login_keys(PASSPHRASE, kdf).auth_key
+            self.put_key_bundle(PutKeyBundle(value.bundle, kdf, auth, value.version, auth))
+        return value
+
+
+@pytest.mark.slow
+def test_passwd_that_loses_the_compare_and_set_race_changes_nothing(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    a, _ = two_devices(cli, start_relay(), tmp_path)
+    before = dump(a)
+    relay = load_settings(a)
+    with Replica.open(a) as replica, RacedClient(relay.url, session=relay.session) as client:
+        replica.unlock(PASSPHRASE)
+        with pytest.raises(RelayRefusedError) as refused:
+            change_passphrase(replica, client, "ann", PASSPHRASE, NEW_PASSPHRASE)
+        assert refused.value.code == "version_conflict"
+        assert "version_conflict" in HINT_BY_PASSWD_REFUSAL
+    assert dump(a) == before
+    assert cli(a, "ls", "threads").exit_code == 0

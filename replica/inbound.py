@@ -65,13 +65,21 @@ class InboundResult:
     """(profile, collection) of per_item collections that merged a version."""
 
 
+class _Stored(Sibling, frozen=True, gc=False):
+    """A sibling as loaded from the file, with the id of the row that holds it (one Struct per
+    loaded row, instead of a dict keyed by a dot tuple: a page loads one per record)."""
+
+    rowid: int
+
+
 class _Record(msgspec.Struct, gc=False):
     """One record's siblings as the page is folded into them."""
 
-    siblings: list[Sibling | Header]
-    scope: bytes | None
-    rowid_by_dot: dict[Dot, int]
-    """The stored siblings' row ids: what was there before the page."""
+    siblings: Sequence[Sibling | Header]
+    stored: list[_Stored]
+    """The siblings in the file before the page. `_load_records` hands the same list in as
+    `siblings`; `_fold` replaces `siblings` by a new list and never changes this one."""
+    scope: bytes | None = None
     added: dict[Dot, tuple[Header, bytes]] | None = None
     """Versions this page merged, with their envelopes (None: nothing yet, the usual case)."""
     identity: Identity | None = None
@@ -80,13 +88,13 @@ class _Record(msgspec.Struct, gc=False):
 def _load_records(store: Store, keys: Sequence[bytes]) -> dict[bytes, _Record]:
     records: dict[bytes, _Record] = {}
     for rowid, key, node, hlc, vector in store.sibling_rows(keys):
-        sibling = Sibling(node, hlc, decode_vector(vector))
+        sibling = _Stored(node, hlc, decode_vector(vector), rowid)
         record = records.get(key)
         if record is None:
-            records[key] = _Record([sibling], None, {(node, hlc): rowid})
+            stored = [sibling]
+            records[key] = _Record(stored, stored)
         else:
-            record.siblings.append(sibling)
-            record.rowid_by_dot[node, hlc] = rowid
+            record.stored.append(sibling)  # the same list as its siblings until a fold
     return records
 
 
@@ -195,7 +203,7 @@ class _Merger:
         ):
             return
         if record is None:
-            record = self.records[header.key] = _Record([], scope, {})
+            record = self.records[header.key] = _Record([], [], scope)
         _fold(record, header, envelope, scope, identity)
         if collection.max_items is not None:
             self.result.per_item_scopes.add((identity.profile, identity.collection))
@@ -311,9 +319,9 @@ class _Merger:
                 continue
             gone, new = self._difference(key, record)
             if len(gone) == 1 and len(new) == 1:  # one version replaced by one: update in place
-                replacements.append((record.rowid_by_dot[gone[0].node, gone[0].hlc], new[0]))
+                replacements.append((gone[0].rowid, new[0]))
             else:
-                deletes.extend(gone)
+                deletes.extend(Row(key, s.node, s.hlc, b"") for s in gone)
                 inserts.extend(new)
         self._keep_history()
         store.delete_versions(deletes)
@@ -334,21 +342,20 @@ class _Merger:
     def _in_place(self, key: bytes, record: _Record) -> tuple[int, NewVersion] | None:
         """(row id, new version) when the batch replaced the record's one stored version by one
         version: the common merge, written over the old row without any set arithmetic."""
-        siblings, rowids, added = record.siblings, record.rowid_by_dot, record.added
-        if len(siblings) != 1 or len(rowids) != 1 or added is None or len(added) != 1:
+        siblings, stored, added = record.siblings, record.stored, record.added
+        if len(siblings) != 1 or len(stored) != 1 or added is None or len(added) != 1:
             return None
         ((header, envelope),) = added.values()
         if siblings[0] is not header:
             return None
-        (rowid,) = rowids.values()
-        return rowid, self._new_version(key, record, header, envelope)
+        return stored[0].rowid, self._new_version(key, record, header, envelope)
 
-    def _difference(self, key: bytes, record: _Record) -> tuple[list[Row], list[NewVersion]]:
+    def _difference(self, key: bytes, record: _Record) -> tuple[list[_Stored], list[NewVersion]]:
         """The stored versions the batch replaced, and the versions it added that stay."""
         assert record.added is not None
         final = {(s.node, s.hlc) for s in record.siblings}
-        stored = record.rowid_by_dot.keys()
-        gone = [Row(key, node, hlc, b"") for node, hlc in stored - final]
+        stored = {(s.node, s.hlc) for s in record.stored}
+        gone = [s for s in record.stored if (s.node, s.hlc) not in final]
         new = [self._new_version(key, record, *record.added[dot]) for dot in final - stored]
         return gone, new
 
@@ -374,7 +381,9 @@ class _Merger:
             collection = schema.get(record.identity.collection)
             if collection is None or collection.history == 0:
                 continue
-            gone = record.rowid_by_dot.keys() - {(s.node, s.hlc) for s in record.siblings}
+            gone = {(s.node, s.hlc) for s in record.stored} - {
+                (s.node, s.hlc) for s in record.siblings
+            }
             if gone:
                 old = [r for r in store.versions_of(key) if (r.node, r.hlc) in gone]
                 store.add_history(old, self.now_ms, collection.history)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2
@@ -47,102 +48,98 @@ def siblings(envelopes: list[bytes]) -> set[tuple[bytes, tuple[int, int]]]:
     }
 
 
-@pytest.mark.slow
-def test_concurrent_pushers_through_two_relays_skip_nothing(tmp_path: Path) -> None:
+@pytest.fixture
+def relays(tmp_path: Path) -> Iterator[list[RelayProcess]]:
+    """Two relay processes sharing one fresh PostgreSQL schema."""
     url = postgres_url()
     with fresh_schema() as schema:
         options = ("--database-url", url, "--schema", schema)
-        relays = [
-            RelayProcess(None, tmp_path / f"relay{i}.log", *options).start() for i in range(2)
-        ]
+        started: list[RelayProcess] = []
         try:
-            token = register_over_http(relays[0].url, "fleet")
-            headers = {"authorization": f"Bearer {token}", **MSGPACK}
-            acknowledged: list[bytes] = []
-            pulled: list[bytes] = []
-            lock = threading.Lock()
-            pushing = threading.Event()
-            pushing.set()
-
-            def pusher(index: int) -> None:
-                # each pusher is its own 3 devices: histories stay causal, dots never collide
-                writers = Writers(random.Random(index), tuple(range(3 * index + 1, 3 * index + 4)))
-                with httpx2.Client(base_url=relays[index % 2].url, timeout=30) as client:
-                    for _ in range(BATCHES):
-                        batch = writers.write(20)
-                        answer = client.post(
-                            "/v1/push", content=encode_message(PushBatch(batch)), headers=headers
-                        )
-                        assert answer.status_code == 200, answer.content
-                        result = msgspec.msgpack.decode(answer.content, type=PushResult)
-                        with lock:
-                            acknowledged.extend(
-                                e
-                                for e, r in zip(batch, result.receipts, strict=True)
-                                if r.status != "refused"
-                            )
-
-            def puller() -> None:
-                cursor, turn = 0, 0
-                with httpx2.Client(timeout=30) as client:
-                    while True:
-                        still_pushing = pushing.is_set()
-                        relay = relays[turn % 2]
-                        turn += 1
-                        answer = client.get(
-                            f"{relay.url}/v1/pull", params={"cursor": cursor}, headers=headers
-                        )
-                        page = msgspec.msgpack.decode(answer.content, type=Page)
-                        assert page.cursor == cursor
-                        pulled.extend(e.envelope for e in page.entries)
-                        cursor = page.next_cursor
-                        if not page.has_more and not still_pushing:
-                            return
-
-            threads = [threading.Thread(target=pusher, args=(i,)) for i in range(PUSHERS)]
-            follower = threading.Thread(target=puller)
-            follower.start()
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            pushing.clear()
-            follower.join()
+            for i in range(2):
+                started.append(RelayProcess(None, tmp_path / f"relay{i}.log", *options).start())
+            yield started
         finally:
-            for relay in relays:
+            for relay in started:
                 relay.kill()
+
+
+@pytest.mark.slow
+def test_concurrent_pushers_through_two_relays_skip_nothing(relays: list[RelayProcess]) -> None:
+    token = register_over_http(relays[0].url, "fleet")
+    headers = {"authorization": f"Bearer {token}", **MSGPACK}
+    acknowledged: list[bytes] = []
+    pulled: list[bytes] = []
+    lock = threading.Lock()
+    pushing = threading.Event()
+    pushing.set()
+
+    def pusher(index: int) -> None:
+        # each pusher is its own 3 devices: histories stay causal, dots never collide
+        writers = Writers(random.Random(index), tuple(range(3 * index + 1, 3 * index + 4)))
+        with httpx2.Client(base_url=relays[index % 2].url, timeout=30) as client:
+            for _ in range(BATCHES):
+                batch = writers.write(20)
+                answer = client.post(
+                    "/v1/push", content=encode_message(PushBatch(batch)), headers=headers
+                )
+                assert answer.status_code == 200, answer.content
+                result = msgspec.msgpack.decode(answer.content, type=PushResult)
+                with lock:
+                    acknowledged.extend(
+                        e
+                        for e, r in zip(batch, result.receipts, strict=True)
+                        if r.status != "refused"
+                    )
+
+    def puller() -> None:
+        cursor, turn = 0, 0
+        with httpx2.Client(timeout=30) as client:
+            while True:
+                still_pushing = pushing.is_set()
+                relay = relays[turn % 2]
+                turn += 1
+                answer = client.get(
+                    f"{relay.url}/v1/pull", params={"cursor": cursor}, headers=headers
+                )
+                page = msgspec.msgpack.decode(answer.content, type=Page)
+                assert page.cursor == cursor
+                pulled.extend(e.envelope for e in page.entries)
+                cursor = page.next_cursor
+                if not page.has_more and not still_pushing:
+                    return
+
+    threads = [threading.Thread(target=pusher, args=(i,)) for i in range(PUSHERS)]
+    follower = threading.Thread(target=puller)
+    follower.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    pushing.clear()
+    follower.join()
     assert len(acknowledged) > PUSHERS * BATCHES * 10  # most versions were stored or superseded
     assert siblings(pulled) == siblings(acknowledged)
 
 
 @pytest.mark.slow
-def test_the_live_feed_crosses_relay_processes(tmp_path: Path) -> None:
+def test_the_live_feed_crosses_relay_processes(relays: list[RelayProcess]) -> None:
     """A push through one relay process wakes an event stream held by another (LISTEN/NOTIFY)."""
-    url = postgres_url()
-    with fresh_schema() as schema:
-        options = ("--database-url", url, "--schema", schema)
-        relays = [
-            RelayProcess(None, tmp_path / f"relay{i}.log", *options).start() for i in range(2)
-        ]
-        try:
-            token = register_over_http(relays[0].url, "live")
-            headers = {"authorization": f"Bearer {token}", **MSGPACK}
-            batch = Writers(random.Random(1)).write(3)
-            with (
-                httpx2.Client(timeout=30) as client,
-                client.stream("GET", f"{relays[1].url}/v1/events", headers=headers) as events,
-            ):
-                pushed = client.post(
-                    f"{relays[0].url}/v1/push",
-                    content=encode_message(PushBatch(batch)),
-                    headers=headers,
-                )
-                assert pushed.status_code == 200
-                lines = events.iter_lines()
-                first = {next(lines) for _ in range(4)}  # the head when the stream opened
-                heard = {next(lines) for _ in range(3)}
-            assert first == {"event: head", "id: 0", "data: 0", ""}
-            assert heard == {"event: head", "id: 3", "data: 3"}
-        finally:
-            for relay in relays:
-                relay.kill()
+    token = register_over_http(relays[0].url, "live")
+    headers = {"authorization": f"Bearer {token}", **MSGPACK}
+    batch = Writers(random.Random(1)).write(3)
+    with (
+        httpx2.Client(timeout=30) as client,
+        client.stream("GET", f"{relays[1].url}/v1/events", headers=headers) as events,
+    ):
+        pushed = client.post(
+            f"{relays[0].url}/v1/push",
+            content=encode_message(PushBatch(batch)),
+            headers=headers,
+        )
+        assert pushed.status_code == 200
+        lines = events.iter_lines()
+        first = {next(lines) for _ in range(4)}  # the head when the stream opened
+        heard = {next(lines) for _ in range(3)}
+    assert first == {"event: head", "id: 0", "data: 0", ""}
+    assert heard == {"event: head", "id: 3", "data: 3"}

@@ -31,10 +31,6 @@ class Secret:
     value: str = field(repr=False)
     is_recovery_key: bool = False
 
-    @property
-    def name(self) -> str:
-        return "recovery key" if self.is_recovery_key else "passphrase"
-
     def login_keys(self, kdf: KdfParams) -> LoginKeys:
         """The relay auth key (Argon2id for a passphrase; HKDF alone for a recovery key)."""
         if self.is_recovery_key:

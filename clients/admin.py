@@ -14,7 +14,7 @@ from collections.abc import Callable
 import click
 from rich.table import Table
 
-from clients.console import fail, out, user_errors
+from clients.console import err, fail, out, user_errors
 from clients.device import device_client, load_settings, opened_replica
 from clients.errors import RelayRefusedError, UnknownOutcomeError
 from clients.http import RelayClient
@@ -61,7 +61,7 @@ def devices(settings: CliSettings, revoke_id: str | None, as_json: bool) -> None
         listed = client.devices().devices
         if revoke_id is not None:
             revoke(client, listed, revoke_id)
-            out.print(f"revoked device {revoke_id}")
+            (err if as_json else out).print(f"revoked device {revoke_id}")  # stdout: JSON only
             listed = client.devices().devices
     if as_json:
         rows = [{"id": d.id, "name": d.name, "created_ms": d.created_ms, "current": d.current}

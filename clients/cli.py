@@ -239,10 +239,9 @@ def relay_serve(
 def relay_invite(where: RelayStorage, days: int | None) -> None:
     """Print a single-use invite token for a new account."""
     with user_errors():
-        config = where.config()
-        valid_ms = days * 86_400_000 if days is not None else config.invite_s * 1000
-        if valid_ms < 1:
+        if days is not None and days < 1:
             fail(f"--days {days} must be at least 1")
+        valid_ms = days * 86_400_000 if days is not None else where.config().invite_s * 1000
         with where.opened() as storage:
             invite, digest = tokens.new_invite()
             storage.add_invite(digest, time.time_ns() // 1_000_000 + valid_ms)

@@ -165,10 +165,12 @@ def sync(
 ) -> None:
     """Push this device's changes and pull everyone else's."""
     path = settings.replica_path
+    with user_errors():
+        relay = load_settings(path)  # before the passphrase: a device with no relay fails fast
     with (
         user_errors(),
         opened_replica(path, settings.passphrase) as replica,
-        device_client(path, load_settings(path)) as client,
+        device_client(path, relay) as client,
     ):
         report_sync(run_sync(replica, client, retry_for_s, reseed=reseed))
         if watch:

@@ -104,6 +104,11 @@ def check_relay_url(url: str, *, insecure: bool = False) -> str:
             f"relay URL {url!r} must be http:// or https:// with a host",
             hint="for example https://relay.example.org",
         )
+    if parsed.userinfo:  # it would be kept in settings and shown in messages
+        raise InvalidArgumentError(
+            f"relay URL for {parsed.host} carries a user name or password",
+            hint="the relay authenticates devices itself: give the URL without user:password@",
+        )
     if parsed.scheme == "http" and not insecure and not is_loopback(parsed.host):
         raise InsecureRelayError(
             f"relay URL {url!r} is plain http to a host that is not loopback",
@@ -188,7 +193,8 @@ class RelayClient:
             version = _protocol_version(response)
             if version is None:
                 raise ProtocolMismatchError(
-                    f"{self.url} did not answer /v1/info as a sealsync relay",
+                    f"{self.url} did not answer /v1/info as a sealsync relay "
+                    f"(HTTP {response.status_code})",
                     hint="check the relay URL",
                 )
             if version != PROTOCOL_VERSION:

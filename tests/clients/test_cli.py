@@ -73,7 +73,10 @@ def test_two_devices_sync_and_a_put_resolves_a_concurrent_edit(
     created = cli.ok(a, "init", "--relay", relay.url, "--account", "ann")
     assert "recovery key" in created.stdout
     assert (tmp_path / "a.db.relay.json").stat().st_mode & 0o777 == 0o600
-    assert "access_token" not in created.output
+    session = load_settings(a).session
+    assert session is not None  # no token is ever printed
+    assert session.access_token not in created.output
+    assert session.refresh_token not in created.output
     cli.ok(b, "join", "--relay", relay.url, "--account", "ann", "--device-name", "laptop")
 
     cli.ok(a, "put", "threads", "t1", '{"title": "from a", "message_count": 1}')

@@ -3,6 +3,7 @@ each user mistake is an `error:` with a `hint:` that changes nothing."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -58,7 +59,8 @@ def test_devices_lists_the_account_marks_this_one_and_revokes_another(
     assert len(cli.json(a, "devices")) == 2  # type: ignore[arg-type]
 
     revoked = cli.ok(a, "devices", "--revoke", by_name["laptop"]["id"], "--json")
-    assert "revoked" in revoked.stdout
+    assert "revoked" in revoked.stderr
+    assert [d["name"] for d in json.loads(revoked.stdout)] == ["desk"]  # stdout is JSON only
     assert [d["name"] for d in cli.json(a, "devices")] == ["desk"]  # type: ignore[union-attr,index]
     before = dump(b)
     assert_user_error(cli(b, "sync", "--retry-for", "1"), "unauthorized")

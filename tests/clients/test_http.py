@@ -22,6 +22,7 @@ from clients.errors import (
     UnknownOutcomeError,
 )
 from clients.http import RelayClient, check_relay_url
+from replica.errors import InvalidArgumentError
 from replica.wire import PROTOCOL_VERSION, PushBatch
 from tests.clients.conftest import Fleet
 from tests.relay.server import RelayProcess, free_port
@@ -135,3 +136,9 @@ def test_refusals_are_definitive_typed_and_name_no_secret(
             assert session.access_token not in text and session.refresh_token not in text
     with RelayClient(relay.url) as anonymous, pytest.raises(NoSessionError):
         anonymous.state()
+
+
+def test_a_relay_url_with_credentials_is_refused() -> None:
+    with pytest.raises(InvalidArgumentError, match="user name or password") as refused:
+        check_relay_url("https://ann:secret@relay.example.org")
+    assert "secret" not in str(refused.value) and refused.value.hint

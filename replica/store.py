@@ -353,28 +353,22 @@ class Store:
             [(r.key, node_to_sql(r.node), r.hlc) for r in rows],
         )
 
-    def rows_to_push(
-        self, table: str, limit: int, after: tuple[bytes, int, int] | None
-    ) -> list[Row]:
-        """Dirty versions (`versions`) or held versions marked by a reseed (`held`), in identity
-        order after `after` (keyset pagination, so a refused version is not offered twice)."""
+    def rows_to_push(self, table: str, limit: int, after: int) -> list[tuple[int, Row]]:
+        """(row id, version) of dirty versions (`versions`) or of held versions marked by a
+        reseed (`held`), in row order after row `after` (keyset pagination, so a refused
+        version is not offered twice). Row order, not identity order: `versions_dirty` yields
+        it without a sort, and a batch's rows sit together in the file, so acknowledging it
+        rewrites few pages."""
         # Held copies nobody could authenticate yet (sealed, epoch) are never pushed: a forged
         # copy must not reach a reseeded relay before the genuine one. They are pushed once
         # they open (the mark survives re-examination).
         flag = {"versions": "dirty", "held": "repush AND reason NOT IN ('sealed', 'epoch')"}[table]
-        where: str = ""
-        args: tuple[object, ...] = ()
-        if after is not None:
-            where, args = (
-                " AND (key, node, hlc) > (?, ?, ?)",
-                (after[0], node_to_sql(after[1]), after[2]),
-            )
         rows = self.db.execute(
-            f"SELECT key, node, hlc, envelope FROM {table} WHERE {flag} = 1{where} "
-            "ORDER BY key, node, hlc LIMIT ?",
-            (*args, limit),
+            f"SELECT rowid, key, node, hlc, envelope FROM {table} WHERE {flag} = 1 AND rowid > ? "
+            "ORDER BY rowid LIMIT ?",
+            (after, limit),
         ).fetchall()
-        return [Row(k, node_from_sql(n), h, e) for k, n, h, e in rows]
+        return [(i, Row(k, node_from_sql(n), h, e)) for i, k, n, h, e in rows]
 
     def clear_dirty(self, identities: Iterable[tuple[bytes, int, int]]) -> None:
         self.db.executemany(

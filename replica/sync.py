@@ -72,7 +72,8 @@ class SyncSession:
         self._store = core.store
         self._max_count = max_batch_count
         self._max_bytes = max_batch_bytes
-        self._after: dict[str, tuple[bytes, int, int] | None] = {"versions": None, "held": None}
+        self._after = {"versions": 0, "held": 0}
+        """Per table, the row id of the last version offered in this pass."""
 
     # -- push -----------------------------------------------------------------------------------
 
@@ -87,9 +88,8 @@ class SyncSession:
             for table in ("versions", "held"):
                 while rows := self._store.rows_to_push(table, self._max_count, self._after[table]):
                     chosen = _fit(rows, self._max_bytes)
-                    last = chosen[-1]
-                    self._after[table] = (last.key, last.node, last.hlc)
-                    sound = [row.envelope for row in chosen if self._is_sound(row)]
+                    self._after[table] = chosen[-1][0]
+                    sound = [row.envelope for _, row in chosen if self._is_sound(row)]
                     if sound:
                         return PushBatch(sound)
             return None
@@ -111,7 +111,7 @@ class SyncSession:
 
     def restart(self) -> None:
         """Start a new pass over the dirty versions (after a failed or refused push)."""
-        self._after = {"versions": None, "held": None}
+        self._after = {"versions": 0, "held": 0}
 
     def acknowledge(self, batch: PushBatch, result: PushResult) -> Acknowledged:
         """Clear dirty for versions the relay stored or already covered; refused stay dirty."""
@@ -226,10 +226,10 @@ class SyncSession:
         self.restart()
 
 
-def _fit(rows: list[Row], max_bytes: int) -> list[Row]:
+def _fit(rows: list[tuple[int, Row]], max_bytes: int) -> list[tuple[int, Row]]:
     """The longest prefix of `rows` within `max_bytes` (at least one row, however large)."""
     size = 0
-    for index, row in enumerate(rows):
+    for index, (_, row) in enumerate(rows):
         size += len(row.envelope)
         if index and size > max_bytes:
             return rows[:index]

@@ -132,11 +132,25 @@ class SyncSession:
                 header = parse_header(envelope)
                 confirmed.append((header.key, header.node, header.hlc))
             self._store.clear_dirty(confirmed)
+            self._pass_own_versions(seqs)
         return Acknowledged(
             stored=sum(r.status == "stored" for r in result.receipts),
             superseded=sum(r.status == "superseded" for r in result.receipts),
             refused_by_code=refused,
         )
+
+    def _pass_own_versions(self, seqs: list[int]) -> None:
+        """Move the cursor over this push's own versions when their seqs directly follow it.
+
+        Every seq from the cursor + 1 to the highest is then one of this batch's receipts
+        (seqs are unique per account), so those entries are versions this replica holds:
+        pulling them back would merge nothing, and a device would otherwise download all it
+        uploaded. Any gap (another device's version) leaves the cursor where it is."""
+        if not seqs:
+            return
+        low, high = min(seqs), max(seqs)
+        if low == self._store.get_int("cursor") + 1 and high - low + 1 == len(set(seqs)):
+            self._store.set_meta("cursor", high)
 
     # -- pull -----------------------------------------------------------------------------------
 

@@ -161,6 +161,30 @@ def test_acknowledged_identities_match_the_pushed_envelopes(make_replica: Replic
     assert replica.status().dirty == 0
 
 
+def test_a_push_right_after_the_cursor_passes_over_the_devices_own_versions(
+    make_replica: ReplicaFactory,
+) -> None:
+    clock = FakeClock()
+    relay = MemoryRelay(clock_ms=clock)
+    a = make_replica("a", wall_clock_ms=clock)
+    b = make_replica("b", wall_clock_ms=clock)
+    b.put("notes", "from-b", {"v": 1})
+    sync(b, relay)  # seq 1: a has not seen it
+    session = a.sync_session()
+    for round_ in range(2):
+        for i in range(3):
+            a.put("notes", f"a{round_}{i}", {"i": i})
+        while (batch := session.next_batch()) is not None:
+            session.acknowledge(batch, relay.push(ACCOUNT, batch))
+        session.restart()
+        # seqs 2..4 leave a gap at b's seq 1: stay; seqs 5..7 follow the cursor (4): pass
+        assert session.cursor == [0, 7][round_]
+        page = relay.pull(ACCOUNT, session.cursor)
+        session.apply_page(page)
+        assert session.cursor == [4, 7][round_] and len(page.entries) == [4, 0][round_]
+    assert a.get("notes", "from-b") is not None
+
+
 def sync(replica: object, relay: MemoryRelay) -> None:
     from replica import Replica
 

@@ -28,7 +28,7 @@ from replica.wire import RelayLimits
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BATCH_COUNT = 1000
+DEFAULT_BATCH_COUNT = 4000
 DEFAULT_BATCH_BYTES = 4 * 1024 * 1024
 FRAMING_BYTES = 1024
 """Room in a push body for the MessagePack map around the envelopes."""

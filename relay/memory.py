@@ -40,7 +40,7 @@ from relay.versions import (
 from replica.errors import InvalidArgumentError
 from replica.wire import KdfParams, Page, PageEntry, PushBatch, PushResult, Receipt, RelayState
 
-DEFAULT_PAGE_SIZE = 1000
+DEFAULT_PAGE_SIZE = 4000
 DEFAULT_MAX_DRIFT_MS = 5 * 60 * 1000
 
 

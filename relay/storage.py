@@ -165,7 +165,7 @@ class VersionRules:
 
     clock_ms: Callable[[], int]
     max_drift_ms: int = 5 * 60 * 1000
-    page_size: int = 1000
+    page_size: int = 4000
     max_account_bytes: int = 1 << 30
     max_page_bytes: int = 8 * 1024 * 1024
     """A page holds at most this many envelope bytes (but always at least one envelope)."""

@@ -27,7 +27,7 @@ from replica.wire import Page, PushBatch, PushResult, RelayState, parse_header
 if TYPE_CHECKING:
     from replica.core import Core
 
-DEFAULT_BATCH_COUNT = 1000
+DEFAULT_BATCH_COUNT = 4000
 DEFAULT_BATCH_BYTES = 4 * 1024 * 1024
 
 

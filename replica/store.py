@@ -376,14 +376,16 @@ class Store:
         return [(i, Row(k, node_from_sql(n), h, e)) for i, k, n, h, e in rows]
 
     def clear_dirty(self, identities: Iterable[tuple[bytes, int, int]]) -> None:
+        """Clear the push marks of acknowledged versions, in `versions` and in `held` (where
+        marks exist only after a reseed: the usual batch skips that table's statements)."""
+        args = [(_blob(k), node_to_sql(n), h) for k, n, h in identities]
         self.db.executemany(
-            "UPDATE versions SET dirty = 0 WHERE key = ? AND node = ? AND hlc = ?",
-            [(k, node_to_sql(n), h) for k, n, h in identities],
+            "UPDATE versions SET dirty = 0 WHERE key = ? AND node = ? AND hlc = ?", args
         )
-        self.db.executemany(
-            "UPDATE held SET repush = 0 WHERE key = ? AND node = ? AND hlc = ?",
-            [(k, node_to_sql(n), h) for k, n, h in identities],
-        )
+        if self.db.execute("SELECT 1 FROM held WHERE repush = 1 LIMIT 1").fetchone():
+            self.db.executemany(
+                "UPDATE held SET repush = 0 WHERE key = ? AND node = ? AND hlc = ?", args
+            )
 
     def mark_all_for_push(self) -> None:
         self.db.execute("UPDATE versions SET dirty = 1")

@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from relay import codec, tokens
+from relay.accesslog import AccessLog
 from relay.bodylimit import BodyLimit
 from relay.config import RelayConfig
 from relay.errors import (
@@ -568,7 +569,10 @@ def create_app(
     routes.append(Route("/v1/openapi.json", openapi, methods=["GET"]))
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(BodyLimit, max_bytes=config.max_body_bytes)],
+        middleware=[
+            Middleware(AccessLog),
+            Middleware(BodyLimit, max_bytes=config.max_body_bytes),
+        ],
         exception_handlers={RelayError: _error_response, HTTPException: _http_error},
         lifespan=lifespan,
     )

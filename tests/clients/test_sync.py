@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import shutil
 import threading
 import time
@@ -24,6 +25,8 @@ from tests.relay.server import RelayProcess
 
 START_MS = int(time.time() * 1000) - 60_000
 """Both runs of the chaos test start their replicas' clocks here (behind the relay's)."""
+CHAOS_STEPS = 400
+"""Long enough for a few hundred requests, so 5% + 5% fault rates give dozens of faults."""
 
 
 def relay_contents(fleet: Fleet) -> tuple[list[tuple[bytes, int, int]], list[int], int]:
@@ -68,7 +71,7 @@ def test_chaos_transport_and_a_relay_restart_change_nothing(
     calm_relay = start_relay()
     calm_clock = FakeClock(START_MS)
     calm_fleet = fleets(calm_relay.url, clock=calm_clock)
-    calm = play(calm_fleet, calm_clock, seed=7)
+    calm = play(calm_fleet, calm_clock, seed=7, steps=CHAOS_STEPS)
 
     relay = start_relay()
     restarts: list[threading.Thread] = []
@@ -98,13 +101,19 @@ def test_chaos_transport_and_a_relay_restart_change_nothing(
 
     clock = FakeClock(START_MS)
     stormy_fleet = fleets(relay.url, clock=clock, transport=chaos)
-    stormy = play(stormy_fleet, clock, seed=7)
+    stormy = play(stormy_fleet, clock, seed=7, steps=CHAOS_STEPS)
     for thread in restarts:
         thread.join(timeout=30)
 
     assert restarts, "the relay was restarted mid-run"
     faults = sum((t.faults for t in transports), start=Counter[str]())
-    assert faults["lost /v1/push"] >= 1 and sum(faults.values()) >= 5, faults
+    struck = {rid: fault for t in transports for rid, fault in t.struck.items()}
+    answered = answered_by_relay(relay)  # counted on the relay's side
+    after_commit = [fault for rid, fault in struck.items() if rid in answered]
+    assert sum(faults.values()) == len(struck) >= 20, faults
+    assert len(after_commit) >= len(struck) / 2, (after_commit, faults)
+    assert any(fault.endswith("/v1/push") for fault in after_commit), after_commit
+    assert not any(rid in answered for rid, f in struck.items() if f.startswith("unsent")), faults
     for mine, theirs in zip(stormy, calm, strict=True):
         assert contents(mine.replica, with_nodes=False) == contents(
             theirs.replica, with_nodes=False
@@ -113,6 +122,16 @@ def test_chaos_transport_and_a_relay_restart_change_nothing(
     calm_identities, _, calm_head = relay_contents(calm_fleet)
     assert len(set(identities)) == len(identities) and len(set(seqs)) == len(seqs)
     assert (len(identities), head) == (len(calm_identities), calm_head)  # 0 lost, 0 duplicated
+
+
+def answered_by_relay(relay: RelayProcess) -> set[str]:
+    """Request ids the relay logged as answered with success (its debug request log)."""
+    answered = set()
+    for line in relay.log_path.read_text().splitlines():
+        entry = json.loads(line) if line.startswith("{") else {}
+        if entry.get("message") == "request" and 200 <= entry["status"] < 300:
+            answered.add(entry["request_id"])
+    return answered
 
 
 @pytest.mark.slow

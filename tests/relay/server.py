@@ -22,7 +22,8 @@ def free_port() -> int:
 
 
 class RelayProcess:
-    """Start, SIGKILL and restart one relay; its JSON log lines go to `log_path`."""
+    """Start, SIGKILL and restart one relay; its JSON log lines (debug level: one per request)
+    go to `log_path`."""
 
     def __init__(self, db: Path | None, log_path: Path, *options: str) -> None:
         """SQLite at `db`, or whatever storage `options` name (`--database-url …`)."""
@@ -36,7 +37,7 @@ class RelayProcess:
         command = [
             sys.executable, "-m", "clients.cli", "relay", "serve", *self.options,
             "--port", str(self.port), "--open-signup", "--set", "requests_per_second=100000",
-            "--set", "burst=100000",
+            "--set", "burst=100000", "--log-level", "debug",
         ]  # fmt: skip
         log = self.log_path.open("ab")
         self._process = subprocess.Popen(command, stdout=log, stderr=log, env=os.environ.copy())

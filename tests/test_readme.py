@@ -83,8 +83,8 @@ def tour_script(port: int) -> str:
     block = re.search(r"## A five-minute tour\n.*?```sh\n(.*?)```", text, re.S)
     assert block is not None, "the README has a five-minute tour"
     lines = ["trap 'kill $(jobs -p) 2>/dev/null' EXIT"]
-    for line in block.group(1).splitlines():
-        line = line.replace(".venv/bin/sealsync", f"{sys.executable} -m clients.cli")
+    for written in block.group(1).splitlines():
+        line = written.replace(".venv/bin/sealsync", f"{sys.executable} -m clients.cli")
         lines.append(line.replace("8787", str(port)))
         if "relay serve" in line:
             lines.append(
@@ -114,8 +114,7 @@ def test_the_readme_tour_runs_as_written(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     listed = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("[")))
-    assert listed == [
-        {"id": "t1", "doc": {"title": "Rome, then Lisbon", "message_count": 3}}
-    ], result.stdout  # the phone's put resolved the conflict on the laptop too
+    resolved = {"title": "Rome, then Lisbon", "message_count": 3}  # by the phone, seen by the laptop
+    assert listed == [{"id": "t1", "doc": resolved}], result.stdout
     assert "Lisbon" in result.stdout and "Rome" in result.stdout  # `conflicts` showed a sibling
     assert len(list((tmp_path / "backups").iterdir())) == 1

@@ -114,7 +114,7 @@ def test_the_readme_tour_runs_as_written(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     listed = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("[")))
-    resolved = {"title": "Rome, then Lisbon", "message_count": 3}  # by the phone, seen by the laptop
+    resolved = {"title": "Rome, then Lisbon", "message_count": 3}  # by the phone; on the laptop
     assert listed == [{"id": "t1", "doc": resolved}], result.stdout
     assert "Lisbon" in result.stdout and "Rome" in result.stdout  # `conflicts` showed a sibling
     assert len(list((tmp_path / "backups").iterdir())) == 1

@@ -252,11 +252,13 @@ class RelayApi:
         body = await codec.read(request, RefreshRequest)
         digest = tokens.token_hash(body.refresh_token)
         record = await self.call(self.storage.token, digest) if digest else None
-        if record is None or record.kind != "refresh" or record.expires_ms <= self.clock_ms():
+        now = self.clock_ms()
+        if record is None or record.kind == "access" or record.expires_ms <= now:
             raise UnauthorizedError()
         state = await self.call(self.storage.state, record.account)
         session, records = self.new_session(record.account, record.device_id, state)
-        if not await self.call(self.storage.replace_token, record.hash, records):
+        grace_until_ms = now + self.config.refresh_grace_s * 1000
+        if not await self.call(self.storage.replace_token, record.hash, records, grace_until_ms):
             raise UnauthorizedError()
         return codec.respond(request, session)
 

@@ -458,22 +458,47 @@ class PostgresStorage:
             ).fetchone()
         return TokenRecord(*row) if row else None
 
-    def replace_token(self, old_hash: bytes, tokens: list[TokenRecord]) -> bool:
+    def replace_token(
+        self, old_hash: bytes, tokens: list[TokenRecord], grace_until_ms: int
+    ) -> bool:
+        now = self._rules.clock_ms()
         try:
             with self._write() as db:
-                # DELETE ... RETURNING: of two concurrent refreshes with one token, one gets a row
+                # FOR UPDATE: two concurrent refreshes with one token take turns
                 row = db.execute(
-                    "DELETE FROM tokens WHERE hash = %s RETURNING account", (old_hash,)
+                    "SELECT account, device, kind, expires_ms FROM tokens WHERE hash = %s"
+                    " FOR UPDATE",
+                    (old_hash,),
                 ).fetchone()
                 if row is None:
                     return False
+                account, device, kind, expires_ms = row
+                if kind != "spent":
+                    db.execute(
+                        "UPDATE tokens SET kind = 'spent', expires_ms = %s WHERE hash = %s",
+                        (grace_until_ms, old_hash),
+                    )
+                elif (
+                    expires_ms <= now
+                    or db.execute(
+                        "SELECT 1 FROM tokens WHERE account = %s AND device = %s AND kind = 'spent'"
+                        " AND hash != %s AND expires_ms >= %s",
+                        (account, device, old_hash, expires_ms),
+                    ).fetchone()
+                ):
+                    return False
+                else:  # the reply was lost: the successors it carried were never received
+                    db.execute(
+                        "DELETE FROM tokens WHERE account = %s AND device = %s AND kind != 'spent'",
+                        (account, device),
+                    )
                 db.cursor().executemany(
                     "INSERT INTO tokens VALUES (%s, %s, %s, %s, %s)",
-                    [(t.hash, row[0], t.device_id, t.kind, t.expires_ms) for t in tokens],
+                    [(t.hash, account, t.device_id, t.kind, t.expires_ms) for t in tokens],
                 )
                 db.execute(  # the device's expired tokens go with each refresh
                     "DELETE FROM tokens WHERE account = %s AND device = %s AND expires_ms <= %s",
-                    (row[0], tokens[0].device_id if tokens else "", self._rules.clock_ms()),
+                    (account, device, now),
                 )
         except psycopg.errors.ForeignKeyViolation:  # the device was revoked meanwhile
             return False

@@ -60,6 +60,12 @@ from replica.wire import (
     encode_message,
 )
 
+_SPENT_LATER = (
+    "SELECT 1 FROM tokens WHERE account = ? AND device = ? AND kind = 'spent'"
+    " AND hash != ? AND expires_ms >= ?"
+)
+"""The device spent another refresh token since (or with) this one: its successors were
+received and used, so replaying this one is refused."""
 SCHEMA_VERSION = 1
 _SCHEMA = """
 CREATE TABLE meta (name TEXT PRIMARY KEY, value BLOB NOT NULL) STRICT;
@@ -383,22 +389,41 @@ class SQLiteStorage:
             ).fetchone()
         return TokenRecord(*row) if row else None
 
-    def replace_token(self, old_hash: bytes, tokens: list[TokenRecord]) -> bool:
+    def replace_token(
+        self, old_hash: bytes, tokens: list[TokenRecord], grace_until_ms: int
+    ) -> bool:
+        now = self._rules.clock_ms()
         try:
             with self._write() as db:
                 row = db.execute(
-                    "SELECT account FROM tokens WHERE hash = ?", (old_hash,)
+                    "SELECT account, device, kind, expires_ms FROM tokens WHERE hash = ?",
+                    (old_hash,),
                 ).fetchone()
                 if row is None:
                     return False
-                db.execute("DELETE FROM tokens WHERE hash = ?", (old_hash,))
+                account, device, kind, expires_ms = row
+                if kind != "spent":
+                    db.execute(
+                        "UPDATE tokens SET kind = 'spent', expires_ms = ? WHERE hash = ?",
+                        (grace_until_ms, old_hash),
+                    )
+                elif (
+                    expires_ms <= now
+                    or db.execute(_SPENT_LATER, (account, device, old_hash, expires_ms)).fetchone()
+                ):
+                    return False
+                else:  # the reply was lost: the successors it carried were never received
+                    db.execute(
+                        "DELETE FROM tokens WHERE account = ? AND device = ? AND kind != 'spent'",
+                        (account, device),
+                    )
                 db.executemany(
                     "INSERT INTO tokens VALUES (?, ?, ?, ?, ?)",
-                    [(t.hash, row[0], t.device_id, t.kind, t.expires_ms) for t in tokens],
+                    [(t.hash, account, t.device_id, t.kind, t.expires_ms) for t in tokens],
                 )
                 db.execute(  # the device's expired tokens go with each refresh
                     "DELETE FROM tokens WHERE account = ? AND device = ? AND expires_ms <= ?",
-                    (row[0], tokens[0].device_id if tokens else "", self._rules.clock_ms()),
+                    (account, device, now),
                 )
                 return True
         except sqlite3.IntegrityError as exc:

@@ -15,7 +15,8 @@ from typing import Literal, Protocol
 
 from replica.wire import KdfParams, Page, PushBatch, PushResult, RelayState
 
-TokenKind = Literal["access", "refresh"]
+TokenKind = Literal["access", "refresh", "spent"]
+"""A `spent` token is a refresh token already used, kept until its grace period ends."""
 HeadListener = Callable[[str, int], None]
 """Called with (account, head) after a push that stored something has committed."""
 
@@ -125,9 +126,15 @@ class Storage(Protocol):
 
     def token(self, token_hash: bytes) -> TokenRecord | None: ...
 
-    def replace_token(self, old_hash: bytes, tokens: list[TokenRecord]) -> bool:
-        """Consume a refresh token and store its successors, atomically; False if the old
-        token was already used or gone (a replayed refresh gets nothing)."""
+    def replace_token(
+        self, old_hash: bytes, tokens: list[TokenRecord], grace_until_ms: int
+    ) -> bool:
+        """Spend a refresh token and store its successors, atomically (the device's expired
+        tokens go too). A spent token stays until `grace_until_ms` so that a device whose
+        reply was lost can send it again: that replaces the successors it never received —
+        unless they were used already (the device has a later spent token), or the grace is
+        over. False when nothing was stored: the token is unknown, spent and past its grace
+        or superseded, or its device is gone."""
         ...
 
     # -- versions ---------------------------------------------------------------------------

@@ -225,14 +225,14 @@ def test_a_device_revoked_while_its_refresh_commits_keeps_no_token(
     with psycopg.connect(postgres_url(), autocommit=True) as holder, ThreadPoolExecutor(2) as pool:
         holder.execute(sql.SQL(HOLD_TOKEN_COMMITS).format(schema=sql.Identifier(schema), key=key))
         holder.execute("SELECT pg_advisory_lock(%s)", (key,))
-        refreshing = pool.submit(storage.replace_token, refresh.hash, [successor])
+        refreshing = pool.submit(storage.replace_token, refresh.hash, [successor], NOW_MS + 300)
         refresh_pid = blocked_by(holder, holder.info.backend_pid)  # inserted, not committed
         revoking = pool.submit(storage.revoke_device, "a", "d2")
         blocked_by(holder, refresh_pid)  # the revoke waits for the refresh
         holder.execute("SELECT pg_advisory_unlock(%s)", (key,))
         assert refreshing.result(timeout=WAIT_S) and revoking.result(timeout=WAIT_S)
     assert storage.token(successor.hash) is None
-    assert not storage.replace_token(successor.hash, [refresh])
+    assert not storage.replace_token(successor.hash, [refresh], NOW_MS + 300)
     assert storage.devices("a") == [Device("d1", "laptop", NOW_MS)]
 
 

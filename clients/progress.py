@@ -3,8 +3,9 @@
 `bar` (the default on a terminal) draws rich bars on stderr: versions pushed of those waiting,
 and the pull as sequence numbers covered up to the relay's head. `json` writes each
 `clients.sync.Progress` as one JSON object a line on stderr, flushed as it happens, so a GUI or
-a script can follow the phases (and a test can tell which phase a killed run was in). `none`
-prints nothing. Progress events hold counts only, never a record, key or token.
+a script can follow the phases (and a test can tell which phase a killed run was in); the
+`error:` and `hint:` lines of a failure are not JSON, so a reader skips lines that are not.
+`none` prints nothing. Progress events hold counts only, never a record, key or token.
 """
 
 from __future__ import annotations

@@ -35,10 +35,11 @@ from clients.device import (
     sidecar_path,
 )
 from clients.http import RelayClient, check_relay_url
+from clients.progress import PROGRESS_MODES, ProgressMode, default_mode, shown_progress
 from clients.retry import Backoff
 from clients.schema import CHAT_SCHEMA
 from clients.settings import CliSettings
-from clients.sync import Progress, SyncDriver, SyncReport
+from clients.sync import SyncDriver, SyncReport
 from replica import Replica, RollbackError
 from replica.errors import StoreError
 
@@ -159,9 +160,22 @@ def join(
     envvar="SEALSYNC_RETRY_FOR",
     help="Seconds to keep retrying an unreachable relay.",
 )
+@click.option(
+    "--progress",
+    "progress_mode",
+    type=click.Choice(PROGRESS_MODES),
+    envvar="SEALSYNC_PROGRESS",
+    help="How to show progress: bars (default on a terminal), one JSON line a step on stderr "
+    "(for programs), or none (default otherwise).",
+)
 @click.pass_obj
 def sync(
-    settings: CliSettings, reseed: bool, watch: bool, idle_sync_s: float, retry_for_s: float
+    settings: CliSettings,
+    reseed: bool,
+    watch: bool,
+    idle_sync_s: float,
+    retry_for_s: float,
+    progress_mode: ProgressMode | None,
 ) -> None:
     """Push this device's changes and pull everyone else's."""
     path = settings.replica_path
@@ -172,7 +186,7 @@ def sync(
         opened_replica(path, settings.passphrase) as replica,
         device_client(path, relay) as client,
     ):
-        report_sync(run_sync(replica, client, retry_for_s, reseed=reseed))
+        report_sync(run_sync(replica, client, retry_for_s, reseed=reseed, mode=progress_mode))
         if watch:
             watch_live(SyncDriver(replica, client), idle_sync_s)
 
@@ -207,16 +221,18 @@ def report_round(report: SyncReport) -> None:
 
 
 def run_sync(
-    replica: Replica, client: RelayClient, retry_for_s: float, *, reseed: bool
+    replica: Replica,
+    client: RelayClient,
+    retry_for_s: float,
+    *,
+    reseed: bool,
+    mode: ProgressMode | None = None,
 ) -> SyncReport:
-    """One sync round (or a reseed), with a status line; a rollback stops with its finding."""
+    """One sync round (or a reseed), showing progress as `mode` says (by default: bars on a
+    terminal); a rollback stops with its finding."""
     backoff = Backoff(max_elapsed_s=retry_for_s)
-    with err.status("syncing") as status:
-
-        def progress(p: Progress) -> None:
-            status.update(f"syncing: {p.pushed} pushed, {p.pulled} pulled")
-
-        driver = SyncDriver(replica, client, progress=progress, backoff=backoff)
+    with shown_progress(mode or default_mode(err), err) as on_progress:
+        driver = SyncDriver(replica, client, progress=on_progress, backoff=backoff)
         try:
             return driver.reseed() if reseed else driver.sync()
         except RollbackError as exc:

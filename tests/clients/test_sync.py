@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from clients.http import RelayClient
-from clients.sync import is_epoch_change
+from clients.sync import Progress, is_epoch_change
 from replica import RollbackError
 from replica.wire import LoginRequest, parse_header
 from tests.clients.chaos import ChaosTransport
@@ -34,16 +34,21 @@ def relay_contents(fleet: Fleet) -> tuple[list[tuple[bytes, int, int]], list[int
     a new device from cursor 0."""
     with RelayClient(fleet.url) as client:
         client.login(LoginRequest(fleet.account, fleet.auth_key, "auditor"))
-        identities, seqs, cursor = [], [], 0
-        while True:
-            page = client.pull(cursor)
-            for entry in page.entries:
-                header = parse_header(entry.envelope)
-                identities.append((header.key, header.node, header.hlc))
-                seqs.append(entry.seq)
-            cursor = page.next_cursor
-            if not page.has_more:
-                return identities, seqs, page.state.head
+        return relay_entries(client)
+
+
+def relay_entries(client: RelayClient) -> tuple[list[tuple[bytes, int, int]], list[int], int]:
+    """`relay_contents` through a client already logged in to the account."""
+    identities, seqs, cursor = [], [], 0
+    while True:
+        page = client.pull(cursor)
+        for entry in page.entries:
+            header = parse_header(entry.envelope)
+            identities.append((header.key, header.node, header.hlc))
+            seqs.append(entry.seq)
+        cursor = page.next_cursor
+        if not page.has_more:
+            return identities, seqs, page.state.head
 
 
 @pytest.mark.slow
@@ -62,6 +67,29 @@ def test_three_devices_edit_offline_and_converge_with_siblings(
         assert replica.get("threads", "shared") == first.get("threads", "shared")
         assert replica.status().dirty == 0
     assert any(r.deleted for r in first.scan("notes", include_deleted=True))
+
+
+@pytest.mark.slow
+def test_progress_names_each_step_of_every_batch_and_page_with_totals(
+    start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet]
+) -> None:
+    relay = start_relay("max_push_envelopes=2", "page_size=2")
+    events: list[Progress] = []
+    fleet = fleets(relay.url, driver_options={"progress": events.append})
+    a = fleet.add("a")
+    for n in range(5):
+        a.replica.put("notes", f"n{n}", {"text": str(n)})
+    a.driver.sync()
+
+    push, pull = ["push_sending", "push_answered", "receipts_saved"], ["pull_sending",
+                  "merge_start", "merged"]  # fmt: skip
+    assert [e.phase for e in events] == push * 3 + pull * 3
+    assert [(e.size, e.pushed) for e in events[:9]] == [
+        (2, 0), (2, 0), (2, 2), (2, 2), (2, 2), (2, 4), (1, 4), (1, 4), (1, 5)]  # fmt: skip
+    assert [e.size for e in events[9:]] == [0, 2, 2, 0, 2, 2, 0, 1, 1]
+    assert {e.push_total for e in events} == {5}
+    assert [(e.pulled, e.pull_done, e.pull_total) for e in events[9:] if e.phase == "merged"] == [
+        (2, 2, 5), (4, 4, 5), (5, 5, 5)]  # fmt: skip
 
 
 @pytest.mark.slow

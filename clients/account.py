@@ -3,7 +3,8 @@
 `init` makes the account locally first (`Replica.create` derives every key) and then registers
 it: the relay receives auth keys and the sealed key bundle, never the passphrase or the
 account key. `join` goes the other way: prelogin for the KDF parameters, login with the auth
-key the secret derives, fetch the bundle, make the replica from it and unlock it.
+key the secret derives, fetch the bundle, make the replica from it and unlock it. `login`
+(an existing replica logging in again as a new device) is the first half of `join`.
 """
 
 from __future__ import annotations
@@ -65,6 +66,13 @@ def register_account(
     return client.register(request)
 
 
+def log_in(client: RelayClient, account: str, secret: Secret, device_name: str) -> Session:
+    """A new device session: prelogin for the KDF parameters, login with the auth key the
+    secret derives under them; the client adopts the session."""
+    kdf = client.prelogin(account).kdf
+    return client.login(LoginRequest(account, secret.login_keys(kdf).auth_key, device_name))
+
+
 def join_account(
     client: RelayClient,
     path: Path,
@@ -78,8 +86,7 @@ def join_account(
     Nothing is written locally before the relay accepted the secret, so a wrong passphrase
     leaves no file behind.
     """
-    kdf = client.prelogin(account).kdf
-    client.login(LoginRequest(account, secret.login_keys(kdf).auth_key, device_name))
+    log_in(client, account, secret, device_name)
     replica = Replica.join(path, client.key_bundle().bundle, options=options)
     try:
         secret.unlock(replica)

@@ -123,11 +123,18 @@ def parse_recovery_key(text: str) -> bytes:
 
 
 class AccountInfo(msgspec.Struct, frozen=True):
-    """Sealed inside the bundle: the account id, the newest key epoch, the app's schema."""
+    """Sealed inside the bundle: the account id, the newest key epoch, the app's schema, and
+    the recovery key's relay auth key — so that any unlocked device can register the account
+    again on a relay that lost it (the relay needs both auth keys). None in bundles made
+    before it was kept; those devices need the recovery key itself to re-register."""
 
     account_id: bytes
     key_epoch: int
     schema: bytes | None = None
+    recovery_auth_key: bytes | None = None
+
+    def __repr__(self) -> str:  # no key material in a repr
+        return f"AccountInfo(key_epoch={self.key_epoch})"
 
 
 class KeyBundle(msgspec.Struct, frozen=True):
@@ -293,9 +300,14 @@ def new_account(
     params = params or default_kdf_params(random_bytes)
     account_key = random_bytes(KEY_BYTES)
     recovery_key = format_recovery_key(random_bytes(KEY_BYTES))
-    info = AccountInfo(account_id=random_bytes(ACCOUNT_ID_BYTES), key_epoch=0, schema=schema)
     login = passphrase_login_keys(passphrase, params)
     recovery = recovery_login_keys(recovery_key)
+    info = AccountInfo(
+        account_id=random_bytes(ACCOUNT_ID_BYTES),
+        key_epoch=0,
+        schema=schema,
+        recovery_auth_key=recovery.auth_key,
+    )
     bundle = KeyBundle(
         version=BUNDLE_VERSION,
         kdf=params,

@@ -15,13 +15,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from replica import held, repair, write
 from replica.core import Core, rows_by_key
 from replica.envelope import Identity
 from replica.errors import DegradedError, StaleContextError, StoreError
 from replica.events import Subscriber
 from replica.keys import (
-    AccountInfo,
     AccountKeys,
     KeyBundle,
     LoginKeys,
@@ -202,6 +203,13 @@ class Replica:
     def key_bundle(self) -> bytes:
         return bundle_to_bytes(self._core.bundle())
 
+    def recovery_auth_key(self) -> bytes | None:
+        """The recovery key's relay auth key, sealed in the bundle: with it and the passphrase
+        any unlocked device can register the account again on a relay that lost it. None for
+        accounts made before it was kept there (then `recovery_login_keys` of the key)."""
+        keys = self._core.keys()
+        return open_info(keys.account_key, self._core.bundle().sealed_info).recovery_auth_key
+
     def kdf_params(self) -> KdfParams:
         """The passphrase's Argon2id parameters and salt (works while locked): the relay hands
         them to a new device at prelogin, so a new key bundle is sent along with them."""
@@ -234,7 +242,7 @@ class Replica:
             with core.write_transaction():  # read and replace the bundle under one lock
                 keys, bundle = core.keys(), core.bundle()
                 info = open_info(keys.account_key, bundle.sealed_info)
-                info = AccountInfo(info.account_id, info.key_epoch, schema_to_bytes(schema))
+                info = msgspec.structs.replace(info, schema=schema_to_bytes(schema))
                 sealed = with_info(bundle, keys, info, core.options.random_bytes)
                 core.store.set_meta("bundle", bundle_to_bytes(sealed))
                 core.set_schema(schema)

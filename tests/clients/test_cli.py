@@ -106,7 +106,7 @@ def test_two_devices_sync_and_a_put_resolves_a_concurrent_edit(
         assert settings_b.session is not None
         client.revoke_device(settings_b.session.device_id)
     before = dump(b)
-    assert_user_error(cli(b, "sync", "--retry-for", "1"), "unauthorized")
+    assert_user_error(cli(b, "sync", "--retry-for", "1"), "unauthorized", "sealsync login")
     assert dump(b) == before
 
 

@@ -192,9 +192,37 @@ def test_key_bundle_layout_follows_the_spec(account: Account) -> None:
     info = msgspec.msgpack.decode(
         AESGCM(info_key).decrypt(sealed[:12], sealed[12:], b"sealsync wrap v1 info")
     )
-    assert list(info) == ["account_id", "key_epoch", "schema"]
+    assert list(info) == ["account_id", "key_epoch", "schema", "recovery_auth_key"]
     assert len(info["account_id"]) == ACCOUNT_ID_BYTES and info["key_epoch"] == 0
+    assert info["recovery_auth_key"] == hkdf(raw, b"sealsync recovery auth v1")
     assert len(fields["passphrase_wrap"]) == 12 + 32 + 16
+
+
+def test_the_recovery_auth_key_sealed_in_the_bundle_survives_a_declare_and_a_passwd(
+    make_replica: ReplicaFactory, account: Account
+) -> None:
+    """Any unlocked device can register the account again with it (protocol §4.5)."""
+    replica = make_replica()
+    expected = recovery_login_keys(account.recovery_key).auth_key
+    assert replica.recovery_auth_key() == expected
+    replica.declare(replica.schema)
+    replica.change_passphrase(NEW_PASSPHRASE)
+    assert replica.recovery_auth_key() == expected
+    replica.lock()
+    with pytest.raises(ReplicaLockedError):
+        replica.recovery_auth_key()
+
+
+def test_a_bundle_sealed_before_the_recovery_auth_key_was_kept_opens_without_it(
+    account: Account,
+) -> None:
+    old_info = {"account_id": bytes(ACCOUNT_ID_BYTES), "key_epoch": 2, "schema": None}
+    info_key = hkdf(account.key, b"sealsync info v1")
+    nonce = os.urandom(12)
+    plain = msgspec.msgpack.encode(old_info)
+    sealed = nonce + AESGCM(info_key).encrypt(nonce, plain, b"sealsync wrap v1 info")
+    info = open_info(account.key, sealed)
+    assert (info.key_epoch, info.recovery_auth_key) == (2, None)
 
 
 def test_account_keys_after_drop_refuse_with_locked_error(account: Account) -> None:
@@ -454,9 +482,9 @@ def test_no_key_material_in_any_repr_or_str(make_replica: ReplicaFactory, accoun
     request = RegisterRequest(
         "alice", new.auth_key, recovery.auth_key, bundle.kdf, account.bundle, "laptop"
     )
-    info = AccountInfo(bytes(ACCOUNT_ID_BYTES), 0)
+    info = AccountInfo(bytes(ACCOUNT_ID_BYTES), 0, recovery_auth_key=recovery.auth_key)
     shown: list[object] = [keys, new, bundle, recovery, LoginKeys(account.key, keys.index_key)]
-    shown += [replica, request, bundle.kdf, AccountKeys(account.key, info)]
+    shown += [replica, request, bundle.kdf, info, AccountKeys(account.key, info)]
     for value in shown:
         assert_no_leak(repr(value) + "\n" + str(value), secrets)
 

@@ -1,0 +1,82 @@
+"""`clients.access` against a real relay process: what `sync --reseed` does when the relay no
+longer takes the device's session — nothing when it does, log in again when the account is
+still there, register it again when it is gone (with the recovery key only for a bundle made
+before the recovery auth key was sealed in it)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from clients.access import has_account, regain_access, register_again
+from clients.account import Secret, log_in
+from clients.http import RelayClient
+from replica import Replica, WrongKeyError
+from replica.keys import (
+    AccountKeys,
+    bundle_from_bytes,
+    bundle_to_bytes,
+    format_recovery_key,
+    open_info,
+    with_info,
+)
+from tests.conftest import PASSPHRASE, Account
+from tests.relay.server import RelayProcess
+
+
+def unexpected() -> str:
+    raise AssertionError("the recovery key was asked for")
+
+
+def bundle_without_recovery_auth_key(account: Account) -> bytes:
+    """The account's bundle as sealed before `AccountInfo.recovery_auth_key` existed."""
+    bundle = bundle_from_bytes(account.bundle)
+    info = open_info(account.key, bundle.sealed_info)
+    old = msgspec.structs.replace(info, recovery_auth_key=None)
+    keys = AccountKeys(account.key, info)
+    return bundle_to_bytes(with_info(bundle, keys, old, os.urandom))
+
+
+def test_reseed_access_registers_a_lost_account_then_logs_in_then_leaves_a_working_session(
+    start_relay: Callable[..., RelayProcess], account: Account, tmp_path: Path
+) -> None:
+    relay = start_relay()
+    with Replica.join(tmp_path / "r.db", account.bundle) as replica:
+        replica.unlock_with_key(account.key)
+        with RelayClient(relay.url) as client:
+            assert not has_account(client, replica, "ann")
+            args = (client, replica, "ann", PASSPHRASE, "laptop", None, unexpected)
+            assert regain_access(*args) == "registered"
+            assert has_account(client, replica, "ann")
+            assert regain_access(*args) is None  # the session works: nothing to do
+            first = client.session
+        with RelayClient(relay.url) as client:  # no session at all: the account is there
+            args = (client, replica, "ann", PASSPHRASE, "laptop", None, unexpected)
+            assert regain_access(*args) == "logged_in"
+            assert client.session is not None and first is not None
+            assert client.session.device_id != first.device_id
+            assert client.key_bundle().bundle == account.bundle
+        with RelayClient(relay.url) as client:  # registered with the sealed recovery auth key
+            log_in(client, "ann", Secret(account.recovery_key, is_recovery_key=True), "phone")
+
+
+def test_an_older_bundle_registers_again_only_with_the_accounts_recovery_key(
+    start_relay: Callable[..., RelayProcess], account: Account, tmp_path: Path
+) -> None:
+    relay = start_relay()
+    with Replica.join(tmp_path / "r.db", bundle_without_recovery_auth_key(account)) as replica:
+        replica.unlock_with_key(account.key)
+        assert replica.recovery_auth_key() is None
+        with RelayClient(relay.url) as client:
+            another = format_recovery_key(os.urandom(32))
+            args = (client, replica, "ann", PASSPHRASE, "laptop", None)
+            with pytest.raises(WrongKeyError):
+                register_again(*args, lambda: another)
+            assert not has_account(client, replica, "ann")  # nothing was registered
+            register_again(*args, lambda: account.recovery_key)
+        with RelayClient(relay.url) as client:
+            log_in(client, "ann", Secret(account.recovery_key, is_recovery_key=True), "phone")

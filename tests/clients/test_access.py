@@ -1,7 +1,7 @@
 """`clients.access` against a real relay process: what `sync --reseed` does when the relay no
 longer takes the device's session — nothing when it does, log in again when the account is
 still there, register it again when it is gone (with the recovery key only for a bundle made
-before the recovery auth key was sealed in it)."""
+before the recovery auth key was sealed in it, with an invite on an invite-only relay)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from click.testing import CliRunner
 
 from clients.access import has_account, regain_access, register_again
 from clients.account import Secret, log_in
+from clients.cli import main
+from clients.errors import AccessLostError
 from clients.http import RelayClient
 from replica import Replica, WrongKeyError
 from replica.keys import (
@@ -80,3 +83,23 @@ def test_an_older_bundle_registers_again_only_with_the_accounts_recovery_key(
             register_again(*args, lambda: account.recovery_key)
         with RelayClient(relay.url) as client:
             log_in(client, "ann", Secret(account.recovery_key, is_recovery_key=True), "phone")
+
+
+def test_a_lost_account_on_an_invite_only_relay_is_registered_again_only_with_an_invite(
+    account: Account, tmp_path: Path
+) -> None:
+    db = tmp_path / "relay.db"
+    with (
+        RelayProcess(db, tmp_path / "relay.log", open_signup=False) as relay,
+        Replica.join(tmp_path / "r.db", account.bundle) as replica,
+        RelayClient(relay.url) as client,
+    ):
+        replica.unlock_with_key(account.key)
+        args = (client, replica, "ann", PASSPHRASE, "laptop")
+        with pytest.raises(AccessLostError) as refused:
+            register_again(*args, None, unexpected)
+        assert "--invite" in str(refused.value.hint) and not has_account(client, replica, "ann")
+        made = CliRunner().invoke(main, ["relay", "invite", "--db", str(db)])
+        assert made.exit_code == 0, made.output
+        register_again(*args, made.stdout.strip(), unexpected)
+        assert has_account(client, replica, "ann")

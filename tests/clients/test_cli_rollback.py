@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from clients.cli import main
 from clients.device import load_settings, sidecar_path
@@ -64,6 +64,11 @@ def start_fleet(cli: Cli, relay: RelayProcess, a: Path, b: Path) -> str:
     for path in (a, b, a):
         cli.ok(path, "sync")
     return created.stdout.splitlines()[-1]
+
+
+def login_with_recovery_key(cli: Cli, replica: Path, recovery_key: str) -> Result:
+    env = {"SEALSYNC_RECOVERY_KEY": recovery_key, "XDG_CONFIG_HOME": str(cli.home / "config")}
+    return cli.runner.invoke(main, ["--replica", str(replica), "login", "--recovery-key"], env=env)
 
 
 def copy_database(source: Path, target: Path) -> None:
@@ -119,9 +124,12 @@ def test_a_wiped_relay_is_found_reseeded_followed_and_joined_with_nothing_lost(
         lost = cli(b, "sync", "--retry-for", "1")
         assert_user_error(lost, "does not take this device's session", "sealsync login")
         assert dump(b) == before
-        env = {"SEALSYNC_RECOVERY_KEY": recovery_key, "XDG_CONFIG_HOME": str(cli.home / "c")}
-        args = ["--replica", str(b), "login", "--recovery-key"]  # registered again with it too
-        logged_in = cli.runner.invoke(main, args, env=env)
+        sidecar = sidecar_path(b).read_bytes()
+        typo = ("B" if recovery_key[0] == "A" else "A") + recovery_key[1:]
+        mistyped = login_with_recovery_key(cli, b, typo)
+        assert_user_error(mistyped, "recovery key")
+        assert sidecar_path(b).read_bytes() == sidecar and dump(b) == before
+        logged_in = login_with_recovery_key(cli, b, recovery_key)  # registered again with it
         assert logged_in.exit_code == 0, logged_in.output
         assert "logged in" in logged_in.stdout and "was reseeded" in logged_in.stderr
         cli.ok(b, "sync")  # follows the new account on its own: pushes everything it holds

@@ -205,8 +205,7 @@ class SyncDriver:
         The relay is asked for a new account epoch — so that every other device reseeds too —
         unless `cause` is an epoch change: that was another device's reseed, and asking again
         would make the devices reseed each other forever. A relay that lost the account
-        answers `unauthorized`: register it again first (that needs the passphrase or the
-        recovery key), then reseed.
+        answers `unauthorized`: `clients.access.regain_access` registers it again first.
         """
         if cause is None or not is_epoch_change(cause):
             self._retrier.call(self._client.reseed)

@@ -257,7 +257,8 @@ def sync(
                 out.print(REGAINED_MESSAGE[regained].format(account=relay.account, url=relay.url))
         report_sync(run_sync(replica, client, retry_for_s, reseed=reseed, mode=progress_mode))
         if watch:
-            watch_live(SyncDriver(replica, client), idle_sync_s)
+            backoff = Backoff(max_elapsed_s=retry_for_s)
+            watch_live(SyncDriver(replica, client, backoff=backoff), idle_sync_s)
 
 
 def watch_live(driver: SyncDriver, idle_sync_s: float) -> None:
@@ -308,6 +309,15 @@ def run_sync(
             fail(f"{exc}", ROLLBACK_HINT)
 
 
+REFUSAL_HINTS = {
+    "clock_ahead": "this device's clock is ahead of the relay's: set it right (NTP), then sync",
+    "too_large": "a record is over the relay's max_envelope_bytes: make it smaller",
+    "identity_conflict": "another copy of this replica wrote as this device: `sealsync restore` "
+    "a backup (it takes a new node id), or sync from a fresh `sealsync join`",
+    "malformed": "the relay could not read them: report it with `sealsync status --json`",
+}
+
+
 def report_sync(report: SyncReport) -> None:
     refused = f", {report.refused} refused" if report.refused else ""
     out.print(
@@ -315,7 +325,13 @@ def report_sync(report: SyncReport) -> None:
         f"{report.pulled} pulled, {report.merged} merged"
     )
     if report.refused:
-        fail(f"the relay refused {report.refused} version(s); they stay to be pushed again")
+        codes = sorted(report.refused_by_code.items())
+        hints = [REFUSAL_HINTS[code] for code, _ in codes if code in REFUSAL_HINTS]
+        fail(
+            f"the relay refused {report.refused} version(s) "
+            f"({', '.join(f'{n} {code}' for code, n in codes)}); they stay to be pushed again",
+            "; ".join(hints) or None,
+        )
 
 
 @click.command("status")

@@ -16,8 +16,9 @@ import logging
 import random as random_module
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from clients.errors import RelayClientError
@@ -73,17 +74,22 @@ class Progress:
 
 @dataclass(frozen=True)
 class SyncReport:
-    """One `sync()`: receipts by status, pulled entries, merged versions; `rounds` is 2 when
-    an epoch change made the device reseed and run again; `retries` counts resent requests."""
+    """One `sync()`: receipts by status (refusals by their code), pulled entries, merged
+    versions; `rounds` is 2 when an epoch change made the device reseed and run again;
+    `retries` counts resent requests."""
 
     pushed: int
     stored: int
     superseded: int
-    refused: int
+    refused_by_code: dict[str, int]
     pulled: int
     merged: int
     rounds: int
     retries: int
+
+    @property
+    def refused(self) -> int:
+        return sum(self.refused_by_code.values())
 
 
 @dataclass
@@ -91,7 +97,7 @@ class _Tally:
     pushed: int = 0
     stored: int = 0
     superseded: int = 0
-    refused: int = 0
+    refused_by_code: Counter[str] = field(default_factory=Counter)
     pulled: int = 0
     merged: int = 0
     rounds: int = 0
@@ -101,7 +107,7 @@ class _Tally:
             self.pushed,
             self.stored,
             self.superseded,
-            self.refused,
+            dict(self.refused_by_code),
             self.pulled,
             self.merged,
             self.rounds,
@@ -273,7 +279,7 @@ class SyncDriver:
             tally.pushed += size
             tally.stored += acknowledged.stored
             tally.superseded += acknowledged.superseded
-            tally.refused += sum(acknowledged.refused_by_code.values())
+            tally.refused_by_code.update(acknowledged.refused_by_code)
             report.step("receipts_saved", size)
 
     def _pull_all(self, session: SyncSession, tally: _Tally, report: _Reporter) -> None:

@@ -180,6 +180,20 @@ def test_user_mistakes_are_one_error_line_and_change_nothing(
     assert dump(a) == before
 
 
+def test_versions_the_relay_refuses_are_named_by_code_and_stay_to_be_pushed(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    relay = start_relay("max_envelope_bytes=2000")
+    a = tmp_path / "a.db"
+    cli.ok(a, "init", "--relay", relay.url, "--account", "ann")
+    cli.ok(a, "put", "threads", "small", '{"title": "fits"}')
+    cli.ok(a, "put", "threads", "big", json.dumps({"title": "x" * 5000}))
+    result = cli(a, "sync", "--retry-for", "1")
+    assert_user_error(result, "refused 1 version(s) (1 too_large)", "max_envelope_bytes")
+    assert "1 stored" in result.stdout  # the rest of the batch went through
+    assert cli.json(a, "status")["dirty"] == 1  # type: ignore[index]
+
+
 def test_demo_runs_on_its_own_relay_and_converges(cli: Cli, tmp_path: Path) -> None:
     result = cli.ok(tmp_path / "unused.db", "demo")
     assert "converged: yes" in result.stdout

@@ -112,8 +112,10 @@ def regain_access(
     except RelayClientError as exc:
         if not is_session_refused(exc):
             raise
-    if has_account(client, replica, account):
-        log_in(client, account, Secret(passphrase), device_name)
+    if has_account(client, replica, account):  # so the replica's KDF parameters are the relay's
+        log_in(
+            client, account, passphrase_login_keys(passphrase, replica.kdf_params()), device_name
+        )
         return "logged_in"
     register_again(client, replica, account, passphrase, device_name, invite, recovery_key)
     return "registered"
@@ -163,10 +165,12 @@ def login_again(
 ) -> Session:
     """`login`: unlock the replica with `secret` first — a secret of another account stops
     there, before anything is sent — then log in as a new device. Refused although the
-    secret opens this replica: the relay does not have the account as this device knows it."""
-    secret.unlock(replica)
+    secret opens this replica: the relay does not have the account as this device knows it.
+    The replica's KDF parameters serve for both: a relay with others has not this account."""
+    keys = secret.login_keys(replica.kdf_params())
+    secret.unlock(replica, keys)
     try:
-        return log_in(client, account, secret, device_name)
+        return log_in(client, account, keys, device_name)
     except RelayRefusedError as exc:
         if exc.code != "bad_credentials":
             raise

@@ -4,7 +4,8 @@
 it: the relay receives auth keys and the sealed key bundle, never the passphrase or the
 account key. `join` goes the other way: prelogin for the KDF parameters, login with the auth
 key the secret derives, fetch the bundle, make the replica from it and unlock it. `login`
-(an existing replica logging in again as a new device) is the first half of `join`.
+(an existing replica logging in again as a new device) is the first half of `join`. Each
+runs Argon2id once: the keys a passphrase derives both log in and unlock.
 """
 
 from __future__ import annotations
@@ -38,11 +39,13 @@ class Secret:
             return recovery_login_keys(self.value)
         return passphrase_login_keys(self.value, kdf)
 
-    def unlock(self, replica: Replica) -> None:
+    def unlock(self, replica: Replica, keys: LoginKeys) -> None:
+        """Unlock with `keys`, which this secret derived under the replica's KDF parameters
+        (no second Argon2id run)."""
         if self.is_recovery_key:
             replica.unlock_with_recovery_key(self.value)
         else:
-            replica.unlock(self.value)
+            replica.unlock_with_login_keys(keys)
 
 
 def register_account(
@@ -66,11 +69,9 @@ def register_account(
     return client.register(request)
 
 
-def log_in(client: RelayClient, account: str, secret: Secret, device_name: str) -> Session:
-    """A new device session: prelogin for the KDF parameters, login with the auth key the
-    secret derives under them; the client adopts the session."""
-    kdf = client.prelogin(account).kdf
-    return client.login(LoginRequest(account, secret.login_keys(kdf).auth_key, device_name))
+def log_in(client: RelayClient, account: str, keys: LoginKeys, device_name: str) -> Session:
+    """A new device session for the auth key of `keys`; the client adopts the session."""
+    return client.login(LoginRequest(account, keys.auth_key, device_name))
 
 
 def join_account(
@@ -86,10 +87,11 @@ def join_account(
     Nothing is written locally before the relay accepted the secret, so a wrong passphrase
     leaves no file behind.
     """
-    log_in(client, account, secret, device_name)
+    keys = secret.login_keys(client.prelogin(account).kdf)  # the relay's KDF parameters
+    log_in(client, account, keys, device_name)
     replica = Replica.join(path, client.key_bundle().bundle, options=options)
     try:
-        secret.unlock(replica)
+        secret.unlock(replica, keys)
     except BaseException:
         replica.close()
         raise

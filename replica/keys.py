@@ -320,7 +320,11 @@ def new_account(
 
 
 def unlock_with_passphrase(bundle: KeyBundle, passphrase: str) -> AccountKeys:
-    login = passphrase_login_keys(passphrase, bundle.kdf)
+    return unlock_with_login_keys(bundle, passphrase_login_keys(passphrase, bundle.kdf))
+
+
+def unlock_with_login_keys(bundle: KeyBundle, login: LoginKeys) -> AccountKeys:
+    """The passphrase path with its keys already derived under `bundle.kdf`."""
     return unlock_with_account_key(
         bundle, _unwrap(login.wrapping_key, bundle.passphrase_wrap, b"passphrase")
     )

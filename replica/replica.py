@@ -33,6 +33,7 @@ from replica.keys import (
     new_account,
     open_info,
     unlock_with_account_key,
+    unlock_with_login_keys,
     unlock_with_passphrase,
     unlock_with_recovery_key,
     with_info,
@@ -134,6 +135,11 @@ class Replica:
     def unlock(self, passphrase: str) -> None:
         """Unlock with the account's passphrase (runs Argon2id)."""
         self._unlocked(unlock_with_passphrase(self._core.bundle(), passphrase))
+
+    def unlock_with_login_keys(self, login: LoginKeys) -> None:
+        """Unlock with `passphrase_login_keys(passphrase, self.kdf_params())`: a caller that
+        also logs in to the relay with that passphrase runs Argon2id once, not twice."""
+        self._unlocked(unlock_with_login_keys(self._core.bundle(), login))
 
     def unlock_with_recovery_key(self, recovery_key: str) -> None:
         self._unlocked(unlock_with_recovery_key(self._core.bundle(), recovery_key))

@@ -14,11 +14,11 @@ import pytest
 from click.testing import CliRunner
 
 from clients.access import has_account, regain_access, register_again
-from clients.account import Secret, log_in
+from clients.account import log_in
 from clients.cli import main
 from clients.errors import AccessLostError
 from clients.http import RelayClient
-from replica import Replica, WrongKeyError
+from replica import Replica, WrongKeyError, recovery_login_keys
 from replica.keys import (
     AccountKeys,
     bundle_from_bytes,
@@ -64,7 +64,7 @@ def test_reseed_access_registers_a_lost_account_then_logs_in_then_leaves_a_worki
             assert client.session.device_id != first.device_id
             assert client.key_bundle().bundle == account.bundle
         with RelayClient(relay.url) as client:  # registered with the sealed recovery auth key
-            log_in(client, "ann", Secret(account.recovery_key, is_recovery_key=True), "phone")
+            log_in(client, "ann", recovery_login_keys(account.recovery_key), "phone")
 
 
 def test_an_older_bundle_registers_again_only_with_the_accounts_recovery_key(
@@ -82,7 +82,7 @@ def test_an_older_bundle_registers_again_only_with_the_accounts_recovery_key(
             assert not has_account(client, replica, "ann")  # nothing was registered
             register_again(*args, lambda: account.recovery_key)
         with RelayClient(relay.url) as client:
-            log_in(client, "ann", Secret(account.recovery_key, is_recovery_key=True), "phone")
+            log_in(client, "ann", recovery_login_keys(account.recovery_key), "phone")
 
 
 def test_a_lost_account_on_an_invite_only_relay_is_registered_again_only_with_an_invite(

@@ -140,9 +140,10 @@ def test_passwd_that_loses_the_compare_and_set_race_changes_nothing(
     before = dump(a)
     relay = load_settings(a)
     with Replica.open(a) as replica, RacedClient(relay.url, session=relay.session) as client:
-        replica.unlock(PASSPHRASE)
+        current = passphrase_login_keys(PASSPHRASE, replica.kdf_params())
+        replica.unlock_with_login_keys(current)
         with pytest.raises(RelayRefusedError) as refused:
-            change_passphrase(replica, client, "ann", PASSPHRASE, NEW_PASSPHRASE)
+            change_passphrase(replica, client, current.auth_key, NEW_PASSPHRASE)
         assert refused.value.code == "version_conflict"
         assert "version_conflict" in HINT_BY_PASSWD_REFUSAL
     assert dump(a) == before

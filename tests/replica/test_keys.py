@@ -250,6 +250,18 @@ def test_unlock_with_a_wrong_passphrase_raises_wrong_key(make_replica: ReplicaFa
     assert replica.is_locked
 
 
+def test_unlock_with_login_keys_takes_the_passphrases_keys_only(
+    make_replica: ReplicaFactory,
+) -> None:
+    replica = make_replica()
+    replica.lock()
+    with pytest.raises(WrongKeyError):
+        replica.unlock_with_login_keys(passphrase_login_keys("wrong", replica.kdf_params()))
+    assert replica.is_locked
+    replica.unlock_with_login_keys(passphrase_login_keys(PASSPHRASE, replica.kdf_params()))
+    assert not replica.is_locked and replica.get("notes", "absent") is None
+
+
 def test_unlock_with_another_accounts_recovery_key_raises_wrong_key(
     make_replica: ReplicaFactory,
 ) -> None:

@@ -26,6 +26,8 @@ from relay.storage import (
     TokenRecord,
     VersionRules,
     new_random_id,
+    refresh_step,
+    spent_until,
 )
 from relay.versions import (
     Store,
@@ -233,13 +235,14 @@ class MemoryRelay:
                 return False
             now = self._rules.clock_ms()
             mine = [t for t in self._tokens.values() if _same_device(t, old)]
-            if old.kind != "spent":
-                self._tokens[old_hash] = replace(old, kind="spent", expires_ms=grace_until_ms)
-            elif old.expires_ms <= now or any(
-                t.kind == "spent" and t.hash != old_hash and t.expires_ms >= old.expires_ms
-                for t in mine
-            ):
+            spent = [t.expires_ms for t in mine if t.kind == "spent" and t.hash != old_hash]
+            latest = max(spent, default=None)
+            step = refresh_step(old.kind, old.expires_ms, latest, now)
+            if step == "refuse":
                 return False
+            if step == "spend":
+                until = spent_until(grace_until_ms, latest)
+                self._tokens[old_hash] = replace(old, kind="spent", expires_ms=until)
             else:  # the reply was lost: the successors it carried were never received
                 for t in mine:
                     if t.kind != "spent":

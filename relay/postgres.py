@@ -40,6 +40,8 @@ from relay.storage import (
     new_random_id,
     node_from_i64,
     node_to_i64,
+    refresh_step,
+    spent_until,
 )
 from relay.versions import (
     Store,
@@ -464,29 +466,41 @@ class PostgresStorage:
         now = self._rules.clock_ms()
         try:
             with self._write() as db:
-                # FOR UPDATE: two concurrent refreshes with one token take turns
+                found = db.execute(
+                    "SELECT account, device FROM tokens WHERE hash = %s", (old_hash,)
+                ).fetchone()
+                if found is None:
+                    return False
+                account, device = found
+                # Refreshes of one device take turns on its row, and so does revoke_device's
+                # DELETE: under READ COMMITTED a token row lock alone would let a replay and a
+                # refresh miss each other's successors (two live chains), and lock the device
+                # and its tokens in the opposite order to a revoke (a deadlock).
+                if not db.execute(
+                    "SELECT 1 FROM devices WHERE account = %s AND id = %s FOR NO KEY UPDATE",
+                    (account, device),
+                ).fetchone():
+                    return False
                 row = db.execute(
-                    "SELECT account, device, kind, expires_ms FROM tokens WHERE hash = %s"
-                    " FOR UPDATE",
-                    (old_hash,),
+                    "SELECT kind, expires_ms FROM tokens WHERE hash = %s", (old_hash,)
                 ).fetchone()
                 if row is None:
                     return False
-                account, device, kind, expires_ms = row
-                if kind != "spent":
+                kind, expires_ms = row
+                spent = db.execute(
+                    "SELECT max(expires_ms) FROM tokens WHERE account = %s AND device = %s"
+                    " AND kind = 'spent' AND hash != %s",
+                    (account, device, old_hash),
+                ).fetchone()
+                latest = spent[0] if spent else None  # an aggregate: always one row
+                step = refresh_step(kind, expires_ms, latest, now)
+                if step == "refuse":
+                    return False
+                if step == "spend":
                     db.execute(
                         "UPDATE tokens SET kind = 'spent', expires_ms = %s WHERE hash = %s",
-                        (grace_until_ms, old_hash),
+                        (spent_until(grace_until_ms, latest), old_hash),
                     )
-                elif (
-                    expires_ms <= now
-                    or db.execute(
-                        "SELECT 1 FROM tokens WHERE account = %s AND device = %s AND kind = 'spent'"
-                        " AND hash != %s AND expires_ms >= %s",
-                        (account, device, old_hash, expires_ms),
-                    ).fetchone()
-                ):
-                    return False
                 else:  # the reply was lost: the successors it carried were never received
                     db.execute(
                         "DELETE FROM tokens WHERE account = %s AND device = %s AND kind != 'spent'",

@@ -34,6 +34,8 @@ from relay.storage import (
     new_random_id,
     node_from_i64,
     node_to_i64,
+    refresh_step,
+    spent_until,
 )
 from relay.versions import (
     Store,
@@ -60,12 +62,10 @@ from replica.wire import (
     encode_message,
 )
 
-_SPENT_LATER = (
-    "SELECT 1 FROM tokens WHERE account = ? AND device = ? AND kind = 'spent'"
-    " AND hash != ? AND expires_ms >= ?"
+_LATEST_OTHER_SPENT = (
+    "SELECT max(expires_ms) FROM tokens WHERE account = ? AND device = ? AND kind = 'spent'"
+    " AND hash != ?"
 )
-"""The device spent another refresh token since (or with) this one: its successors were
-received and used, so replaying this one is refused."""
 SCHEMA_VERSION = 1
 _SCHEMA = """
 CREATE TABLE meta (name TEXT PRIMARY KEY, value BLOB NOT NULL) STRICT;
@@ -394,7 +394,7 @@ class SQLiteStorage:
     ) -> bool:
         now = self._rules.clock_ms()
         try:
-            with self._write() as db:
+            with self._write() as db:  # the one writer: refreshes and revokes take turns
                 row = db.execute(
                     "SELECT account, device, kind, expires_ms FROM tokens WHERE hash = ?",
                     (old_hash,),
@@ -402,16 +402,15 @@ class SQLiteStorage:
                 if row is None:
                     return False
                 account, device, kind, expires_ms = row
-                if kind != "spent":
+                (latest,) = db.execute(_LATEST_OTHER_SPENT, (account, device, old_hash)).fetchone()
+                step = refresh_step(kind, expires_ms, latest, now)
+                if step == "refuse":
+                    return False
+                if step == "spend":
                     db.execute(
                         "UPDATE tokens SET kind = 'spent', expires_ms = ? WHERE hash = ?",
-                        (grace_until_ms, old_hash),
+                        (spent_until(grace_until_ms, latest), old_hash),
                     )
-                elif (
-                    expires_ms <= now
-                    or db.execute(_SPENT_LATER, (account, device, old_hash, expires_ms)).fetchone()
-                ):
-                    return False
                 else:  # the reply was lost: the successors it carried were never received
                     db.execute(
                         "DELETE FROM tokens WHERE account = ? AND device = ? AND kind != 'spent'",

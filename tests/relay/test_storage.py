@@ -261,6 +261,20 @@ def test_a_spent_refresh_token_works_again_only_in_its_grace_and_until_its_succe
     assert storage.token(old.hash) is None and storage.token(second[1].hash) is None
 
 
+def test_the_order_of_spends_survives_a_shorter_grace_or_a_clock_stepped_back(
+    storage: Storage,
+) -> None:
+    old = TokenRecord(b"o" * 32, "a", "d3", "refresh", NOW_MS + 10_000)
+    storage.add_device("a", Device("d3", "tablet", NOW_MS), [old])
+    first, second = pair(b"1"), pair(b"2")
+    assert storage.replace_token(old.hash, first, NOW_MS + 300)
+    assert storage.replace_token(first[1].hash, second, NOW_MS + 100)  # a shorter grace now
+    spent = storage.token(first[1].hash)
+    assert spent is not None and spent.expires_ms > NOW_MS + 300  # still after the first spend
+    assert not storage.replace_token(old.hash, pair(b"3"), NOW_MS + 300)
+    assert [storage.token(t.hash) for t in second] == second
+
+
 def test_a_revoked_device_keeps_no_token_and_gets_none_by_refresh(storage: Storage) -> None:
     refresh = TokenRecord(b"r" * 32, "a", "d2", "refresh", NOW_MS + 1)
     storage.add_device("a", Device("d2", "phone", NOW_MS), [refresh])

@@ -26,7 +26,7 @@ from clients.errors import AccessLostError, NoSessionError, RelayClientError, Re
 from clients.http import RelayClient, check_relay_url
 from replica import Replica, RollbackError, passphrase_login_keys, recovery_login_keys
 from replica.errors import InvalidArgumentError
-from replica.wire import RegisterRequest, Session
+from replica.wire import RegisterRequest, Session, auth_key_hash
 
 Regained = Literal["logged_in", "registered"]
 RESEED_HINT = (
@@ -130,22 +130,23 @@ def register_again(
     invite: str | None,
     recovery_key: Callable[[], str],
 ) -> Session:
-    """Register the account the relay lost, with this device's key bundle and both auth keys
-    (the relay stores their hashes, as at `init`); the client adopts the new session.
+    """Register the account the relay lost, with this device's key bundle, the passphrase's
+    auth key and the recovery key's auth key hash (sealed in the bundle), as at `init`; the
+    client adopts the new session.
 
     A lost answer is safe to retry: the account then exists with this salt, and the next
     attempt logs in instead.
     """
-    recovery_auth_key = replica.recovery_auth_key()
-    if recovery_auth_key is None:
+    recovery_auth_hash = replica.recovery_auth_hash()
+    if recovery_auth_hash is None:
         key = recovery_key()
         replica.unlock_with_recovery_key(key)  # a key of another account stops here
-        recovery_auth_key = recovery_login_keys(key).auth_key
+        recovery_auth_hash = auth_key_hash(recovery_login_keys(key).auth_key)
     kdf = replica.kdf_params()
     request = RegisterRequest(
         account=account,
         auth_key=passphrase_login_keys(passphrase, kdf).auth_key,
-        recovery_auth_key=recovery_auth_key,
+        recovery_auth_hash=recovery_auth_hash,
         kdf=kdf,
         bundle=replica.key_bundle(),
         device_name=device_name,
@@ -211,8 +212,9 @@ def login_settings(
     tokens were lost keeps its sidecar; a restored backup at a new path has none)."""
     if sidecar_path(replica_path).exists():
         saved = load_settings(replica_path)
+        same_relay = relay_url in (None, saved.url)  # --insecure was given for that URL only
         relay_url, account = relay_url or saved.url, account or saved.account
-        insecure = insecure or saved.insecure
+        insecure = insecure or (same_relay and saved.insecure)
     if relay_url is None or account is None:
         raise InvalidArgumentError(
             f"no relay settings for {replica_path}",

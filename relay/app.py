@@ -68,6 +68,7 @@ from replica.wire import (
     RelayState,
     RenameDevice,
     Session,
+    auth_key_hash,
     check_kdf_params,
 )
 
@@ -203,8 +204,8 @@ class RelayApi:
         now = self.clock_ms()
         record = AccountRecord(
             name,
-            tokens.key_hash(body.auth_key),
-            tokens.key_hash(body.recovery_auth_key),
+            auth_key_hash(body.auth_key),
+            body.recovery_auth_hash,
             body.kdf,
             body.bundle,
             1,
@@ -311,7 +312,7 @@ class RelayApi:
             body.expected_version,
             body.bundle,
             body.kdf,
-            tokens.key_hash(body.auth_key),
+            auth_key_hash(body.auth_key),
         )
         if version is None:
             raise VersionConflictError(

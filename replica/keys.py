@@ -35,7 +35,7 @@ from replica.errors import (
     UnknownEpochError,
     WrongKeyError,
 )
-from replica.wire import SALT_BYTES, KdfParams, check_kdf_params
+from replica.wire import SALT_BYTES, KdfParams, auth_key_hash, check_kdf_params
 
 KEY_BYTES = 32
 ACCOUNT_ID_BYTES = 16
@@ -124,16 +124,20 @@ def parse_recovery_key(text: str) -> bytes:
 
 class AccountInfo(msgspec.Struct, frozen=True):
     """Sealed inside the bundle: the account id, the newest key epoch, the app's schema, and
-    the recovery key's relay auth key — so that any unlocked device can register the account
-    again on a relay that lost it (the relay needs both auth keys). None in bundles made
-    before it was kept; those devices need the recovery key itself to re-register."""
+    the hash the relay keeps of the recovery key's auth key — so that any unlocked device can
+    register the account again on a relay that lost it, without holding a secret that logs
+    in (a device once unlocked, then revoked, must not keep a way back in). None in bundles
+    made before it was kept; those devices need the recovery key itself to re-register."""
 
     account_id: bytes
     key_epoch: int
     schema: bytes | None = None
-    recovery_auth_key: bytes | None = None
+    recovery_auth_hash: bytes | None = None
 
-    def __repr__(self) -> str:  # no key material in a repr
+    def __rich_repr__(self) -> list[tuple[str, int]]:  # rich would bypass __repr__
+        return [("key_epoch", self.key_epoch)]
+
+    def __repr__(self) -> str:
         return f"AccountInfo(key_epoch={self.key_epoch})"
 
 
@@ -306,7 +310,7 @@ def new_account(
         account_id=random_bytes(ACCOUNT_ID_BYTES),
         key_epoch=0,
         schema=schema,
-        recovery_auth_key=recovery.auth_key,
+        recovery_auth_hash=auth_key_hash(recovery.auth_key),
     )
     bundle = KeyBundle(
         version=BUNDLE_VERSION,

@@ -209,12 +209,13 @@ class Replica:
     def key_bundle(self) -> bytes:
         return bundle_to_bytes(self._core.bundle())
 
-    def recovery_auth_key(self) -> bytes | None:
-        """The recovery key's relay auth key, sealed in the bundle: with it and the passphrase
-        any unlocked device can register the account again on a relay that lost it. None for
-        accounts made before it was kept there (then `recovery_login_keys` of the key)."""
+    def recovery_auth_hash(self) -> bytes | None:
+        """The relay's hash of the recovery key's auth key, sealed in the bundle: with it and
+        the passphrase any unlocked device can register the account again on a relay that
+        lost it. None for accounts made before it was kept there (then `auth_key_hash` of
+        `recovery_login_keys(key).auth_key`)."""
         keys = self._core.keys()
-        return open_info(keys.account_key, self._core.bundle().sealed_info).recovery_auth_key
+        return open_info(keys.account_key, self._core.bundle().sealed_info).recovery_auth_hash
 
     def kdf_params(self) -> KdfParams:
         """The passphrase's Argon2id parameters and salt (works while locked): the relay hands

@@ -43,12 +43,6 @@ class Cli:
         return json.loads(self.ok(replica, *args, "--json").stdout)
 
 
-@pytest.fixture
-def cli(tmp_path: Path) -> Cli:
-    """No config file of the machine running the tests is read."""
-    return Cli(CliRunner(), tmp_path)
-
-
 def dump(path: Path) -> list[str]:
     """The replica's logical content: unchanged means these lines are unchanged."""
     with sqlite3.connect(path) as db:

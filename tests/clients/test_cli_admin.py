@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 
 from clients.admin import HINT_BY_PASSWD_REFUSAL, change_passphrase
 from clients.cli import main
@@ -21,11 +21,6 @@ from tests.clients.test_cli import PASSPHRASE, Cli, assert_user_error, dump
 from tests.relay.server import RelayProcess
 
 NEW_PASSPHRASE = "a new and longer passphrase"
-
-
-@pytest.fixture
-def cli(tmp_path: Path) -> Cli:
-    return Cli(CliRunner(), tmp_path)
 
 
 def two_devices(cli: Cli, relay: RelayProcess, tmp_path: Path) -> tuple[Path, Path]:

@@ -8,16 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from replica import Replica
 from tests.clients.test_cli import Cli, assert_user_error, dump
 from tests.relay.server import RelayProcess
-
-
-@pytest.fixture
-def cli(tmp_path: Path) -> Cli:
-    return Cli(CliRunner(), tmp_path)
 
 
 def node_of(path: Path) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 
 from clients.cli import main
 from clients.device import load_settings, sidecar_path
@@ -29,11 +29,6 @@ WRITES = {
           ("messages", "m3", '{"text": "from b"}')],
 }  # fmt: skip
 """Written and synced before the rollback: t1 is a concurrent edit (two siblings)."""
-
-
-@pytest.fixture
-def cli(tmp_path: Path) -> Cli:
-    return Cli(CliRunner(), tmp_path)
 
 
 def contents(path: Path) -> list[tuple[Any, ...]]:

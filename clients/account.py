@@ -3,7 +3,9 @@
 `init` makes the account locally first (`Replica.create` derives every key) and then registers
 it: the relay receives auth keys and the sealed key bundle, never the passphrase or the
 account key. `join` goes the other way: prelogin for the KDF parameters, login with the auth
-key the secret derives, fetch the bundle, make the replica from it and unlock it.
+key the secret derives, fetch the bundle, make the replica from it and unlock it. `login`
+(an existing replica logging in again as a new device) is the first half of `join`. Each
+runs Argon2id once: the keys a passphrase derives both log in and unlock.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from replica import (
     passphrase_login_keys,
     recovery_login_keys,
 )
-from replica.wire import LoginRequest, RegisterRequest, Session
+from replica.wire import LoginRequest, RegisterRequest, Session, auth_key_hash
 
 
 @dataclass(frozen=True)
@@ -37,11 +39,13 @@ class Secret:
             return recovery_login_keys(self.value)
         return passphrase_login_keys(self.value, kdf)
 
-    def unlock(self, replica: Replica) -> None:
+    def unlock(self, replica: Replica, keys: LoginKeys) -> None:
+        """Unlock with `keys`, which this secret derived under the replica's KDF parameters
+        (no second Argon2id run)."""
         if self.is_recovery_key:
             replica.unlock_with_recovery_key(self.value)
         else:
-            replica.unlock(self.value)
+            replica.unlock_with_login_keys(keys)
 
 
 def register_account(
@@ -56,13 +60,18 @@ def register_account(
     request = RegisterRequest(
         account=account,
         auth_key=new.auth_key,
-        recovery_auth_key=new.recovery_auth_key,
+        recovery_auth_hash=auth_key_hash(new.recovery_auth_key),
         kdf=new.bundle.kdf,
         bundle=bundle,
         device_name=device_name,
         invite=invite,
     )
     return client.register(request)
+
+
+def log_in(client: RelayClient, account: str, keys: LoginKeys, device_name: str) -> Session:
+    """A new device session for the auth key of `keys`; the client adopts the session."""
+    return client.login(LoginRequest(account, keys.auth_key, device_name))
 
 
 def join_account(
@@ -78,11 +87,11 @@ def join_account(
     Nothing is written locally before the relay accepted the secret, so a wrong passphrase
     leaves no file behind.
     """
-    kdf = client.prelogin(account).kdf
-    client.login(LoginRequest(account, secret.login_keys(kdf).auth_key, device_name))
+    keys = secret.login_keys(client.prelogin(account).kdf)  # the relay's KDF parameters
+    log_in(client, account, keys, device_name)
     replica = Replica.join(path, client.key_bundle().bundle, options=options)
     try:
-        secret.unlock(replica)
+        secret.unlock(replica, keys)
     except BaseException:
         replica.close()
         raise

@@ -99,13 +99,14 @@ def passwd(settings: CliSettings) -> None:
     with user_errors(), opened_replica(path) as replica:
         relay = load_settings(path)
         old = settings.passphrase()
-        replica.unlock(old)  # a wrong passphrase stops here, before anything is sent
+        current = passphrase_login_keys(old, replica.kdf_params())
+        replica.unlock_with_login_keys(current)  # a wrong passphrase stops here, before sending
         new = settings.new_passphrase()
         if new == old:
             fail("the new passphrase is the current one", "choose a different passphrase")
         try:
             with device_client(path, relay) as client:
-                change_passphrase(replica, client, relay.account, old, new)
+                change_passphrase(replica, client, current.auth_key, new)
         except RelayRefusedError as exc:
             hint = HINT_BY_PASSWD_REFUSAL.get(exc.code)
             if hint is None:
@@ -115,15 +116,14 @@ def passwd(settings: CliSettings) -> None:
 
 
 def change_passphrase(
-    replica: Replica, client: RelayClient, account: str, old: str, new: str
+    replica: Replica, client: RelayClient, current_auth_key: bytes, new: str
 ) -> None:
     """Re-wrap the account key under `new` and replace the relay's bundle by compare-and-set.
 
     The relay takes a new bundle only with the current passphrase's auth key (a stolen token
-    alone must not take the account over); that key is derived with the relay's KDF
-    parameters, as a login would. The local change commits only after the relay's answer.
+    alone must not take the account over). The local change commits only after the relay's
+    answer.
     """
-    current_auth_key = passphrase_login_keys(old, client.prelogin(account).kdf).auth_key
     expected_version = client.key_bundle().version
     with replica.batch():
         login = replica.change_passphrase(new)

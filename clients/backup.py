@@ -6,30 +6,27 @@ the passphrase-wrapped key bundle). Both commands write to a temporary name in t
 folder and rename it into place, so a crash never leaves a partial file under the real name.
 A restored replica takes a new node id: the device it came from may still be writing as the
 old one, and two files writing as one node would give different versions one identity.
-
-Device-local records (the `local` policy, such as drafts) stay in the copy: the replica's
-public API has no way to drop them from a locked file.
+Device-local records (the `local` policy, such as drafts) are left out of a backup
+(`replica.snapshot`).
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-import sqlite3
 import tempfile
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
-from clients.console import out, user_errors
+from clients.console import copy_progress, out, user_errors
 from clients.device import FILE_MODE, fsync_folder
 from clients.settings import CliSettings
-from replica import Replica
+from replica import Replica, backup_replica_file, copy_replica_file
 from replica.errors import StoreError
 
-BUSY_TIMEOUT_S = 30.0
 SIDE_FILES = ("-wal", "-shm", "-journal")
 
 
@@ -48,26 +45,6 @@ def temp_beside(target: Path) -> Iterator[Path]:
             Path(name + suffix).unlink(missing_ok=True)
 
 
-def copy_database(source: Path, target: Path, *, read_only: bool) -> None:
-    """Copy `source` into the empty file `target` as one snapshot (SQLite's backup API); the
-    copy is left in rollback-journal mode, so it is one self-contained file."""
-    uri = f"file:{source}?mode=ro" if read_only else f"file:{source}"
-    try:
-        with (
-            closing(sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)) as src,
-            closing(sqlite3.connect(target)) as dst,
-        ):
-            src.backup(dst)
-            dst.execute("PRAGMA journal_mode=DELETE")
-    except sqlite3.DatabaseError as exc:
-        raise StoreError(
-            f"{source} could not be copied: {exc}",
-            hint="check that it is a sealsync replica or backup file",
-        ) from exc
-    with target.open("rb") as file:
-        os.fsync(file.fileno())
-
-
 def backup_name(replica_path: Path, now: datetime.datetime) -> str:
     return f"{replica_path.stem}-{now:%Y%m%dT%H%M%S%fZ}.db"
 
@@ -80,7 +57,8 @@ def backup_replica(replica_path: Path, folder: Path, now: datetime.datetime) -> 
     if target.exists():
         raise StoreError(f"{target} already exists", hint="run `sealsync backup` again")
     with temp_beside(target) as temp:
-        copy_database(replica_path, temp, read_only=False)
+        with copy_progress("backing up") as progress:
+            backup_replica_file(replica_path, temp, progress=progress)
         os.replace(temp, target)
     fsync_folder(folder)
     return target
@@ -98,7 +76,8 @@ def restore_replica(backup: Path, replica_path: Path, *, force: bool) -> int:
         )
     replica_path.parent.mkdir(parents=True, exist_ok=True)
     with temp_beside(replica_path) as temp:
-        copy_database(backup, temp, read_only=True)
+        with copy_progress("restoring") as progress:
+            copy_replica_file(backup, temp, read_only=True, progress=progress)
         with Replica.open(temp) as restored:  # refuses what is not a replica
             node = restored.take_new_node_id()
         for suffix in SIDE_FILES:  # a stale WAL must never be replayed into the restored file

@@ -1,4 +1,4 @@
-"""`init`, `join`, `sync` and `status`: a device's account, relay and health.
+"""`init`, `join`, `login`, `sync` and `status`: a device's account, relay and health.
 
 The relay URL, account and session live in the sidecar (`clients.device`); nothing here
 prints a token. A failed `init` or `join` leaves no file behind; a failed `sync` leaves the
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import signal
 import socket
@@ -20,6 +21,14 @@ from typing import Any
 import click
 from rich.table import Table
 
+from clients.access import (
+    explained_refusals,
+    follow_relay,
+    is_followed,
+    login_again,
+    login_settings,
+    regain_access,
+)
 from clients.account import Secret, join_account, register_account
 from clients.console import err, fail, out, user_errors
 from clients.device import (
@@ -35,10 +44,11 @@ from clients.device import (
     sidecar_path,
 )
 from clients.http import RelayClient, check_relay_url
+from clients.progress import PROGRESS_MODES, ProgressMode, default_mode, shown_progress
 from clients.retry import Backoff
 from clients.schema import CHAT_SCHEMA
 from clients.settings import CliSettings
-from clients.sync import Progress, SyncDriver, SyncReport
+from clients.sync import SyncDriver, SyncReport
 from replica import Replica, RollbackError
 from replica.errors import StoreError
 
@@ -48,6 +58,15 @@ ROLLBACK_HINT = (
     "the relay holds less than this device has seen (wiped, or restored from an older copy); "
     "nothing was changed here. If the relay's operator confirms, run `sealsync sync --reseed` "
     "to push everything this device holds"
+)
+
+REGAINED_MESSAGE = {
+    "logged_in": "logged in to {url} again as a new device",
+    "registered": "the relay had lost account {account!r}: registered it again on {url}",
+}
+FOLLOWED = (
+    "the account was reseeded since this device last synced: its next sync pushes everything "
+    "it holds and pulls everything again"
 )
 
 
@@ -138,8 +157,49 @@ def join(
                 report_sync(run_sync(replica, client, retry_for_s, reseed=False))
 
 
+@click.command("login")
+@click.option("--relay", "relay_url", help="The relay's URL (default: this replica's settings).")
+@click.option("--account", help="The account's name (default: this replica's settings).")
+@click.option("--insecure", is_flag=True, help="Allow plain http to a host not loopback.")
+@click.option("--device-name", default=default_device_name, help="How the relay lists this device.")
+@click.option("--recovery-key", is_flag=True, help="Prove the account with its recovery key.")
+@click.pass_obj
+def login(
+    settings: CliSettings,
+    relay_url: str | None,
+    account: str | None,
+    insecure: bool,
+    device_name: str,
+    recovery_key: bool,
+) -> None:
+    """Log this replica in again as a new device (a restored backup, lost or revoked tokens)."""
+    path = settings.replica_path
+    with user_errors(), opened_replica(path) as replica:
+        relay = login_settings(path, relay_url, account, insecure)
+        saver = SessionSaver(path, relay)  # the sidecar is written once the relay said yes
+        with RelayClient(relay.url, insecure=relay.insecure, on_session=saver) as client:
+            client.info()  # unreachable, or another protocol: said before asking a secret
+            secret = (
+                Secret(settings.recovery_key(), is_recovery_key=True)
+                if recovery_key
+                else Secret(settings.passphrase())
+            )
+            session = login_again(client, replica, relay.account, secret, device_name)
+        finding = follow_relay(replica, session)
+    out.print(f"logged in to {relay.url} as account {relay.account!r}, device {session.device_id}")
+    if finding is not None:
+        then = FOLLOWED if is_followed(finding) else "`sealsync sync` stops on it"
+        err.print(f"[yellow]note:[/yellow] {finding}; {then}", markup=True)
+
+
 @click.command("sync")
 @click.option("--reseed", is_flag=True, help="After a relay wipe or rollback: push everything.")
+@click.option(
+    "--invite",
+    envvar="SEALSYNC_INVITE",
+    help="With --reseed: an invite, if the relay lost the account and takes new ones by invite "
+    "only.",
+)
 @click.option("--watch", is_flag=True, help="Keep syncing live until Ctrl-C (or SIGTERM).")
 @click.option(
     "--every",
@@ -159,22 +219,46 @@ def join(
     envvar="SEALSYNC_RETRY_FOR",
     help="Seconds to keep retrying an unreachable relay.",
 )
+@click.option(
+    "--progress",
+    "progress_mode",
+    type=click.Choice(PROGRESS_MODES),
+    envvar="SEALSYNC_PROGRESS",
+    help="How to show progress: bars (default on a terminal), one JSON line a step on stderr "
+    "(for programs), or none (default otherwise).",
+)
 @click.pass_obj
 def sync(
-    settings: CliSettings, reseed: bool, watch: bool, idle_sync_s: float, retry_for_s: float
+    settings: CliSettings,
+    reseed: bool,
+    invite: str | None,
+    watch: bool,
+    idle_sync_s: float,
+    retry_for_s: float,
+    progress_mode: ProgressMode | None,
 ) -> None:
     """Push this device's changes and pull everyone else's."""
     path = settings.replica_path
     with user_errors():
         relay = load_settings(path)  # before the passphrase: a device with no relay fails fast
+    passphrase = functools.cache(settings.passphrase)  # asked once, used again by a reseed
     with (
         user_errors(),
-        opened_replica(path, settings.passphrase) as replica,
+        opened_replica(path, passphrase) as replica,
         device_client(path, relay) as client,
+        explained_refusals(client, replica, relay.account),
     ):
-        report_sync(run_sync(replica, client, retry_for_s, reseed=reseed))
+        if reseed:
+            regained = regain_access(
+                client, replica, relay.account, passphrase(), default_device_name(), invite,
+                settings.recovery_key,
+            )  # fmt: skip
+            if regained is not None:
+                out.print(REGAINED_MESSAGE[regained].format(account=relay.account, url=relay.url))
+        report_sync(run_sync(replica, client, retry_for_s, reseed=reseed, mode=progress_mode))
         if watch:
-            watch_live(SyncDriver(replica, client), idle_sync_s)
+            backoff = Backoff(max_elapsed_s=retry_for_s)
+            watch_live(SyncDriver(replica, client, backoff=backoff), idle_sync_s)
 
 
 def watch_live(driver: SyncDriver, idle_sync_s: float) -> None:
@@ -207,20 +291,31 @@ def report_round(report: SyncReport) -> None:
 
 
 def run_sync(
-    replica: Replica, client: RelayClient, retry_for_s: float, *, reseed: bool
+    replica: Replica,
+    client: RelayClient,
+    retry_for_s: float,
+    *,
+    reseed: bool,
+    mode: ProgressMode | None = None,
 ) -> SyncReport:
-    """One sync round (or a reseed), with a status line; a rollback stops with its finding."""
+    """One sync round (or a reseed), showing progress as `mode` says (by default: bars on a
+    terminal); a rollback stops with its finding."""
     backoff = Backoff(max_elapsed_s=retry_for_s)
-    with err.status("syncing") as status:
-
-        def progress(p: Progress) -> None:
-            status.update(f"syncing: {p.pushed} pushed, {p.pulled} pulled")
-
-        driver = SyncDriver(replica, client, progress=progress, backoff=backoff)
+    with shown_progress(mode or default_mode(err), err) as on_progress:
+        driver = SyncDriver(replica, client, progress=on_progress, backoff=backoff)
         try:
             return driver.reseed() if reseed else driver.sync()
         except RollbackError as exc:
             fail(f"{exc}", ROLLBACK_HINT)
+
+
+REFUSAL_HINTS = {
+    "clock_ahead": "this device's clock is ahead of the relay's: set it right (NTP), then sync",
+    "too_large": "a record is over the relay's max_envelope_bytes: make it smaller",
+    "identity_conflict": "another copy of this replica wrote as this device: `sealsync restore` "
+    "a backup (it takes a new node id), or sync from a fresh `sealsync join`",
+    "malformed": "the relay could not read them: report it with `sealsync status --json`",
+}
 
 
 def report_sync(report: SyncReport) -> None:
@@ -230,7 +325,13 @@ def report_sync(report: SyncReport) -> None:
         f"{report.pulled} pulled, {report.merged} merged"
     )
     if report.refused:
-        fail(f"the relay refused {report.refused} version(s); they stay to be pushed again")
+        codes = sorted(report.refused_by_code.items())
+        hints = [REFUSAL_HINTS[code] for code, _ in codes if code in REFUSAL_HINTS]
+        fail(
+            f"the relay refused {report.refused} version(s) "
+            f"({', '.join(f'{n} {code}' for code, n in codes)}); they stay to be pushed again",
+            "; ".join(hints) or None,
+        )
 
 
 @click.command("status")
@@ -264,4 +365,4 @@ def relay_fields(path: Any) -> dict[str, Any]:
     return {"relay": relay.url, "account": relay.account, "device_id": device}
 
 
-DEVICE_COMMANDS = (init, join, sync, status)
+DEVICE_COMMANDS = (init, join, login, sync, status)

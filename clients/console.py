@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import sqlite3
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NoReturn
 
 from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
 from clients.errors import UnknownOutcomeError
 from replica.errors import ReplicaLockedError, SealsyncError, StoreError, WrongKeyError
@@ -29,6 +30,8 @@ HINT_BY_ERROR: dict[type[SealsyncError], str] = {
     "`sealsync join` makes a replica",
     ReplicaLockedError: "give the passphrase (prompt, --passphrase-file or SEALSYNC_PASSPHRASE)",
 }
+PAGE_BYTES = 4096
+"""SQLite's default page size: copy progress counts pages, the bar shows bytes."""
 UNREACHABLE_HINT = (
     "check that the relay is running and the URL is right; running the command again is safe"
 )
@@ -55,3 +58,23 @@ def user_errors() -> Iterator[None]:
         fail(f"SQLite: {exc}", "another process may hold the replica; check the --replica path")
     except OSError as exc:
         fail(str(exc), "check the path and its permissions")
+
+
+@contextmanager
+def copy_progress(what: str) -> Iterator[Callable[[int, int], None]]:
+    """A bar on a terminal's stderr for a file copy reported as (pages done, pages in all);
+    nothing where stderr is not a terminal, so scripts' output stays clean."""
+    with Progress(
+        TextColumn(what),
+        BarColumn(),
+        DownloadColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    ) as bar:
+        task = bar.add_task(what, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done * PAGE_BYTES, total=total * PAGE_BYTES)
+
+        yield update

@@ -88,7 +88,8 @@ def load_settings(replica_path: Path) -> RelaySettings:
     except FileNotFoundError:
         raise StoreError(
             f"no relay settings for {replica_path} (looked for {path})",
-            hint="this replica was not made by `sealsync init` or `sealsync join`",
+            hint="this replica was not made by `sealsync init` or `sealsync join`; a replica "
+            "restored from a backup: `sealsync login --relay URL --account NAME`",
         ) from None
     return settings_from_json(data, path)
 

@@ -63,3 +63,10 @@ class NoSessionError(RelayClientError):
     """A call that needs a device session before one was registered, logged in or given."""
 
     code = "no_session"
+
+
+class AccessLostError(RelayClientError):
+    """The relay no longer takes this device's session, or no longer has its account; the
+    message says which, the hint the way back (`login`, or `sync --reseed`)."""
+
+    code = "access_lost"

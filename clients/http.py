@@ -223,7 +223,8 @@ class RelayClient:
         return self._adopt(self._decode(response, Session))
 
     def refresh(self) -> Session:
-        """New tokens for the refresh token (which works once; its successor is adopted)."""
+        """New tokens for the refresh token; its successor is adopted. A refresh whose reply
+        was lost may be sent again: the relay honours a spent token for a short grace."""
         session = self._require_session()
         request = RefreshRequest(session.refresh_token)
         response = self._send("POST", "/v1/refresh", body=request, auth=False)
@@ -360,7 +361,7 @@ class RelayClient:
 
     def _refresh_after(self, used: Session) -> None:
         """Refresh the tokens `used` was refused with — unless another thread already did:
-        a refresh token works once, so two refreshes would lock the device out."""
+        a second refresh with the spent token would cancel the successors just adopted."""
         with self._refresh_lock:
             if self._session is used:
                 self.refresh()

@@ -41,13 +41,19 @@ def parse_json(text: str) -> Any:
         ) from exc
 
 
-def require_collection(replica: Replica, collection: str) -> None:
-    """Refuse an undeclared collection with the account's collections as the hint."""
+def require_names(replica: Replica, collection: str, profile: str) -> None:
+    """Refuse an undeclared collection or an unknown profile, with a hint in commands."""
     if replica.schema.get(collection) is None:
         declared = ", ".join(c.name for c in replica.schema.collections)
         raise InvalidArgumentError(
             f"collection {collection!r} is not declared in this account's schema",
             hint=f"the collections are: {declared}",
+        )
+    if profile not in replica.profiles():
+        raise InvalidArgumentError(
+            f"profile {profile!r} does not exist on this device",
+            hint="`sealsync profiles` lists them and `sealsync profiles --create NAME` makes "
+            "one; one made on another device arrives with `sealsync sync`",
         )
 
 
@@ -72,7 +78,7 @@ def version_to_json(id: str, version: Version) -> dict[str, Any]:
 def live_record(replica: Replica, collection: str, id: str, profile: str) -> Record:
     """The record, or exit 1 with "not found" when it never existed or its visible version
     is a tombstone (with how many siblings it has: a deleted record may still be in conflict)."""
-    require_collection(replica, collection)
+    require_names(replica, collection, profile)
     record = replica.get(collection, id, profile=profile)
     if record is None:
         fail(f"{collection}/{id} not found in profile {profile!r}")
@@ -95,7 +101,7 @@ def put(settings: CliSettings, collection: str, id: str, document: str, profile:
     with user_errors():
         value = parse_json(document)
         with opened_replica(settings.replica_path, settings.passphrase) as replica:
-            require_collection(replica, collection)
+            require_names(replica, collection, profile)
             replica.put(collection, id, value, profile=profile)
 
 
@@ -142,7 +148,7 @@ def rm(settings: CliSettings, collection: str, id: str, profile: str) -> None:
 def ls(settings: CliSettings, collection: str, profile: str, as_json: bool) -> None:
     """List a collection's live records, by id."""
     with user_errors(), opened_replica(settings.replica_path, settings.passphrase) as replica:
-        require_collection(replica, collection)
+        require_names(replica, collection, profile)
         records = sorted(replica.scan(collection, profile=profile), key=lambda r: r.id)
     if as_json:
         print_json([{"id": r.id, "doc": r.document} for r in records])
@@ -162,7 +168,7 @@ def ls(settings: CliSettings, collection: str, profile: str, as_json: bool) -> N
 def conflicts(settings: CliSettings, collection: str, id: str, profile: str, as_json: bool) -> None:
     """List a record's other versions (siblings); `put` a document to resolve them."""
     with user_errors(), opened_replica(settings.replica_path, settings.passphrase) as replica:
-        require_collection(replica, collection)
+        require_names(replica, collection, profile)
         record = replica.get(collection, id, profile=profile)
     if record is None:
         fail(f"{collection}/{id} not found in profile {profile!r}")

@@ -16,8 +16,10 @@ import logging
 import random as random_module
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 from clients.errors import RelayClientError
 from clients.http import RelayClient
@@ -39,27 +41,55 @@ WATCH_TICK_S = 0.1
 """How often a waiting `watch` looks at its stop event."""
 
 
+Phase = Literal[
+    "push_sending", "push_answered", "receipts_saved", "pull_sending", "merge_start", "merged"
+]
+"""The step a round has reached, in the order each batch or page goes through them. A crash
+between `push_answered` and `receipts_saved` leaves versions the relay has committed still
+dirty: the next round pushes them again and the relay answers for them without storing them
+twice. A crash between `merge_start` and `merged` leaves the page unmerged and the cursor
+where it was."""
+
+
 @dataclass(frozen=True)
 class Progress:
-    """So far in this round: envelopes pushed (acknowledged) and pulled (merged or not)."""
+    """One step of a round, reported as it happens (for a progress bar, or a log a GUI reads).
 
+    `size`: envelopes in the batch or page the step is about (0 for `pull_sending`).
+    `pushed`: envelopes acknowledged so far in this `sync()`, of `push_total` (those and the
+    versions dirty when the round began; held versions a reseed marks come on top).
+    `pulled`: entries pulled so far. `pull_done` of `pull_total`: sequence numbers covered
+    since the round's first cursor, of those up to the relay's head (None until the first
+    page): a bar in seqs, as the head also counts versions the relay has since dropped.
+    """
+
+    phase: Phase
+    size: int
     pushed: int
+    push_total: int
     pulled: int
+    pull_done: int
+    pull_total: int | None
 
 
 @dataclass(frozen=True)
 class SyncReport:
-    """One `sync()`: receipts by status, pulled entries, merged versions; `rounds` is 2 when
-    an epoch change made the device reseed and run again; `retries` counts resent requests."""
+    """One `sync()`: receipts by status (refusals by their code), pulled entries, merged
+    versions; `rounds` is 2 when an epoch change made the device reseed and run again;
+    `retries` counts resent requests."""
 
     pushed: int
     stored: int
     superseded: int
-    refused: int
+    refused_by_code: dict[str, int]
     pulled: int
     merged: int
     rounds: int
     retries: int
+
+    @property
+    def refused(self) -> int:
+        return sum(self.refused_by_code.values())
 
 
 @dataclass
@@ -67,7 +97,7 @@ class _Tally:
     pushed: int = 0
     stored: int = 0
     superseded: int = 0
-    refused: int = 0
+    refused_by_code: Counter[str] = field(default_factory=Counter)
     pulled: int = 0
     merged: int = 0
     rounds: int = 0
@@ -77,7 +107,7 @@ class _Tally:
             self.pushed,
             self.stored,
             self.superseded,
-            self.refused,
+            dict(self.refused_by_code),
             self.pulled,
             self.merged,
             self.rounds,
@@ -96,6 +126,40 @@ def is_epoch_change(error: RollbackError) -> bool:
     """True when the rollback is an account epoch other than the last seen: another device
     reseeded (or the relay was restored from before a reseed)."""
     return error.reason == "account_epoch"
+
+
+class _Reporter:
+    """Turns a round's steps into `Progress` events for the driver's callback, if it has one."""
+
+    def __init__(
+        self,
+        callback: Callable[[Progress], None] | None,
+        replica: Replica,
+        tally: _Tally,
+        cursor: int,
+    ) -> None:
+        """Counting the dirty versions costs a query, so only a callback pays for it."""
+        self._callback = callback
+        self._tally = tally
+        self._push_total = tally.pushed + (replica.status().dirty if callback else 0)
+        self._first_cursor = cursor
+        self._pull_done = 0
+        self._pull_total: int | None = None
+
+    def saw_head(self, head: int) -> None:
+        self._pull_total = max(0, head - self._first_cursor)
+
+    def moved_to(self, cursor: int) -> None:
+        self._pull_done = max(0, cursor - self._first_cursor)
+
+    def step(self, phase: Phase, size: int) -> None:
+        if self._callback is None:
+            return
+        t = self._tally
+        push_total = max(self._push_total, t.pushed)
+        self._callback(
+            Progress(phase, size, t.pushed, push_total, t.pulled, self._pull_done, self._pull_total)
+        )
 
 
 class SyncDriver:
@@ -147,8 +211,7 @@ class SyncDriver:
         The relay is asked for a new account epoch — so that every other device reseeds too —
         unless `cause` is an epoch change: that was another device's reseed, and asking again
         would make the devices reseed each other forever. A relay that lost the account
-        answers `unauthorized`: register it again first (that needs the passphrase or the
-        recovery key), then reseed.
+        answers `unauthorized`: `clients.access.regain_access` registers it again first.
         """
         if cause is None or not is_epoch_change(cause):
             self._retrier.call(self._client.reseed)
@@ -202,26 +265,36 @@ class SyncDriver:
     def _round(self, session: SyncSession, tally: _Tally) -> None:
         tally.rounds += 1
         session.restart()
+        report = _Reporter(self._progress, self._replica, tally, session.cursor)
+        self._push_all(session, tally, report)
+        self._pull_all(session, tally, report)
+
+    def _push_all(self, session: SyncSession, tally: _Tally, report: _Reporter) -> None:
         while (batch := session.next_batch()) is not None:
+            size = len(batch.envelopes)
+            report.step("push_sending", size)
             result = self._retrier.call(functools.partial(self._client.push, batch))
+            report.step("push_answered", size)
             acknowledged = session.acknowledge(batch, result)
-            tally.pushed += len(batch.envelopes)
+            tally.pushed += size
             tally.stored += acknowledged.stored
             tally.superseded += acknowledged.superseded
-            tally.refused += sum(acknowledged.refused_by_code.values())
-            self._report_progress(tally)
+            tally.refused_by_code.update(acknowledged.refused_by_code)
+            report.step("receipts_saved", size)
+
+    def _pull_all(self, session: SyncSession, tally: _Tally, report: _Reporter) -> None:
         while True:
+            report.step("pull_sending", 0)
             page = self._retrier.call(functools.partial(self._client.pull, session.cursor))
+            report.saw_head(page.state.head)
+            report.step("merge_start", len(page.entries))
             applied = session.apply_page(page)
             tally.pulled += len(page.entries)
             tally.merged += applied.merged
-            self._report_progress(tally)
+            report.moved_to(applied.cursor)
+            report.step("merged", len(page.entries))
             if not page.has_more:
                 return
-
-    def _report_progress(self, tally: _Tally) -> None:
-        if self._progress is not None:
-            self._progress(Progress(tally.pushed, tally.pulled))
 
     # -- watching ----------------------------------------------------------------------------
 

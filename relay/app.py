@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from relay import codec, tokens
+from relay.accesslog import AccessLog
 from relay.bodylimit import BodyLimit
 from relay.config import RelayConfig
 from relay.errors import (
@@ -67,6 +68,7 @@ from replica.wire import (
     RelayState,
     RenameDevice,
     Session,
+    auth_key_hash,
     check_kdf_params,
 )
 
@@ -202,8 +204,8 @@ class RelayApi:
         now = self.clock_ms()
         record = AccountRecord(
             name,
-            tokens.key_hash(body.auth_key),
-            tokens.key_hash(body.recovery_auth_key),
+            auth_key_hash(body.auth_key),
+            body.recovery_auth_hash,
             body.kdf,
             body.bundle,
             1,
@@ -251,11 +253,13 @@ class RelayApi:
         body = await codec.read(request, RefreshRequest)
         digest = tokens.token_hash(body.refresh_token)
         record = await self.call(self.storage.token, digest) if digest else None
-        if record is None or record.kind != "refresh" or record.expires_ms <= self.clock_ms():
+        now = self.clock_ms()
+        if record is None or record.kind == "access" or record.expires_ms <= now:
             raise UnauthorizedError()
         state = await self.call(self.storage.state, record.account)
         session, records = self.new_session(record.account, record.device_id, state)
-        if not await self.call(self.storage.replace_token, record.hash, records):
+        grace_until_ms = now + self.config.refresh_grace_s * 1000
+        if not await self.call(self.storage.replace_token, record.hash, records, grace_until_ms):
             raise UnauthorizedError()
         return codec.respond(request, session)
 
@@ -308,7 +312,7 @@ class RelayApi:
             body.expected_version,
             body.bundle,
             body.kdf,
-            tokens.key_hash(body.auth_key),
+            auth_key_hash(body.auth_key),
         )
         if version is None:
             raise VersionConflictError(
@@ -568,7 +572,10 @@ def create_app(
     routes.append(Route("/v1/openapi.json", openapi, methods=["GET"]))
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(BodyLimit, max_bytes=config.max_body_bytes)],
+        middleware=[
+            Middleware(AccessLog),
+            Middleware(BodyLimit, max_bytes=config.max_body_bytes),
+        ],
         exception_handlers={RelayError: _error_response, HTTPException: _http_error},
         lifespan=lifespan,
     )

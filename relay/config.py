@@ -45,6 +45,9 @@ class RelayConfig:
     refresh_token_s: int = 180 * 24 * 60 * 60
     """A refresh token lasts this long after its last use, so a long-offline device keeps
     working; each refresh replaces it."""
+    refresh_grace_s: int = 5 * 60
+    """A used refresh token works again this long, for a device whose reply was lost; its
+    unreceived successors are replaced (refused once the device used them)."""
     invite_s: int = 7 * 24 * 60 * 60
     open_signup: bool = False
     trusted_proxies: tuple[str, ...] = ()

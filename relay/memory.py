@@ -26,6 +26,8 @@ from relay.storage import (
     TokenRecord,
     VersionRules,
     new_random_id,
+    refresh_step,
+    spent_until,
 )
 from relay.versions import (
     Store,
@@ -223,17 +225,32 @@ class MemoryRelay:
             token = self._tokens.get(token_hash)
             return token if token is not None and self._has_device(token) else None
 
-    def replace_token(self, old_hash: bytes, tokens: list[TokenRecord]) -> bool:
+    def replace_token(
+        self, old_hash: bytes, tokens: list[TokenRecord], grace_until_ms: int
+    ) -> bool:
         """Like the SQL backends' foreign key: no successor for a device that is gone."""
         with self._mutex:
-            if old_hash not in self._tokens or not all(map(self._has_device, tokens)):
+            old = self._tokens.get(old_hash)
+            if old is None or not all(map(self._has_device, tokens)):
                 return False
-            del self._tokens[old_hash]
             now = self._rules.clock_ms()
+            mine = [t for t in self._tokens.values() if _same_device(t, old)]
+            spent = [t.expires_ms for t in mine if t.kind == "spent" and t.hash != old_hash]
+            latest = max(spent, default=None)
+            step = refresh_step(old.kind, old.expires_ms, latest, now)
+            if step == "refuse":
+                return False
+            if step == "spend":
+                until = spent_until(grace_until_ms, latest)
+                self._tokens[old_hash] = replace(old, kind="spent", expires_ms=until)
+            else:  # the reply was lost: the successors it carried were never received
+                for t in mine:
+                    if t.kind != "spent":
+                        del self._tokens[t.hash]
             self._tokens = {  # the device's expired tokens go with each refresh
                 h: t
                 for h, t in self._tokens.items()
-                if t.expires_ms > now or not any(_same_device(t, new) for new in tokens)
+                if t.expires_ms > now or not _same_device(t, old)
             }
             self._tokens.update((t.hash, t) for t in tokens)
             return True

@@ -40,6 +40,8 @@ from relay.storage import (
     new_random_id,
     node_from_i64,
     node_to_i64,
+    refresh_step,
+    spent_until,
 )
 from relay.versions import (
     Store,
@@ -458,22 +460,59 @@ class PostgresStorage:
             ).fetchone()
         return TokenRecord(*row) if row else None
 
-    def replace_token(self, old_hash: bytes, tokens: list[TokenRecord]) -> bool:
+    def replace_token(
+        self, old_hash: bytes, tokens: list[TokenRecord], grace_until_ms: int
+    ) -> bool:
+        now = self._rules.clock_ms()
         try:
             with self._write() as db:
-                # DELETE ... RETURNING: of two concurrent refreshes with one token, one gets a row
+                found = db.execute(
+                    "SELECT account, device FROM tokens WHERE hash = %s", (old_hash,)
+                ).fetchone()
+                if found is None:
+                    return False
+                account, device = found
+                # Refreshes of one device take turns on its row, and so does revoke_device's
+                # DELETE: under READ COMMITTED a token row lock alone would let a replay and a
+                # refresh miss each other's successors (two live chains), and lock the device
+                # and its tokens in the opposite order to a revoke (a deadlock).
+                if not db.execute(
+                    "SELECT 1 FROM devices WHERE account = %s AND id = %s FOR NO KEY UPDATE",
+                    (account, device),
+                ).fetchone():
+                    return False
                 row = db.execute(
-                    "DELETE FROM tokens WHERE hash = %s RETURNING account", (old_hash,)
+                    "SELECT kind, expires_ms FROM tokens WHERE hash = %s", (old_hash,)
                 ).fetchone()
                 if row is None:
                     return False
+                kind, expires_ms = row
+                spent = db.execute(
+                    "SELECT max(expires_ms) FROM tokens WHERE account = %s AND device = %s"
+                    " AND kind = 'spent' AND hash != %s",
+                    (account, device, old_hash),
+                ).fetchone()
+                latest = spent[0] if spent else None  # an aggregate: always one row
+                step = refresh_step(kind, expires_ms, latest, now)
+                if step == "refuse":
+                    return False
+                if step == "spend":
+                    db.execute(
+                        "UPDATE tokens SET kind = 'spent', expires_ms = %s WHERE hash = %s",
+                        (spent_until(grace_until_ms, latest), old_hash),
+                    )
+                else:  # the reply was lost: the successors it carried were never received
+                    db.execute(
+                        "DELETE FROM tokens WHERE account = %s AND device = %s AND kind != 'spent'",
+                        (account, device),
+                    )
                 db.cursor().executemany(
                     "INSERT INTO tokens VALUES (%s, %s, %s, %s, %s)",
-                    [(t.hash, row[0], t.device_id, t.kind, t.expires_ms) for t in tokens],
+                    [(t.hash, account, t.device_id, t.kind, t.expires_ms) for t in tokens],
                 )
                 db.execute(  # the device's expired tokens go with each refresh
                     "DELETE FROM tokens WHERE account = %s AND device = %s AND expires_ms <= %s",
-                    (row[0], tokens[0].device_id if tokens else "", self._rules.clock_ms()),
+                    (account, device, now),
                 )
         except psycopg.errors.ForeignKeyViolation:  # the device was revoked meanwhile
             return False

@@ -34,6 +34,8 @@ from relay.storage import (
     new_random_id,
     node_from_i64,
     node_to_i64,
+    refresh_step,
+    spent_until,
 )
 from relay.versions import (
     Store,
@@ -60,6 +62,10 @@ from replica.wire import (
     encode_message,
 )
 
+_LATEST_OTHER_SPENT = (
+    "SELECT max(expires_ms) FROM tokens WHERE account = ? AND device = ? AND kind = 'spent'"
+    " AND hash != ?"
+)
 SCHEMA_VERSION = 1
 WAL_CHECKPOINT_PAGES = 10_000
 """Checkpoint the WAL after ~40 MB, not SQLite's ~4 MB: a push inserts into the key index at
@@ -388,22 +394,40 @@ class SQLiteStorage:
             ).fetchone()
         return TokenRecord(*row) if row else None
 
-    def replace_token(self, old_hash: bytes, tokens: list[TokenRecord]) -> bool:
+    def replace_token(
+        self, old_hash: bytes, tokens: list[TokenRecord], grace_until_ms: int
+    ) -> bool:
+        now = self._rules.clock_ms()
         try:
-            with self._write() as db:
+            with self._write() as db:  # the one writer: refreshes and revokes take turns
                 row = db.execute(
-                    "SELECT account FROM tokens WHERE hash = ?", (old_hash,)
+                    "SELECT account, device, kind, expires_ms FROM tokens WHERE hash = ?",
+                    (old_hash,),
                 ).fetchone()
                 if row is None:
                     return False
-                db.execute("DELETE FROM tokens WHERE hash = ?", (old_hash,))
+                account, device, kind, expires_ms = row
+                (latest,) = db.execute(_LATEST_OTHER_SPENT, (account, device, old_hash)).fetchone()
+                step = refresh_step(kind, expires_ms, latest, now)
+                if step == "refuse":
+                    return False
+                if step == "spend":
+                    db.execute(
+                        "UPDATE tokens SET kind = 'spent', expires_ms = ? WHERE hash = ?",
+                        (spent_until(grace_until_ms, latest), old_hash),
+                    )
+                else:  # the reply was lost: the successors it carried were never received
+                    db.execute(
+                        "DELETE FROM tokens WHERE account = ? AND device = ? AND kind != 'spent'",
+                        (account, device),
+                    )
                 db.executemany(
                     "INSERT INTO tokens VALUES (?, ?, ?, ?, ?)",
-                    [(t.hash, row[0], t.device_id, t.kind, t.expires_ms) for t in tokens],
+                    [(t.hash, account, t.device_id, t.kind, t.expires_ms) for t in tokens],
                 )
                 db.execute(  # the device's expired tokens go with each refresh
                     "DELETE FROM tokens WHERE account = ? AND device = ? AND expires_ms <= ?",
-                    (row[0], tokens[0].device_id if tokens else "", self._rules.clock_ms()),
+                    (account, device, now),
                 )
                 return True
         except sqlite3.IntegrityError as exc:

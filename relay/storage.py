@@ -15,7 +15,9 @@ from typing import Literal, Protocol
 
 from replica.wire import KdfParams, Page, PushBatch, PushResult, RelayState
 
-TokenKind = Literal["access", "refresh"]
+TokenKind = Literal["access", "refresh", "spent"]
+"""A `spent` token is a refresh token already used, kept until its grace period ends."""
+RefreshStep = Literal["spend", "replay", "refuse"]
 HeadListener = Callable[[str, int], None]
 """Called with (account, head) after a push that stored something has committed."""
 
@@ -125,9 +127,15 @@ class Storage(Protocol):
 
     def token(self, token_hash: bytes) -> TokenRecord | None: ...
 
-    def replace_token(self, old_hash: bytes, tokens: list[TokenRecord]) -> bool:
-        """Consume a refresh token and store its successors, atomically; False if the old
-        token was already used or gone (a replayed refresh gets nothing)."""
+    def replace_token(
+        self, old_hash: bytes, tokens: list[TokenRecord], grace_until_ms: int
+    ) -> bool:
+        """Spend a refresh token and store its successors, atomically (the device's expired
+        tokens go too). A spent token stays until `grace_until_ms` so that a device whose
+        reply was lost can send it again: that replaces the successors it never received —
+        unless they were used already (the device has a later spent token), or the grace is
+        over. False when nothing was stored: the token is unknown, spent and past its grace
+        or superseded, or its device is gone."""
         ...
 
     # -- versions ---------------------------------------------------------------------------
@@ -169,6 +177,31 @@ class VersionRules:
     max_account_bytes: int = 1 << 30
     max_page_bytes: int = 8 * 1024 * 1024
     """A page holds at most this many envelope bytes (but always at least one envelope)."""
+
+
+def refresh_step(
+    kind: TokenKind, expires_ms: int, latest_other_spent_ms: int | None, now_ms: int
+) -> RefreshStep:
+    """What a refresh with this stored token does, on every backend (protocol.md §6.2):
+    a live token is spent; a spent one is replayed — its unreceived successors replaced —
+    while in its grace and while it is the device's latest spent token (a later one means
+    the successors arrived and were used); anything else is refused."""
+    if kind != "spent":
+        return "spend"
+    if expires_ms <= now_ms or (
+        latest_other_spent_ms is not None and latest_other_spent_ms >= expires_ms
+    ):
+        return "refuse"
+    return "replay"
+
+
+def spent_until(grace_until_ms: int, latest_other_spent_ms: int | None) -> int:
+    """When a token spent now stops being replayable: its grace, but always after the
+    device's earlier spent tokens, so that the order of spends survives a clock stepped
+    back or a shorter grace."""
+    if latest_other_spent_ms is None:
+        return grace_until_ms
+    return max(grace_until_ms, latest_other_spent_ms + 1)
 
 
 def new_random_id() -> str:

@@ -13,7 +13,7 @@ import re
 import secrets
 
 from relay.storage import TokenKind, TokenRecord
-from replica.wire import KdfParams
+from replica.wire import KdfParams, auth_key_hash
 
 _TOKEN_SHAPE = re.compile(r"[A-Za-z0-9_-]{43}")
 _NO_KEY_HASH = hashlib.sha256(b"sealsync: no such account").digest()
@@ -48,13 +48,9 @@ def issue(
     return token, TokenRecord(digest, account, device_id, kind, expires_ms)
 
 
-def key_hash(auth_key: bytes) -> bytes:
-    return hashlib.sha256(b"sealsync auth key v1\0" + auth_key).digest()
-
-
 def key_matches(auth_key: bytes, *stored: bytes | None) -> bool:
     """Whether the key hashes to one of `stored`; the same work when nothing is stored."""
-    digest = key_hash(auth_key)
+    digest = auth_key_hash(auth_key)
     matched = False
     for candidate in stored:
         matched |= hmac.compare_digest(digest, candidate or _NO_KEY_HASH)

@@ -27,6 +27,7 @@ from replica.record import Context, Record, Version
 from replica.repair import Diagnosis, Finding, RepairReport
 from replica.replica import Replica
 from replica.schema import DEFAULT_PROFILE, REGISTER_ID, Collection, Schema
+from replica.snapshot import backup_replica_file, copy_replica_file
 from replica.status import Status
 from replica.sync import Acknowledged, Applied, SyncSession
 from replica.wire import KdfParams, Page, PageEntry, PushBatch, PushResult, Receipt, RelayState
@@ -73,6 +74,8 @@ __all__ = [
     "UnknownEpochError",
     "Version",
     "WrongKeyError",
+    "backup_replica_file",
+    "copy_replica_file",
     "passphrase_login_keys",
     "recovery_login_keys",
 ]

@@ -35,7 +35,7 @@ from replica.errors import (
     UnknownEpochError,
     WrongKeyError,
 )
-from replica.wire import SALT_BYTES, KdfParams, check_kdf_params
+from replica.wire import SALT_BYTES, KdfParams, auth_key_hash, check_kdf_params
 
 KEY_BYTES = 32
 ACCOUNT_ID_BYTES = 16
@@ -123,11 +123,22 @@ def parse_recovery_key(text: str) -> bytes:
 
 
 class AccountInfo(msgspec.Struct, frozen=True):
-    """Sealed inside the bundle: the account id, the newest key epoch, the app's schema."""
+    """Sealed inside the bundle: the account id, the newest key epoch, the app's schema, and
+    the hash the relay keeps of the recovery key's auth key — so that any unlocked device can
+    register the account again on a relay that lost it, without holding a secret that logs
+    in (a device once unlocked, then revoked, must not keep a way back in). None in bundles
+    made before it was kept; those devices need the recovery key itself to re-register."""
 
     account_id: bytes
     key_epoch: int
     schema: bytes | None = None
+    recovery_auth_hash: bytes | None = None
+
+    def __rich_repr__(self) -> list[tuple[str, int]]:  # rich would bypass __repr__
+        return [("key_epoch", self.key_epoch)]
+
+    def __repr__(self) -> str:
+        return f"AccountInfo(key_epoch={self.key_epoch})"
 
 
 class KeyBundle(msgspec.Struct, frozen=True):
@@ -293,9 +304,14 @@ def new_account(
     params = params or default_kdf_params(random_bytes)
     account_key = random_bytes(KEY_BYTES)
     recovery_key = format_recovery_key(random_bytes(KEY_BYTES))
-    info = AccountInfo(account_id=random_bytes(ACCOUNT_ID_BYTES), key_epoch=0, schema=schema)
     login = passphrase_login_keys(passphrase, params)
     recovery = recovery_login_keys(recovery_key)
+    info = AccountInfo(
+        account_id=random_bytes(ACCOUNT_ID_BYTES),
+        key_epoch=0,
+        schema=schema,
+        recovery_auth_hash=auth_key_hash(recovery.auth_key),
+    )
     bundle = KeyBundle(
         version=BUNDLE_VERSION,
         kdf=params,
@@ -308,7 +324,11 @@ def new_account(
 
 
 def unlock_with_passphrase(bundle: KeyBundle, passphrase: str) -> AccountKeys:
-    login = passphrase_login_keys(passphrase, bundle.kdf)
+    return unlock_with_login_keys(bundle, passphrase_login_keys(passphrase, bundle.kdf))
+
+
+def unlock_with_login_keys(bundle: KeyBundle, login: LoginKeys) -> AccountKeys:
+    """The passphrase path with its keys already derived under `bundle.kdf`."""
     return unlock_with_account_key(
         bundle, _unwrap(login.wrapping_key, bundle.passphrase_wrap, b"passphrase")
     )

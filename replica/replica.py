@@ -15,13 +15,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from replica import held, repair, write
 from replica.core import Core, rows_by_key
 from replica.envelope import Identity
 from replica.errors import DegradedError, StaleContextError, StoreError
 from replica.events import Subscriber
 from replica.keys import (
-    AccountInfo,
     AccountKeys,
     KeyBundle,
     LoginKeys,
@@ -32,6 +33,7 @@ from replica.keys import (
     new_account,
     open_info,
     unlock_with_account_key,
+    unlock_with_login_keys,
     unlock_with_passphrase,
     unlock_with_recovery_key,
     with_info,
@@ -134,6 +136,11 @@ class Replica:
         """Unlock with the account's passphrase (runs Argon2id)."""
         self._unlocked(unlock_with_passphrase(self._core.bundle(), passphrase))
 
+    def unlock_with_login_keys(self, login: LoginKeys) -> None:
+        """Unlock with `passphrase_login_keys(passphrase, self.kdf_params())`: a caller that
+        also logs in to the relay with that passphrase runs Argon2id once, not twice."""
+        self._unlocked(unlock_with_login_keys(self._core.bundle(), login))
+
     def unlock_with_recovery_key(self, recovery_key: str) -> None:
         self._unlocked(unlock_with_recovery_key(self._core.bundle(), recovery_key))
 
@@ -202,6 +209,14 @@ class Replica:
     def key_bundle(self) -> bytes:
         return bundle_to_bytes(self._core.bundle())
 
+    def recovery_auth_hash(self) -> bytes | None:
+        """The relay's hash of the recovery key's auth key, sealed in the bundle: with it and
+        the passphrase any unlocked device can register the account again on a relay that
+        lost it. None for accounts made before it was kept there (then `auth_key_hash` of
+        `recovery_login_keys(key).auth_key`)."""
+        keys = self._core.keys()
+        return open_info(keys.account_key, self._core.bundle().sealed_info).recovery_auth_hash
+
     def kdf_params(self) -> KdfParams:
         """The passphrase's Argon2id parameters and salt (works while locked): the relay hands
         them to a new device at prelogin, so a new key bundle is sent along with them."""
@@ -234,7 +249,7 @@ class Replica:
             with core.write_transaction():  # read and replace the bundle under one lock
                 keys, bundle = core.keys(), core.bundle()
                 info = open_info(keys.account_key, bundle.sealed_info)
-                info = AccountInfo(info.account_id, info.key_epoch, schema_to_bytes(schema))
+                info = msgspec.structs.replace(info, schema=schema_to_bytes(schema))
                 sealed = with_info(bundle, keys, info, core.options.random_bytes)
                 core.store.set_meta("bundle", bundle_to_bytes(sealed))
                 core.set_schema(schema)

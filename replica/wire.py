@@ -24,6 +24,7 @@ A's vector covers B's dot: ``A.vv[B.node] >= B.hlc`` (specs/merge.md).
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
@@ -328,12 +329,21 @@ class PreloginResponse(msgspec.Struct, frozen=True):
     kdf: KdfParams
 
 
+def auth_key_hash(auth_key: bytes) -> bytes:
+    """How the relay stores an auth key: a fast hash is enough for a 256-bit derived key (a
+    slow one would only make logins a DoS target)."""
+    return hashlib.sha256(b"sealsync auth key v1\0" + auth_key).digest()
+
+
 class RegisterRequest(Redacted, frozen=True):
-    """A new account: its auth keys (hashed by the relay) and its opaque key bundle."""
+    """A new account: the passphrase's auth key and the recovery key's auth key hash (the
+    relay stores a hash of each: the recovery key's is sent already hashed, so a device can
+    register the account again without holding a secret that logs in), and the opaque key
+    bundle."""
 
     account: AccountName
     auth_key: AuthKey
-    recovery_auth_key: AuthKey
+    recovery_auth_hash: AuthKey
     kdf: KdfParams
     bundle: Bundle
     device_name: DeviceName

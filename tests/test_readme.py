@@ -3,10 +3,16 @@ commit."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from tests.relay.server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,3 +73,48 @@ def test_the_readme_python_example_runs(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "write this down:" in result.stdout
+
+
+def tour_script(port: int) -> str:
+    """The tour's commands as written, with this machine's Python, a free port (the relay
+    takes it from SEALSYNC_RELAY_PORT), and a wait for the relay to listen after the line
+    that starts it (a reader waits by eye)."""
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"## A five-minute tour\n.*?```sh\n(.*?)```", text, re.S)
+    assert block is not None, "the README has a five-minute tour"
+    lines = ["trap 'kill $(jobs -p) 2>/dev/null' EXIT"]
+    for written in block.group(1).splitlines():
+        line = written.replace(".venv/bin/sealsync", f"{sys.executable} -m clients.cli")
+        lines.append(line.replace("8787", str(port)))
+        if "relay serve" in line:
+            lines.append(
+                f"for _ in $(seq 300); do (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null "
+                "&& break; sleep 0.1; done"
+            )
+    return "\n".join(lines)
+
+
+@pytest.mark.slow
+def test_the_readme_tour_runs_as_written(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "XDG_DATA_HOME": str(tmp_path / "data"),
+    }
+    port = free_port()
+    env["SEALSYNC_RELAY_PORT"] = str(port)
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", tour_script(port)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    listed = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("[")))
+    resolved = {"title": "Rome, then Lisbon", "message_count": 3}  # by the phone; on the laptop
+    assert listed == [{"id": "t1", "doc": resolved}], result.stdout
+    assert "Lisbon" in result.stdout and "Rome" in result.stdout  # `conflicts` showed a sibling
+    assert len(list((tmp_path / "backups").iterdir())) == 1

@@ -11,17 +11,25 @@ from typing import Any
 
 import httpx2
 import pytest
+from click.testing import CliRunner
 
 from clients.http import RelayClient
 from clients.retry import Backoff
 from clients.sync import SyncDriver
 from replica import Replica
 from replica.wire import KdfParams, LoginRequest, RegisterRequest, Session
+from tests.clients.test_cli import Cli
 from tests.conftest import FakeClock, ReplicaFactory
 from tests.relay.server import RelayProcess
 
 FAST_BACKOFF = Backoff(first_delay_s=0.02, max_delay_s=0.5, max_attempts=40, max_elapsed_s=60)
 COLLECTIONS = ("notes", "threads")
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    """The command line in-process; no config file of the machine running the tests is read."""
+    return Cli(CliRunner(), tmp_path)
 
 
 @pytest.fixture

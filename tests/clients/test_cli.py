@@ -43,12 +43,6 @@ class Cli:
         return json.loads(self.ok(replica, *args, "--json").stdout)
 
 
-@pytest.fixture
-def cli(tmp_path: Path) -> Cli:
-    """No config file of the machine running the tests is read."""
-    return Cli(CliRunner(), tmp_path)
-
-
 def dump(path: Path) -> list[str]:
     """The replica's logical content: unchanged means these lines are unchanged."""
     with sqlite3.connect(path) as db:
@@ -106,7 +100,7 @@ def test_two_devices_sync_and_a_put_resolves_a_concurrent_edit(
         assert settings_b.session is not None
         client.revoke_device(settings_b.session.device_id)
     before = dump(b)
-    assert_user_error(cli(b, "sync", "--retry-for", "1"), "unauthorized")
+    assert_user_error(cli(b, "sync", "--retry-for", "1"), "unauthorized", "sealsync login")
     assert dump(b) == before
 
 
@@ -178,6 +172,20 @@ def test_user_mistakes_are_one_error_line_and_change_nothing(
     relay.kill()
     assert_user_error(cli(a, "sync", "--retry-for", "0.5"), "ConnectError")
     assert dump(a) == before
+
+
+def test_versions_the_relay_refuses_are_named_by_code_and_stay_to_be_pushed(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    relay = start_relay("max_envelope_bytes=2000")
+    a = tmp_path / "a.db"
+    cli.ok(a, "init", "--relay", relay.url, "--account", "ann")
+    cli.ok(a, "put", "threads", "small", '{"title": "fits"}')
+    cli.ok(a, "put", "threads", "big", json.dumps({"title": "x" * 5000}))
+    result = cli(a, "sync", "--retry-for", "1")
+    assert_user_error(result, "refused 1 version(s) (1 too_large)", "max_envelope_bytes")
+    assert "1 stored" in result.stdout  # the rest of the batch went through
+    assert cli.json(a, "status")["dirty"] == 1  # type: ignore[index]
 
 
 def test_demo_runs_on_its_own_relay_and_converges(cli: Cli, tmp_path: Path) -> None:

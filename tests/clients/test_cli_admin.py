@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 
 from clients.admin import HINT_BY_PASSWD_REFUSAL, change_passphrase
 from clients.cli import main
@@ -21,11 +21,6 @@ from tests.clients.test_cli import PASSPHRASE, Cli, assert_user_error, dump
 from tests.relay.server import RelayProcess
 
 NEW_PASSPHRASE = "a new and longer passphrase"
-
-
-@pytest.fixture
-def cli(tmp_path: Path) -> Cli:
-    return Cli(CliRunner(), tmp_path)
 
 
 def two_devices(cli: Cli, relay: RelayProcess, tmp_path: Path) -> tuple[Path, Path]:
@@ -140,9 +135,10 @@ def test_passwd_that_loses_the_compare_and_set_race_changes_nothing(
     before = dump(a)
     relay = load_settings(a)
     with Replica.open(a) as replica, RacedClient(relay.url, session=relay.session) as client:
-        replica.unlock(PASSPHRASE)
+        current = passphrase_login_keys(PASSPHRASE, replica.kdf_params())
+        replica.unlock_with_login_keys(current)
         with pytest.raises(RelayRefusedError) as refused:
-            change_passphrase(replica, client, "ann", PASSPHRASE, NEW_PASSPHRASE)
+            change_passphrase(replica, client, current.auth_key, NEW_PASSPHRASE)
         assert refused.value.code == "version_conflict"
         assert "version_conflict" in HINT_BY_PASSWD_REFUSAL
     assert dump(a) == before

@@ -8,16 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from replica import Replica
 from tests.clients.test_cli import Cli, assert_user_error, dump
 from tests.relay.server import RelayProcess
-
-
-@pytest.fixture
-def cli(tmp_path: Path) -> Cli:
-    return Cli(CliRunner(), tmp_path)
 
 
 def node_of(path: Path) -> int:
@@ -33,6 +27,7 @@ def test_a_backup_taken_while_locked_restores_as_a_new_node_that_syncs(
     a, b = tmp_path / "a.db", tmp_path / "b.db"
     cli.ok(a, "init", "--relay", relay.url, "--account", "ann")
     cli.ok(a, "put", "threads", "t1", '{"title": "before the backup"}')
+    cli.ok(a, "put", "drafts", "d1", '{"text": "this device only"}')
     cli.ok(a, "sync")
     folder = tmp_path / "backups"
     made = cli(a, "backup", "--to", str(folder), passphrase="")  # never asks for it
@@ -48,6 +43,8 @@ def test_a_backup_taken_while_locked_restores_as_a_new_node_that_syncs(
     assert restored.exit_code == 0, restored.output
     assert node_of(b) != node_of(a)
     assert cli.json(b, "get", "threads", "t1")["doc"] == {"title": "before the backup"}  # type: ignore[index]
+    missing = cli(b, "get", "drafts", "d1")  # device-local: not in the backup
+    assert missing.exit_code == 1 and "not found" in missing.stderr, missing.output
 
     # the device loses its replica after more work: restore over it, then sync what is missing
     cli.ok(a, "put", "threads", "t2", '{"title": "after the backup"}')

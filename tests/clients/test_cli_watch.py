@@ -13,18 +13,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from tests.clients.test_cli import PASSPHRASE, Cli
 from tests.relay.server import RelayProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 30.0
-
-
-@pytest.fixture
-def cli(tmp_path: Path) -> Cli:
-    return Cli(CliRunner(), tmp_path)
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from clients.errors import (
 from clients.http import RelayClient, check_relay_url
 from replica.errors import InvalidArgumentError
 from replica.wire import PROTOCOL_VERSION, PushBatch
+from tests.clients.chaos import ChaosTransport
 from tests.clients.conftest import Fleet
 from tests.relay.server import RelayProcess, free_port
 
@@ -113,6 +114,33 @@ def test_tokens_refresh_transparently_and_the_caller_hears_each_session(
     assert a.client.session is a.sessions[-1]
     time.sleep(1.2)
     assert a.client.devices().devices[0].current
+
+
+def test_a_lost_refresh_reply_does_not_log_the_device_out(
+    start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet]
+) -> None:
+    """The relay spent the refresh token but its reply was lost: the client sends the same
+    token again and, within the relay's grace, gets a working session."""
+    relay = start_relay("access_token_s=1")
+    lost: list[int] = []
+
+    def lose_the_first_refresh_reply(n: int, path: str) -> bool:
+        if path == "/v1/refresh" and not lost:
+            lost.append(n)
+            return True
+        return False
+
+    def transport() -> ChaosTransport:
+        return ChaosTransport(
+            seed=0, timeout_rate=0, truncate_rate=0, strike=lose_the_first_refresh_reply
+        )
+
+    a = fleets(relay.url, transport=transport).add("a")
+    a.replica.put("notes", "n1", {"text": "one"})
+    time.sleep(1.2)  # the access token has expired: the next request refreshes
+    report = a.driver.sync()
+    assert lost and report.stored == 1 and report.retries >= 1
+    assert a.client.devices().devices[0].current  # the session adopted after the retry works
 
 
 def test_refusals_are_definitive_typed_and_name_no_secret(

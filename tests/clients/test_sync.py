@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import shutil
 import threading
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from clients.http import RelayClient
-from clients.sync import is_epoch_change
+from clients.sync import Progress, is_epoch_change
 from replica import RollbackError
 from replica.wire import LoginRequest, parse_header
 from tests.clients.chaos import ChaosTransport
@@ -24,6 +25,8 @@ from tests.relay.server import RelayProcess
 
 START_MS = int(time.time() * 1000) - 60_000
 """Both runs of the chaos test start their replicas' clocks here (behind the relay's)."""
+CHAOS_STEPS = 400
+"""Long enough for a few hundred requests, so 5% + 5% fault rates give dozens of faults."""
 
 
 def relay_contents(fleet: Fleet) -> tuple[list[tuple[bytes, int, int]], list[int], int]:
@@ -31,16 +34,21 @@ def relay_contents(fleet: Fleet) -> tuple[list[tuple[bytes, int, int]], list[int
     a new device from cursor 0."""
     with RelayClient(fleet.url) as client:
         client.login(LoginRequest(fleet.account, fleet.auth_key, "auditor"))
-        identities, seqs, cursor = [], [], 0
-        while True:
-            page = client.pull(cursor)
-            for entry in page.entries:
-                header = parse_header(entry.envelope)
-                identities.append((header.key, header.node, header.hlc))
-                seqs.append(entry.seq)
-            cursor = page.next_cursor
-            if not page.has_more:
-                return identities, seqs, page.state.head
+        return relay_entries(client)
+
+
+def relay_entries(client: RelayClient) -> tuple[list[tuple[bytes, int, int]], list[int], int]:
+    """`relay_contents` through a client already logged in to the account."""
+    identities, seqs, cursor = [], [], 0
+    while True:
+        page = client.pull(cursor)
+        for entry in page.entries:
+            header = parse_header(entry.envelope)
+            identities.append((header.key, header.node, header.hlc))
+            seqs.append(entry.seq)
+        cursor = page.next_cursor
+        if not page.has_more:
+            return identities, seqs, page.state.head
 
 
 @pytest.mark.slow
@@ -62,13 +70,41 @@ def test_three_devices_edit_offline_and_converge_with_siblings(
 
 
 @pytest.mark.slow
+def test_progress_names_each_step_of_every_batch_and_page_with_totals(
+    start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet]
+) -> None:
+    relay = start_relay("max_push_envelopes=2", "page_size=2")
+    events: list[Progress] = []
+    fleet = fleets(relay.url, driver_options={"progress": events.append})
+    a, b = fleet.add("a"), fleet.add("b")
+    for n in range(5):
+        a.replica.put("notes", f"n{n}", {"text": str(n)})
+    a.driver.sync()
+
+    push, pull = ["push_sending", "push_answered", "receipts_saved"], ["pull_sending",
+                  "merge_start", "merged"]  # fmt: skip
+    # A's receipts moved its cursor over its own versions: one empty page (protocol §4.2)
+    assert [e.phase for e in events] == push * 3 + pull
+    assert [(e.size, e.pushed) for e in events[:9]] == [
+        (2, 0), (2, 0), (2, 2), (2, 2), (2, 2), (2, 4), (1, 4), (1, 4), (1, 5)]  # fmt: skip
+    assert [e.size for e in events[9:]] == [0, 0, 0]
+    assert {e.push_total for e in events} == {5}
+    events.clear()
+    b.driver.sync()
+    assert [e.phase for e in events] == pull * 3
+    assert [e.size for e in events] == [0, 2, 2, 0, 2, 2, 0, 1, 1]
+    assert [(e.pulled, e.pull_done, e.pull_total) for e in events if e.phase == "merged"] == [
+        (2, 2, 5), (4, 4, 5), (5, 5, 5)]  # fmt: skip
+
+
+@pytest.mark.slow
 def test_chaos_transport_and_a_relay_restart_change_nothing(
     start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet]
 ) -> None:
     calm_relay = start_relay()
     calm_clock = FakeClock(START_MS)
     calm_fleet = fleets(calm_relay.url, clock=calm_clock)
-    calm = play(calm_fleet, calm_clock, seed=7)
+    calm = play(calm_fleet, calm_clock, seed=7, steps=CHAOS_STEPS)
 
     relay = start_relay()
     restarts: list[threading.Thread] = []
@@ -98,13 +134,20 @@ def test_chaos_transport_and_a_relay_restart_change_nothing(
 
     clock = FakeClock(START_MS)
     stormy_fleet = fleets(relay.url, clock=clock, transport=chaos)
-    stormy = play(stormy_fleet, clock, seed=7)
+    stormy = play(stormy_fleet, clock, seed=7, steps=CHAOS_STEPS)
     for thread in restarts:
         thread.join(timeout=30)
 
     assert restarts, "the relay was restarted mid-run"
     faults = sum((t.faults for t in transports), start=Counter[str]())
-    assert faults["lost /v1/push"] >= 1 and sum(faults.values()) >= 5, faults
+    struck = {rid: fault for t in transports for rid, fault in t.struck.items()}
+    logged = logged_by_relay(relay)  # counted on the relay's side: request id → status
+    after_commit = [f for rid, f in struck.items() if 200 <= logged.get(rid, 0) < 300]
+    assert len(struck) >= 20, faults
+    assert len(after_commit) >= len(struck) / 2, (after_commit, faults)
+    assert any(fault.endswith("/v1/push") for fault in after_commit), after_commit
+    unsent = [rid for rid, fault in struck.items() if fault.startswith("unsent")]
+    assert unsent and not any(rid in logged for rid in unsent), faults  # never reached it
     for mine, theirs in zip(stormy, calm, strict=True):
         assert contents(mine.replica, with_nodes=False) == contents(
             theirs.replica, with_nodes=False
@@ -113,6 +156,16 @@ def test_chaos_transport_and_a_relay_restart_change_nothing(
     calm_identities, _, calm_head = relay_contents(calm_fleet)
     assert len(set(identities)) == len(identities) and len(set(seqs)) == len(seqs)
     assert (len(identities), head) == (len(calm_identities), calm_head)  # 0 lost, 0 duplicated
+
+
+def logged_by_relay(relay: RelayProcess) -> dict[str, int]:
+    """Request id → status of every request the relay logged (its debug request log)."""
+    logged = {}
+    for line in relay.log_path.read_text().splitlines():
+        entry = json.loads(line) if line.startswith("{") else {}
+        if entry.get("message") == "request" and entry.get("request_id"):
+            logged[entry["request_id"]] = entry["status"]
+    return logged
 
 
 @pytest.mark.slow

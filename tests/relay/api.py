@@ -10,7 +10,7 @@ import httpx2
 import msgspec
 from starlette.testclient import TestClient
 
-from replica.wire import KdfParams, LoginRequest, RegisterRequest, Session
+from replica.wire import KdfParams, LoginRequest, RegisterRequest, Session, auth_key_hash
 
 T = TypeVar("T")
 MSGPACK = {"content-type": "application/msgpack"}
@@ -39,7 +39,13 @@ def register(
     client: TestClient, account: str, keys: Keys, invite: str | None = None, device: str = "laptop"
 ) -> Session:
     request = RegisterRequest(
-        account, keys.auth_key, keys.recovery_auth_key, KDF, b"bundle", device, invite
+        account,
+        keys.auth_key,
+        auth_key_hash(keys.recovery_auth_key),
+        KDF,
+        b"bundle",
+        device,
+        invite,
     )
     answer = client.post("/v1/register", content=body(request), headers=MSGPACK)
     assert answer.status_code == 201, answer.content
@@ -66,7 +72,7 @@ def register_over_http(url: str, account: str) -> str:
     """Register an account on a relay at `url`; its first device's access token."""
     keys = new_keys()
     request = RegisterRequest(
-        account, keys.auth_key, keys.recovery_auth_key, KDF, b"bundle", "laptop"
+        account, keys.auth_key, auth_key_hash(keys.recovery_auth_key), KDF, b"bundle", "laptop"
     )
     answer = httpx2.post(f"{url}/v1/register", content=body(request), headers=MSGPACK)
     assert answer.status_code == 201, answer.content

@@ -22,12 +22,20 @@ def free_port() -> int:
 
 
 class RelayProcess:
-    """Start, SIGKILL and restart one relay; its JSON log lines go to `log_path`."""
+    """Start, SIGKILL and restart one relay; its JSON log lines (debug level: one per request)
+    go to `log_path`."""
 
-    def __init__(self, db: Path | None, log_path: Path, *options: str) -> None:
-        """SQLite at `db`, or whatever storage `options` name (`--database-url …`)."""
+    def __init__(
+        self, db: Path | None, log_path: Path, *options: str, open_signup: bool = True
+    ) -> None:
+        """SQLite at `db`, or whatever storage `options` name (`--database-url …`); anyone
+        may register unless `open_signup` is False (then by invite only)."""
         self.log_path = log_path
-        self.options = (*(("--db", str(db)) if db else ()), *options)
+        self.options = (
+            *(("--db", str(db)) if db else ()),
+            *options,
+            *(("--open-signup",) if open_signup else ()),
+        )
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._process: subprocess.Popen[bytes] | None = None
@@ -35,8 +43,8 @@ class RelayProcess:
     def start(self) -> RelayProcess:
         command = [
             sys.executable, "-m", "clients.cli", "relay", "serve", *self.options,
-            "--port", str(self.port), "--open-signup", "--set", "requests_per_second=100000",
-            "--set", "burst=100000",
+            "--port", str(self.port), "--set", "requests_per_second=100000",
+            "--set", "burst=100000", "--log-level", "debug",
         ]  # fmt: skip
         log = self.log_path.open("ab")
         self._process = subprocess.Popen(command, stdout=log, stderr=log, env=os.environ.copy())

@@ -63,7 +63,7 @@ def register_json(alice: Alice, **fields: Any) -> dict[str, Any]:
     value: dict[str, Any] = {
         "account": "bob",
         "auth_key": b64(b"a" * 32),
-        "recovery_auth_key": b64(b"r" * 32),
+        "recovery_auth_hash": b64(b"r" * 32),
         "kdf": {"salt": b64(b"s" * 16)},
         "bundle": b64(b"bob's bundle"),
         "device_name": "bob-laptop",

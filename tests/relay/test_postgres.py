@@ -225,15 +225,76 @@ def test_a_device_revoked_while_its_refresh_commits_keeps_no_token(
     with psycopg.connect(postgres_url(), autocommit=True) as holder, ThreadPoolExecutor(2) as pool:
         holder.execute(sql.SQL(HOLD_TOKEN_COMMITS).format(schema=sql.Identifier(schema), key=key))
         holder.execute("SELECT pg_advisory_lock(%s)", (key,))
-        refreshing = pool.submit(storage.replace_token, refresh.hash, [successor])
+        refreshing = pool.submit(storage.replace_token, refresh.hash, [successor], NOW_MS + 300)
         refresh_pid = blocked_by(holder, holder.info.backend_pid)  # inserted, not committed
         revoking = pool.submit(storage.revoke_device, "a", "d2")
         blocked_by(holder, refresh_pid)  # the revoke waits for the refresh
         holder.execute("SELECT pg_advisory_unlock(%s)", (key,))
         assert refreshing.result(timeout=WAIT_S) and revoking.result(timeout=WAIT_S)
     assert storage.token(successor.hash) is None
-    assert not storage.replace_token(successor.hash, [refresh])
+    assert not storage.replace_token(successor.hash, [refresh], NOW_MS + 300)
     assert storage.devices("a") == [Device("d1", "laptop", NOW_MS)]
+
+
+HOLD_TOKEN_INSERTS = """
+CREATE FUNCTION {schema}.hold_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_advisory_xact_lock_shared({key}); RETURN NEW; END $$;
+CREATE TRIGGER hold_insert BEFORE INSERT ON {schema}.tokens
+FOR EACH ROW EXECUTE FUNCTION {schema}.hold_insert();
+"""
+"""A transaction inserting a token waits before the insert while the test holds `key`."""
+
+
+def token_pair(tag: bytes) -> list[TokenRecord]:
+    return [
+        TokenRecord(tag + b"a" * 31, "a", "d2", "access", NOW_MS + 10_000),
+        TokenRecord(tag + b"r" * 31, "a", "d2", "refresh", NOW_MS + 10_000),
+    ]
+
+
+def test_a_replay_racing_the_devices_own_refresh_leaves_one_token_chain(
+    make_storage: MakeStorage, schema: str
+) -> None:
+    """The device refreshes with its successor while a spent token is replayed: whichever
+    goes second must see the other's tokens, or both chains would stay live."""
+    storage = make_storage()
+    register(storage, "a")
+    spent = TokenRecord(b"o" * 32, "a", "d2", "refresh", NOW_MS + 10_000)
+    storage.add_device("a", Device("d2", "phone", NOW_MS), [spent])
+    first = token_pair(b"1")
+    assert storage.replace_token(spent.hash, first, NOW_MS + 300)
+    key = secrets.randbelow(1 << 62)
+    with psycopg.connect(postgres_url(), autocommit=True) as holder, ThreadPoolExecutor(2) as pool:
+        holder.execute(sql.SQL(HOLD_TOKEN_COMMITS).format(schema=sql.Identifier(schema), key=key))
+        holder.execute("SELECT pg_advisory_lock(%s)", (key,))
+        own = pool.submit(storage.replace_token, first[1].hash, token_pair(b"2"), NOW_MS + 300)
+        own_pid = blocked_by(holder, holder.info.backend_pid)  # inserted, not committed
+        replay = pool.submit(storage.replace_token, spent.hash, token_pair(b"9"), NOW_MS + 300)
+        blocked_by(holder, own_pid)  # the replay waits for the device's refresh
+        holder.execute("SELECT pg_advisory_unlock(%s)", (key,))
+        assert own.result(timeout=WAIT_S) and not replay.result(timeout=WAIT_S)
+    live = [t for t in token_pair(b"2") + token_pair(b"9") if storage.token(t.hash)]
+    assert live == token_pair(b"2")
+
+
+def test_a_refresh_and_a_revoke_of_one_device_take_turns_without_a_deadlock(
+    make_storage: MakeStorage, schema: str
+) -> None:
+    storage = make_storage()
+    register(storage, "a")
+    refresh = TokenRecord(b"r" * 32, "a", "d2", "refresh", NOW_MS + 10_000)
+    storage.add_device("a", Device("d2", "phone", NOW_MS), [refresh])
+    key = secrets.randbelow(1 << 62)
+    with psycopg.connect(postgres_url(), autocommit=True) as holder, ThreadPoolExecutor(2) as pool:
+        holder.execute(sql.SQL(HOLD_TOKEN_INSERTS).format(schema=sql.Identifier(schema), key=key))
+        holder.execute("SELECT pg_advisory_lock(%s)", (key,))
+        refreshing = pool.submit(storage.replace_token, refresh.hash, token_pair(b"n"), NOW_MS + 1)
+        refresh_pid = blocked_by(holder, holder.info.backend_pid)  # about to insert
+        revoking = pool.submit(storage.revoke_device, "a", "d2")
+        blocked_by(holder, refresh_pid)
+        holder.execute("SELECT pg_advisory_unlock(%s)", (key,))
+        assert refreshing.result(timeout=WAIT_S) and revoking.result(timeout=WAIT_S)
+    assert [storage.token(t.hash) for t in (refresh, *token_pair(b"n"))] == [None, None, None]
 
 
 def test_commits_are_synchronous_whatever_the_url_or_the_server_says(schema: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from relay.errors import AccountExistsError, ForbiddenError, QuotaExceededError
 from relay.storage import Device, Storage, TokenRecord
 from replica.wire import KdfParams, PushBatch, parse_header
+from tests.conftest import FakeClock
 from tests.relay.conftest import (
     HLC,
     NOW_MS,
@@ -220,13 +222,57 @@ def test_a_device_id_with_nul_is_no_device(storage: Storage) -> None:
     assert storage.devices("a") == [Device("d1", "laptop", NOW_MS)]
 
 
-def test_a_refresh_token_is_used_once(storage: Storage) -> None:
-    old = TokenRecord(b"o" * 32, "a", "d1", "refresh", NOW_MS + 1)
-    new = TokenRecord(b"n" * 32, "a", "d1", "refresh", NOW_MS + 2)
+def pair(tag: bytes, device: str = "d3", until_ms: int = NOW_MS + 10_000) -> list[TokenRecord]:
+    return [
+        TokenRecord(tag + b"a" * 31, "a", device, "access", until_ms),
+        TokenRecord(tag + b"r" * 31, "a", device, "refresh", until_ms),
+    ]
+
+
+def test_a_spent_refresh_token_works_again_only_in_its_grace_and_until_its_successor_is_used(
+    make_storage: StorageFactory,
+) -> None:
+    clock = FakeClock(NOW_MS)
+    storage = make_storage(clock=clock)
+    register(storage, "a")
+    old = TokenRecord(b"o" * 32, "a", "d3", "refresh", NOW_MS + 10_000)
     storage.add_device("a", Device("d3", "tablet", NOW_MS), [old])
-    assert storage.replace_token(old.hash, [new])
-    assert not storage.replace_token(old.hash, [new])
-    assert storage.token(old.hash) is None and storage.token(new.hash) == new
+    grace_until = NOW_MS + 300
+    first, second, third = pair(b"1"), pair(b"2"), pair(b"3")
+
+    assert storage.replace_token(old.hash, first, grace_until)
+    assert storage.token(old.hash) == replace(old, kind="spent", expires_ms=grace_until)
+    # the reply was lost: the same token again replaces the successors that never arrived
+    clock.advance(100)
+    assert storage.replace_token(old.hash, second, grace_until + 100)
+    assert [storage.token(t.hash) for t in first] == [None, None]
+    assert [storage.token(t.hash) for t in second] == second
+    assert storage.token(old.hash) == replace(old, kind="spent", expires_ms=grace_until)
+    # the device used its successor: from then on the old token gets nothing
+    clock.advance(1)
+    assert storage.replace_token(second[1].hash, third, clock() + 300)
+    assert not storage.replace_token(old.hash, pair(b"4"), clock() + 300)
+    assert storage.token(pair(b"4")[1].hash) is None
+    assert [storage.token(t.hash) for t in third] == third
+    # nor does a spent token past its grace, and the device's refresh clears it
+    clock.advance(300)
+    assert not storage.replace_token(second[1].hash, pair(b"5"), clock() + 300)
+    assert storage.replace_token(third[1].hash, pair(b"6"), clock() + 300)
+    assert storage.token(old.hash) is None and storage.token(second[1].hash) is None
+
+
+def test_the_order_of_spends_survives_a_shorter_grace_or_a_clock_stepped_back(
+    storage: Storage,
+) -> None:
+    old = TokenRecord(b"o" * 32, "a", "d3", "refresh", NOW_MS + 10_000)
+    storage.add_device("a", Device("d3", "tablet", NOW_MS), [old])
+    first, second = pair(b"1"), pair(b"2")
+    assert storage.replace_token(old.hash, first, NOW_MS + 300)
+    assert storage.replace_token(first[1].hash, second, NOW_MS + 100)  # a shorter grace now
+    spent = storage.token(first[1].hash)
+    assert spent is not None and spent.expires_ms > NOW_MS + 300  # still after the first spend
+    assert not storage.replace_token(old.hash, pair(b"3"), NOW_MS + 300)
+    assert [storage.token(t.hash) for t in second] == second
 
 
 def test_a_revoked_device_keeps_no_token_and_gets_none_by_refresh(storage: Storage) -> None:
@@ -234,12 +280,12 @@ def test_a_revoked_device_keeps_no_token_and_gets_none_by_refresh(storage: Stora
     storage.add_device("a", Device("d2", "phone", NOW_MS), [refresh])
     assert storage.revoke_device("a", "d2")
     successor = TokenRecord(b"s" * 32, "a", "d2", "refresh", NOW_MS + 2)
-    assert not storage.replace_token(refresh.hash, [successor])
+    assert not storage.replace_token(refresh.hash, [successor], NOW_MS + 300)
     assert storage.token(refresh.hash) is None and storage.token(successor.hash) is None
     # nor through another device's refresh token: a successor needs a live device
     laptop = TokenRecord(b"l" * 32, "a", "d1", "refresh", NOW_MS + 1)
     storage.add_device("a", Device("d3", "tablet", NOW_MS), [laptop])
-    assert not storage.replace_token(laptop.hash, [successor])
+    assert not storage.replace_token(laptop.hash, [successor], NOW_MS + 300)
     assert storage.token(successor.hash) is None and storage.token(laptop.hash) == laptop
 
 
@@ -397,9 +443,9 @@ def test_a_refresh_clears_the_devices_expired_tokens(storage: Storage) -> None:
     old = TokenRecord(b"o" * 32, "a", "d1", "refresh", NOW_MS + 10)
     other = TokenRecord(b"t" * 32, "a", "d2", "access", NOW_MS - 1)
     storage.add_device("a", Device("d2", "phone", NOW_MS), [other])
-    assert storage.replace_token(hashlib.sha256(b"a/d1").digest(), [expired, live, old])
+    assert storage.replace_token(hashlib.sha256(b"a/d1").digest(), [expired, live, old], NOW_MS + 5)
     new = TokenRecord(b"n" * 32, "a", "d1", "refresh", NOW_MS + 20)
-    assert storage.replace_token(old.hash, [new])
+    assert storage.replace_token(old.hash, [new], NOW_MS + 5)
     assert storage.token(expired.hash) is None  # expired, of the refreshing device: gone
     assert storage.token(live.hash) == live and storage.token(new.hash) == new
     assert storage.token(other.hash) == other  # another device's tokens are its own business

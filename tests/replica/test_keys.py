@@ -50,6 +50,7 @@ from replica.wire import (
     KdfParams,
     PreloginResponse,
     RegisterRequest,
+    auth_key_hash,
     check_kdf_params,
     decode_message,
     encode_message,
@@ -192,9 +193,41 @@ def test_key_bundle_layout_follows_the_spec(account: Account) -> None:
     info = msgspec.msgpack.decode(
         AESGCM(info_key).decrypt(sealed[:12], sealed[12:], b"sealsync wrap v1 info")
     )
-    assert list(info) == ["account_id", "key_epoch", "schema"]
+    assert list(info) == ["account_id", "key_epoch", "schema", "recovery_auth_hash"]
     assert len(info["account_id"]) == ACCOUNT_ID_BYTES and info["key_epoch"] == 0
+    recovery_auth_key = hkdf(raw, b"sealsync recovery auth v1")
+    assert (
+        info["recovery_auth_hash"]
+        == hashlib.sha256(b"sealsync auth key v1\0" + recovery_auth_key).digest()
+    )  # what the relay stores, never the key that logs in
     assert len(fields["passphrase_wrap"]) == 12 + 32 + 16
+
+
+def test_the_recovery_auth_hash_sealed_in_the_bundle_survives_a_declare_and_a_passwd(
+    make_replica: ReplicaFactory, account: Account
+) -> None:
+    """Any unlocked device can register the account again with it (protocol §4.6)."""
+    replica = make_replica()
+    expected = auth_key_hash(recovery_login_keys(account.recovery_key).auth_key)
+    assert replica.recovery_auth_hash() == expected
+    replica.declare(replica.schema)
+    replica.change_passphrase(NEW_PASSPHRASE)
+    assert replica.recovery_auth_hash() == expected
+    replica.lock()
+    with pytest.raises(ReplicaLockedError):
+        replica.recovery_auth_hash()
+
+
+def test_a_bundle_sealed_before_the_recovery_auth_hash_was_kept_opens_without_it(
+    account: Account,
+) -> None:
+    old_info = {"account_id": bytes(ACCOUNT_ID_BYTES), "key_epoch": 2, "schema": None}
+    info_key = hkdf(account.key, b"sealsync info v1")
+    nonce = os.urandom(12)
+    plain = msgspec.msgpack.encode(old_info)
+    sealed = nonce + AESGCM(info_key).encrypt(nonce, plain, b"sealsync wrap v1 info")
+    info = open_info(account.key, sealed)
+    assert (info.key_epoch, info.recovery_auth_hash) == (2, None)
 
 
 def test_account_keys_after_drop_refuse_with_locked_error(account: Account) -> None:
@@ -220,6 +253,18 @@ def test_unlock_with_a_wrong_passphrase_raises_wrong_key(make_replica: ReplicaFa
     with pytest.raises(WrongKeyError):
         replica.unlock("not the passphrase")
     assert replica.is_locked
+
+
+def test_unlock_with_login_keys_takes_the_passphrases_keys_only(
+    make_replica: ReplicaFactory,
+) -> None:
+    replica = make_replica()
+    replica.lock()
+    with pytest.raises(WrongKeyError):
+        replica.unlock_with_login_keys(passphrase_login_keys("wrong", replica.kdf_params()))
+    assert replica.is_locked
+    replica.unlock_with_login_keys(passphrase_login_keys(PASSPHRASE, replica.kdf_params()))
+    assert not replica.is_locked and replica.get("notes", "absent") is None
 
 
 def test_unlock_with_another_accounts_recovery_key_raises_wrong_key(
@@ -451,12 +496,13 @@ def test_no_key_material_in_any_repr_or_str(make_replica: ReplicaFactory, accoun
     new = NewAccount(bundle, keys, account.recovery_key, os.urandom(32), recovery.auth_key)
     secrets["new account auth key"] = new.auth_key
     replica = make_replica()
+    secrets["recovery auth hash"] = auth_key_hash(recovery.auth_key)
     request = RegisterRequest(
-        "alice", new.auth_key, recovery.auth_key, bundle.kdf, account.bundle, "laptop"
+        "alice", new.auth_key, secrets["recovery auth hash"], bundle.kdf, account.bundle, "laptop"
     )
-    info = AccountInfo(bytes(ACCOUNT_ID_BYTES), 0)
+    info = AccountInfo(bytes(ACCOUNT_ID_BYTES), 0, recovery_auth_hash=secrets["recovery auth hash"])
     shown: list[object] = [keys, new, bundle, recovery, LoginKeys(account.key, keys.index_key)]
-    shown += [replica, request, bundle.kdf, AccountKeys(account.key, info)]
+    shown += [replica, request, bundle.kdf, info, AccountKeys(account.key, info)]
     for value in shown:
         assert_no_leak(repr(value) + "\n" + str(value), secrets)
 

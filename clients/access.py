@@ -1,0 +1,223 @@
+"""A device getting back onto its relay: what `login` and `sync --reseed` do when the relay no
+longer takes the device's session (specs/protocol.md §4.6).
+
+A session ends when its device is revoked, its tokens expire or are lost — also with a relay
+restored from a copy older than them — and the account is then still on the relay: logging in
+again, as a new device, is all it takes. When the relay was wiped, or restored from a copy
+older than the account, the account itself is gone, and only registering it again, with the
+key bundle and the auth keys the device holds, brings it back. Prelogin tells the two apart
+without trying a secret: the relay hands out the account's own KDF salt, and a fake one for an
+account it does not have, so a salt other than this replica's means the relay does not have
+the account as this device knows it (lost — or its passphrase was changed on another device,
+and registering again then finds the name taken). No step here changes the replica except
+`follow_relay`, which only marks it for a reseed: nothing can be lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Literal
+
+from clients.account import Secret, log_in
+from clients.device import RelaySettings, load_settings, sidecar_path
+from clients.errors import AccessLostError, NoSessionError, RelayClientError, RelayRefusedError
+from clients.http import RelayClient, check_relay_url
+from replica import Replica, RollbackError, passphrase_login_keys, recovery_login_keys
+from replica.errors import InvalidArgumentError
+from replica.wire import RegisterRequest, Session, auth_key_hash
+
+Regained = Literal["logged_in", "registered"]
+RESEED_HINT = (
+    "if the relay lost the account (wiped, or restored from an older copy), "
+    "`sealsync sync --reseed` registers it again and pushes everything this device holds "
+    "(with --invite if the relay takes new accounts by invite only); if the passphrase was "
+    "changed on another device, `sealsync login --recovery-key` logs this device in again"
+)
+HINT_BY_REGISTER_REFUSAL = {
+    "account_exists": "the relay has the account, with another passphrase: it was changed on "
+    "another device. Nothing was changed here; `sealsync login --recovery-key` logs this "
+    "device in again",
+    "forbidden": "the relay takes new accounts by invite only: give --invite (or "
+    "SEALSYNC_INVITE); its operator makes one with `sealsync relay invite`",
+}
+LOGIN_HINT = (
+    "`sealsync login` logs this device in again (as a new device); its next sync checks the "
+    "relay and follows any reseed"
+)
+
+
+def is_session_refused(exc: RelayClientError) -> bool:
+    """The relay does not take this device's tokens (or it has none): unknown, expired,
+    revoked or lost with the relay's data — the relay gives one answer for all of them."""
+    if isinstance(exc, NoSessionError):
+        return True
+    return isinstance(exc, RelayRefusedError) and exc.code == "unauthorized"
+
+
+def has_account(client: RelayClient, replica: Replica, account: str) -> bool:
+    """True when the relay has `account` with this replica's KDF salt (see the module doc)."""
+    return client.prelogin(account).kdf == replica.kdf_params()
+
+
+def access_lost_error(client: RelayClient, replica: Replica, account: str) -> AccessLostError:
+    """What a refused session means here, and the way back."""
+    if has_account(client, replica, account):
+        return AccessLostError(
+            f"the relay does not take this device's session for account {account!r} "
+            "(unauthorized: revoked, expired, or lost with the relay's data); nothing was "
+            "changed here",
+            hint=LOGIN_HINT,
+        )
+    return AccessLostError(
+        f"the relay does not have account {account!r} as this device knows it: it was wiped or "
+        "restored from a copy older than the account, or the passphrase was changed on another "
+        "device; nothing was changed here",
+        hint=RESEED_HINT,
+    )
+
+
+@contextmanager
+def explained_refusals(client: RelayClient, replica: Replica, account: str) -> Iterator[None]:
+    """A refused session becomes an `AccessLostError` saying whether the account is still
+    there: the generic "unauthorized" cannot tell `login` from `sync --reseed`."""
+    try:
+        yield
+    except RelayClientError as exc:
+        if not is_session_refused(exc):
+            raise
+        raise access_lost_error(client, replica, account) from exc
+
+
+def regain_access(
+    client: RelayClient,
+    replica: Replica,
+    account: str,
+    passphrase: str,
+    device_name: str,
+    invite: str | None,
+    recovery_key: Callable[[], str],
+) -> Regained | None:
+    """Before a reseed: make sure the device has a working session. Log in again if the relay
+    still has the account, register the account again if not; None if the session works.
+    The client adopts (and its `on_session` saves) the new session.
+
+    `replica` is unlocked with `passphrase`; `recovery_key` is asked only to register an
+    account whose bundle does not carry the recovery auth key (made before it was kept).
+    """
+    try:
+        client.state()
+        return None
+    except RelayClientError as exc:
+        if not is_session_refused(exc):
+            raise
+    if has_account(client, replica, account):  # so the replica's KDF parameters are the relay's
+        log_in(
+            client, account, passphrase_login_keys(passphrase, replica.kdf_params()), device_name
+        )
+        return "logged_in"
+    register_again(client, replica, account, passphrase, device_name, invite, recovery_key)
+    return "registered"
+
+
+def register_again(
+    client: RelayClient,
+    replica: Replica,
+    account: str,
+    passphrase: str,
+    device_name: str,
+    invite: str | None,
+    recovery_key: Callable[[], str],
+) -> Session:
+    """Register the account the relay lost, with this device's key bundle, the passphrase's
+    auth key and the recovery key's auth key hash (sealed in the bundle), as at `init`; the
+    client adopts the new session.
+
+    A lost answer is safe to retry: the account then exists with this salt, and the next
+    attempt logs in instead.
+    """
+    recovery_auth_hash = replica.recovery_auth_hash()
+    if recovery_auth_hash is None:
+        key = recovery_key()
+        replica.unlock_with_recovery_key(key)  # a key of another account stops here
+        recovery_auth_hash = auth_key_hash(recovery_login_keys(key).auth_key)
+    kdf = replica.kdf_params()
+    request = RegisterRequest(
+        account=account,
+        auth_key=passphrase_login_keys(passphrase, kdf).auth_key,
+        recovery_auth_hash=recovery_auth_hash,
+        kdf=kdf,
+        bundle=replica.key_bundle(),
+        device_name=device_name,
+        invite=invite,
+    )
+    try:
+        return client.register(request)
+    except RelayRefusedError as exc:
+        hint = HINT_BY_REGISTER_REFUSAL.get(exc.code)
+        if hint is None:
+            raise
+        raise AccessLostError(str(exc), hint=hint) from exc
+
+
+def login_again(
+    client: RelayClient, replica: Replica, account: str, secret: Secret, device_name: str
+) -> Session:
+    """`login`: unlock the replica with `secret` first — a secret of another account stops
+    there, before anything is sent — then log in as a new device. Refused although the
+    secret opens this replica: the relay does not have the account as this device knows it.
+    The replica's KDF parameters serve for both: a relay with others has not this account."""
+    keys = secret.login_keys(replica.kdf_params())
+    secret.unlock(replica, keys)
+    try:
+        return log_in(client, account, keys, device_name)
+    except RelayRefusedError as exc:
+        if exc.code != "bad_credentials":
+            raise
+        raise AccessLostError(
+            f"the relay does not take this device's secret for account {account!r}: it lost "
+            "the account (wiped, or restored from a copy older than it), or the passphrase "
+            "was changed on another device; nothing was changed here",
+            hint=RESEED_HINT,
+        ) from exc
+
+
+def follow_relay(replica: Replica, session: Session) -> RollbackError | None:
+    """After a login: the relay state the new session carries, checked against the last this
+    device saw; the finding, if any, is returned. An account epoch or storage id other than
+    it means the account was reseeded — registered again, after a wipe, when the storage
+    changed, which only a device holding its auth keys can do — so this device reseeds too
+    (`is_followed`), as `sync` does on an epoch change. A head below what it saw is not
+    followed: `sync` reports it, and `sync --reseed` is the operator's call.
+    """
+    sync_session = replica.sync_session()
+    try:
+        sync_session.check_relay_state(session.state)
+    except RollbackError as exc:
+        if is_followed(exc):
+            sync_session.reseed()
+        return exc
+    return None
+
+
+def is_followed(finding: RollbackError) -> bool:
+    return finding.reason != "head"
+
+
+def login_settings(
+    replica_path: Path, relay_url: str | None, account: str | None, insecure: bool
+) -> RelaySettings:
+    """Where `login` logs in: the flags, else the sidecar's relay and account (a device whose
+    tokens were lost keeps its sidecar; a restored backup at a new path has none)."""
+    if sidecar_path(replica_path).exists():
+        saved = load_settings(replica_path)
+        same_relay = relay_url in (None, saved.url)  # --insecure was given for that URL only
+        relay_url, account = relay_url or saved.url, account or saved.account
+        insecure = insecure or (same_relay and saved.insecure)
+    if relay_url is None or account is None:
+        raise InvalidArgumentError(
+            f"no relay settings for {replica_path}",
+            hint="give --relay URL and --account NAME",
+        )
+    return RelaySettings(check_relay_url(relay_url, insecure=insecure), account, insecure)

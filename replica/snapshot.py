@@ -1,0 +1,75 @@
+"""Snapshots of a replica file: one consistent copy, as ciphertext, with no key needed.
+
+A copy is taken through SQLite's online backup API, so it is whole even while another
+process writes, and it works on a locked replica (the file holds only sealed envelopes and the
+passphrase-wrapped key bundle). A *backup* leaves out what belongs to this device alone —
+records of `local` collections such as drafts, and their quarantined or degraded rows — so a
+backup restored elsewhere never carries one device's private state to another. Deleted rows
+are overwritten (`secure_delete`), not merely unlinked. The copy is left in rollback-journal
+mode: one self-contained file.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Callable
+from contextlib import closing
+from pathlib import Path
+
+from replica.errors import StoreError
+from replica.replica import Replica
+
+PAGES_PER_STEP = 1024
+"""Pages copied between two progress reports (4 MiB at SQLite's default page size)."""
+BUSY_TIMEOUT_S = 30.0
+
+Progress = Callable[[int, int], None]
+"""Called with (pages copied, pages in all) as the copy goes."""
+
+_DROP_DEVICE_LOCAL = """
+    DELETE FROM degraded WHERE key IN (SELECT key FROM local);
+    DELETE FROM quarantine WHERE source = 'local';
+    DELETE FROM local;
+"""
+
+
+def copy_replica_file(
+    source: Path, target: Path, *, read_only: bool = False, progress: Progress | None = None
+) -> None:
+    """Copy `source` whole into the empty file `target` and fsync it."""
+    uri = f"file:{source}?mode=ro" if read_only else f"file:{source}"
+
+    def report(_status: int, remaining: int, total: int) -> None:
+        if progress is not None:
+            progress(total - remaining, total)
+
+    try:
+        with (
+            closing(sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)) as src,
+            closing(sqlite3.connect(target, isolation_level=None)) as dst,
+        ):
+            src.backup(dst, pages=PAGES_PER_STEP, progress=report)
+            dst.execute("PRAGMA journal_mode=DELETE")
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(
+            f"{source} could not be copied: {exc}",
+            hint="check that it is a sealsync replica or backup file",
+        ) from exc
+    _fsync(target)
+
+
+def backup_replica_file(source: Path, target: Path, *, progress: Progress | None = None) -> None:
+    """Snapshot the replica at `source` into the empty file `target`, without this device's
+    local records; refuses a file that is not a replica before copying anything."""
+    Replica.open(source).close()
+    copy_replica_file(source, target, progress=progress)
+    with closing(sqlite3.connect(target, isolation_level=None)) as copy:
+        copy.execute("PRAGMA secure_delete=ON")
+        copy.executescript(f"BEGIN IMMEDIATE; {_DROP_DEVICE_LOCAL} COMMIT;")
+    _fsync(target)
+
+
+def _fsync(path: Path) -> None:
+    with path.open("rb") as file:
+        os.fsync(file.fileno())

@@ -1,0 +1,116 @@
+"""`clients.access` against a real relay process: what `sync --reseed` does when the relay no
+longer takes the device's session — nothing when it does, log in again when the account is
+still there, register it again when it is gone (with the recovery key only for a bundle made
+before the recovery auth key was sealed in it, with an invite on an invite-only relay)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import pytest
+from click.testing import CliRunner
+
+from clients.access import has_account, login_settings, regain_access, register_again
+from clients.account import log_in
+from clients.cli import main
+from clients.device import RelaySettings, save_settings
+from clients.errors import AccessLostError, InsecureRelayError
+from clients.http import RelayClient
+from replica import Replica, WrongKeyError, recovery_login_keys
+from replica.keys import (
+    AccountKeys,
+    bundle_from_bytes,
+    bundle_to_bytes,
+    format_recovery_key,
+    open_info,
+    with_info,
+)
+from tests.conftest import PASSPHRASE, Account
+from tests.relay.server import RelayProcess
+
+
+def unexpected() -> str:
+    raise AssertionError("the recovery key was asked for")
+
+
+def bundle_without_recovery_auth_hash(account: Account) -> bytes:
+    """The account's bundle as sealed before `AccountInfo.recovery_auth_hash` existed."""
+    bundle = bundle_from_bytes(account.bundle)
+    info = open_info(account.key, bundle.sealed_info)
+    old = msgspec.structs.replace(info, recovery_auth_hash=None)
+    keys = AccountKeys(account.key, info)
+    return bundle_to_bytes(with_info(bundle, keys, old, os.urandom))
+
+
+def test_reseed_access_registers_a_lost_account_then_logs_in_then_leaves_a_working_session(
+    start_relay: Callable[..., RelayProcess], account: Account, tmp_path: Path
+) -> None:
+    relay = start_relay()
+    with Replica.join(tmp_path / "r.db", account.bundle) as replica:
+        replica.unlock_with_key(account.key)
+        with RelayClient(relay.url) as client:
+            assert not has_account(client, replica, "ann")
+            args = (client, replica, "ann", PASSPHRASE, "laptop", None, unexpected)
+            assert regain_access(*args) == "registered"
+            assert has_account(client, replica, "ann")
+            assert regain_access(*args) is None  # the session works: nothing to do
+            first = client.session
+        with RelayClient(relay.url) as client:  # no session at all: the account is there
+            args = (client, replica, "ann", PASSPHRASE, "laptop", None, unexpected)
+            assert regain_access(*args) == "logged_in"
+            assert client.session is not None and first is not None
+            assert client.session.device_id != first.device_id
+            assert client.key_bundle().bundle == account.bundle
+        with RelayClient(relay.url) as client:  # registered with the sealed recovery auth hash
+            log_in(client, "ann", recovery_login_keys(account.recovery_key), "phone")
+
+
+def test_an_older_bundle_registers_again_only_with_the_accounts_recovery_key(
+    start_relay: Callable[..., RelayProcess], account: Account, tmp_path: Path
+) -> None:
+    relay = start_relay()
+    with Replica.join(tmp_path / "r.db", bundle_without_recovery_auth_hash(account)) as replica:
+        replica.unlock_with_key(account.key)
+        assert replica.recovery_auth_hash() is None
+        with RelayClient(relay.url) as client:
+            another = format_recovery_key(os.urandom(32))
+            args = (client, replica, "ann", PASSPHRASE, "laptop", None)
+            with pytest.raises(WrongKeyError):
+                register_again(*args, lambda: another)
+            assert not has_account(client, replica, "ann")  # nothing was registered
+            register_again(*args, lambda: account.recovery_key)
+        with RelayClient(relay.url) as client:
+            log_in(client, "ann", recovery_login_keys(account.recovery_key), "phone")
+
+
+def test_a_lost_account_on_an_invite_only_relay_is_registered_again_only_with_an_invite(
+    account: Account, tmp_path: Path
+) -> None:
+    db = tmp_path / "relay.db"
+    with (
+        RelayProcess(db, tmp_path / "relay.log", open_signup=False) as relay,
+        Replica.join(tmp_path / "r.db", account.bundle) as replica,
+        RelayClient(relay.url) as client,
+    ):
+        replica.unlock_with_key(account.key)
+        args = (client, replica, "ann", PASSPHRASE, "laptop")
+        with pytest.raises(AccessLostError) as refused:
+            register_again(*args, None, unexpected)
+        assert "--invite" in str(refused.value.hint) and not has_account(client, replica, "ann")
+        made = CliRunner().invoke(main, ["relay", "invite", "--db", str(db)])
+        assert made.exit_code == 0, made.output
+        register_again(*args, made.stdout.strip(), unexpected)
+        assert has_account(client, replica, "ann")
+
+
+def test_login_keeps_a_saved_insecure_flag_for_the_saved_relay_only(tmp_path: Path) -> None:
+    replica = tmp_path / "r.db"
+    save_settings(replica, RelaySettings("http://10.0.0.2:8787", "ann", insecure=True))
+    assert login_settings(replica, None, None, insecure=False).insecure
+    with pytest.raises(InsecureRelayError):
+        login_settings(replica, "http://10.0.0.3:8787", None, insecure=False)
+    moved = login_settings(replica, "http://10.0.0.3:8787", None, insecure=True)
+    assert (moved.url, moved.account, moved.insecure) == ("http://10.0.0.3:8787", "ann", True)

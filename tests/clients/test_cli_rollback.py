@@ -1,0 +1,188 @@
+"""Relay rollback through the command line against a real relay process (DESIGN §8,
+specs/protocol.md §4.6): the relay's database wiped in one run and restored from an older copy
+in another. A device finds it and stops (`error:` + `hint:` naming `--reseed`, the replica
+unchanged); `sync --reseed` gives the relay back its full state — registering the account
+again when the relay lost it; the other devices follow on their next sync (after `login` when
+their tokens went with the relay); a device that joins afterwards gets everything; no device
+loses anything, written before the rollback or after it and not yet pushed."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import Result
+
+from clients.cli import main
+from clients.device import load_settings, sidecar_path
+from replica import Replica
+from tests.clients.test_cli import PASSPHRASE, Cli, assert_user_error, dump
+from tests.relay.server import RelayProcess
+
+DB_FILES = ("", "-wal", "-shm")
+WRITES = {
+    "a": [("threads", "t1", '{"title": "from a", "message_count": 1}'),
+          ("messages", "m1", '{"text": "hello"}'), ("messages", "m2", '{"text": "to delete"}')],
+    "b": [("threads", "t1", '{"title": "from b", "message_count": 2}'),
+          ("messages", "m3", '{"text": "from b"}')],
+}  # fmt: skip
+"""Written and synced before the rollback: t1 is a concurrent edit (two siblings)."""
+
+
+def contents(path: Path) -> list[tuple[Any, ...]]:
+    """Every thread and message the replica holds: tombstones and siblings included."""
+    with Replica.open(path) as replica:
+        replica.unlock(PASSPHRASE)
+        return [
+            (collection, r.id, r.document, r.deleted, r.hlc, r.node,
+             sorted((v.hlc, v.node, v.deleted, str(v.document)) for v in r.conflicts))
+            for collection in ("threads", "messages")
+            for r in replica.scan(collection, include_deleted=True)
+        ]  # fmt: skip
+
+
+def ids(path: Path) -> set[str]:
+    return {row[1] for row in contents(path) if not row[3]}
+
+
+def start_fleet(cli: Cli, relay: RelayProcess, a: Path, b: Path) -> str:
+    """Device a makes the account, b joins; both write, and sync until they agree. Returns
+    the recovery key."""
+    created = cli.ok(a, "init", "--relay", relay.url, "--account", "ann")
+    cli.ok(b, "join", "--relay", relay.url, "--account", "ann")
+    for name, path in (("a", a), ("b", b)):
+        for collection, id, doc in WRITES[name]:
+            cli.ok(path, "put", collection, id, doc)
+    cli.ok(a, "rm", "messages", "m2")
+    for path in (a, b, a):
+        cli.ok(path, "sync")
+    return created.stdout.splitlines()[-1]
+
+
+def login_with_recovery_key(cli: Cli, replica: Path, recovery_key: str) -> Result:
+    env = {"SEALSYNC_RECOVERY_KEY": recovery_key, "XDG_CONFIG_HOME": str(cli.home / "config")}
+    return cli.runner.invoke(main, ["--replica", str(replica), "login", "--recovery-key"], env=env)
+
+
+def copy_database(source: Path, target: Path) -> None:
+    """The relay's SQLite files as they are on disk (the relay stopped): what an operator's
+    file backup holds. Stale -wal/-shm files of the target go first."""
+    for suffix in DB_FILES:
+        Path(f"{target}{suffix}").unlink(missing_ok=True)
+        if Path(f"{source}{suffix}").exists():
+            shutil.copy(f"{source}{suffix}", f"{target}{suffix}")
+
+
+def assert_all_equal(*paths: Path) -> list[tuple[Any, ...]]:
+    first = contents(paths[0])
+    for path in paths[1:]:
+        assert contents(path) == first, path
+    return first
+
+
+@pytest.mark.slow
+def test_a_wiped_relay_is_found_reseeded_followed_and_joined_with_nothing_lost(
+    cli: Cli, tmp_path: Path
+) -> None:
+    a, b, c = (tmp_path / f"{name}.db" for name in "abc")
+    db = tmp_path / "relay.db"
+    with RelayProcess(db, tmp_path / "relay.log") as relay:
+        recovery_key = start_fleet(cli, relay, a, b)
+        synced = assert_all_equal(a, b)
+        cli.ok(a, "put", "messages", "m4", '{"text": "a, not pushed before the wipe"}')
+        cli.ok(b, "put", "messages", "m5", '{"text": "b, not pushed before the wipe"}')
+
+        relay.stop()
+        for suffix in DB_FILES:
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
+        relay.start()
+
+        before = dump(a)
+        found = cli(a, "sync", "--retry-for", "1")
+        assert_user_error(found, "does not have account 'ann'", "sync --reseed", "--invite")
+        wrong = cli(a, "sync", "--reseed", passphrase="not the passphrase")
+        assert_user_error(wrong, "does not unlock")
+        assert dump(a) == before  # and the relay still lacks the account:
+        assert_user_error(cli(a, "sync", "--retry-for", "1"), "does not have account")
+        sidecar = sidecar_path(a).read_bytes()
+        assert_user_error(cli(a, "login"), "does not take this device's secret", "--reseed")
+        assert sidecar_path(a).read_bytes() == sidecar and dump(a) == before
+
+        reseeded = cli.ok(a, "sync", "--reseed")
+        assert "registered it again" in reseeded.stdout
+        session_a = load_settings(a).session
+        assert session_a is not None and session_a.access_token not in reseeded.output
+
+        before = dump(b)
+        lost = cli(b, "sync", "--retry-for", "1")
+        assert_user_error(lost, "does not take this device's session", "sealsync login")
+        assert dump(b) == before
+        sidecar = sidecar_path(b).read_bytes()
+        typo = ("B" if recovery_key[0] == "A" else "A") + recovery_key[1:]
+        mistyped = login_with_recovery_key(cli, b, typo)
+        assert_user_error(mistyped, "recovery key")
+        assert sidecar_path(b).read_bytes() == sidecar and dump(b) == before
+        logged_in = login_with_recovery_key(cli, b, recovery_key)  # registered again with it
+        assert logged_in.exit_code == 0, logged_in.output
+        assert "logged in" in logged_in.stdout and "was reseeded" in logged_in.stderr
+        cli.ok(b, "sync")  # follows the new account on its own: pushes everything it holds
+        cli.ok(a, "sync")
+        cli.ok(c, "join", "--relay", relay.url, "--account", "ann")
+
+        final = assert_all_equal(a, b, c)
+    assert [row for row in synced if row not in final] == []  # siblings, tombstone included
+    assert ids(c) == {"t1", "m1", "m3", "m4", "m5"}
+    assert any(row[1] == "t1" and len(row[6]) == 1 for row in final)
+
+
+@pytest.mark.slow
+def test_a_relay_restored_from_an_older_copy_is_found_reseeded_and_followed(
+    cli: Cli, tmp_path: Path
+) -> None:
+    a, b, c, d = (tmp_path / f"{name}.db" for name in "abcd")
+    db, older = tmp_path / "relay.db", tmp_path / "older" / "relay.db"
+    older.parent.mkdir()
+    with RelayProcess(db, tmp_path / "relay.log") as relay:
+        start_fleet(cli, relay, a, b)
+        relay.stop()
+        copy_database(db, older)
+        relay.start()
+        cli.ok(a, "put", "messages", "m4", '{"text": "a, pushed after the copy"}')
+        cli.ok(a, "sync")
+        cli.ok(b, "put", "messages", "m5", '{"text": "b, pushed after the copy"}')
+        cli.ok(b, "sync")
+        cli.ok(a, "sync")
+        synced = assert_all_equal(a, b)
+        backup = cli.ok(b, "backup", "--to", str(tmp_path / "backups"))
+        (backup_file,) = (tmp_path / "backups").iterdir()
+        assert str(backup_file) in backup.stdout.replace("\n", "")
+
+        relay.stop()
+        copy_database(older, db)
+        relay.start()
+
+        before = dump(a)
+        found = cli(a, "sync", "--retry-for", "1")
+        assert_user_error(found, "restored from an older copy", "sync --reseed")
+        assert dump(a) == before
+        cli.ok(a, "sync", "--reseed")
+        cli.ok(b, "sync")  # sees the new epoch and reseeds on its own
+        cli.ok(a, "sync")
+
+        # a replica restored from a backup at a new path has no relay settings: `login`
+        cli.ok(d, "restore", str(backup_file))
+        assert_user_error(cli(d, "sync"), "no relay settings", "sealsync login")
+        assert_user_error(cli(d, "login"), "no relay settings", "--relay")
+        wrong = cli(d, "login", "--relay", relay.url, "--account", "ann", passphrase="wrong")
+        assert_user_error(wrong, "does not unlock")
+        assert not sidecar_path(d).exists()
+        logged_in = cli.ok(d, "login", "--relay", relay.url, "--account", "ann")
+        assert "was reseeded" in logged_in.stderr
+        cli.ok(d, "sync")
+        cli.ok(c, "join", "--relay", relay.url, "--account", "ann")
+
+        final = assert_all_equal(a, b, c, d)
+    assert [row for row in synced if row not in final] == []
+    assert ids(c) == {"t1", "m1", "m3", "m4", "m5"}

@@ -30,6 +30,10 @@ WAL_CHECKPOINT_PAGES = 10_000
 """Checkpoint the WAL after ~40 MB, not SQLite's ~4 MB: a merged page dirties hundreds of
 random pages, so the default checkpointed (and fsynced the file) every other page, and
 copied pages that the next pages rewrote anyway. Every commit still syncs the WAL."""
+CACHE_KIB = 16 * 1024
+"""Page cache per connection (SQLite's default is 2 MiB). Merged records go into two indexes
+at random places; once those outgrow the cache (~50k records), each insert read its index
+pages back from the file: a quarter of the time of merging new records."""
 
 _MIGRATIONS: tuple[str, ...] = (
     """
@@ -148,6 +152,7 @@ class Store:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute(f"PRAGMA synchronous={synchronous.upper()}")
             self.db.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
+            self.db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
             self.db.execute("PRAGMA foreign_keys=ON")
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{path} is not a SQLite database: {exc}") from exc

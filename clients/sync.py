@@ -134,14 +134,14 @@ class _Reporter:
     def __init__(
         self,
         callback: Callable[[Progress], None] | None,
-        replica: Replica,
+        session: SyncSession,
         tally: _Tally,
         cursor: int,
     ) -> None:
         """Counting the dirty versions costs a query, so only a callback pays for it."""
         self._callback = callback
         self._tally = tally
-        self._push_total = tally.pushed + (replica.status().dirty if callback else 0)
+        self._push_total = tally.pushed + (session.count_dirty() if callback else 0)
         self._first_cursor = cursor
         self._pull_done = 0
         self._pull_total: int | None = None
@@ -265,7 +265,7 @@ class SyncDriver:
     def _round(self, session: SyncSession, tally: _Tally) -> None:
         tally.rounds += 1
         session.restart()
-        report = _Reporter(self._progress, self._replica, tally, session.cursor)
+        report = _Reporter(self._progress, session, tally, session.cursor)
         self._push_all(session, tally, report)
         self._pull_all(session, tally, report)
 

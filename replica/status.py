@@ -47,7 +47,7 @@ def read_status(store: Store, *, locked: bool, node: int) -> Status:
         locked=locked,
         node=node,
         records=int(records),
-        dirty=int(db.execute("SELECT count(*) FROM versions WHERE dirty = 1").fetchone()[0]),
+        dirty=store.count_dirty(),
         held_for_drift=held.pop("drift", 0),
         held_for_lock=held.pop("lock", 0),
         held_other=held,

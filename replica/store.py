@@ -392,6 +392,11 @@ class Store:
                 "UPDATE held SET repush = 0 WHERE key = ? AND node = ? AND hlc = ?", args
             )
 
+    def count_dirty(self) -> int:
+        """Versions not yet acknowledged by a relay (the partial index counts them, in time
+        proportional to their number, not to the file's)."""
+        return int(self.db.execute("SELECT count(*) FROM versions WHERE dirty = 1").fetchone()[0])
+
     def mark_all_for_push(self) -> None:
         self.db.execute("UPDATE versions SET dirty = 1")
         self.db.execute("UPDATE held SET repush = 1")

@@ -109,6 +109,13 @@ class SyncSession:
         self._core.mark_degraded(row.key, self._store.scope_of(row.key), reason)
         return False
 
+    def count_dirty(self) -> int:
+        """`Status.dirty` alone: what a progress bar needs at the start of a round, without
+        the two scans of every version that the rest of `Replica.status()` costs."""
+        with self._core.mutex:
+            self._core.check_open()
+            return self._store.count_dirty()
+
     def restart(self) -> None:
         """Start a new pass over the dirty versions (after a failed or refused push)."""
         self._after = {"versions": 0, "held": 0}

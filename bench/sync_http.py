@@ -223,7 +223,7 @@ def e2e_line(label: str, n: int, times: Timeline, wire_bytes: int, batch: int) -
     wall_s = times.b_done - times.start
     extra = {
         "n": n,
-        "batch": batch,
+        "put_batch": batch,
         "push_s": round(times.pushed - times.start, 3),
         "b_pull_merge_s": round(times.b_done - times.pushed, 3),
         "a_round_s": round(times.a_done - times.start, 3),

@@ -26,12 +26,11 @@ from clients.http import RelayClient
 from clients.live import HeadFeed
 from clients.retry import Backoff, Retrier
 from replica import ChangeEvent, Replica, RollbackError, SyncSession
+from replica.sync import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_COUNT
 from replica.wire import RelayLimits
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BATCH_COUNT = 4000
-DEFAULT_BATCH_BYTES = 4 * 1024 * 1024
 FRAMING_BYTES = 1024
 """Room in a push body for the MessagePack map around the envelopes."""
 PER_ENVELOPE_FRAMING_BYTES = 5

@@ -96,7 +96,7 @@ class Sizes:
 
     sqlite_rows: int
     aead_ops: int
-    merge_rows: int  # raw.upsert_aead and replica.merge share it: their ratio needs one n
+    merge_rows: int  # raw.upsert_aead and replica.merge share it (and merge_repeats): a fair ratio
     fresh_locks: int  # replica.merge_locks: local records under a freshness lock, and merged
     puts: int
     put_batch: int
@@ -112,7 +112,7 @@ class Sizes:
 
 
 FULL = Sizes(
-    200_000, 200_000, 100_000, 5_000, 20_000, 1000, 1000, 5, 3, 50_000, 10.0, 200, 60.0,
+    200_000, 200_000, 100_000, 5_000, 20_000, 1000, 1000, 5, 5, 50_000, 10.0, 200, 60.0,
     (10_000, 100_000), 50,
 )  # fmt: skip
 QUICK = Sizes(

@@ -181,7 +181,7 @@ def bench_upsert_aead(bench: Bench) -> list[Line]:
 
     seconds = best_seconds(
         bench,
-        bench.sizes.repeats,
+        bench.sizes.merge_repeats,  # as many tries as replica.merge gets: a fair best-of
         lambda: prepare_upsert_table(bench, data),
         lambda db: open_and_upsert(db, data),
         verify,

@@ -87,26 +87,21 @@ class CliSettings:
             return os.environ[ENV_PASSPHRASE]
         if self.passphrase_file is not None:
             return read_secret_file(self.passphrase_file)
-        text: str = click.prompt(
-            "passphrase", hide_input=True, confirmation_prompt=confirm, err=True
-        )
-        return text
+        return hidden_prompt("passphrase", confirm=confirm)
 
     def new_passphrase(self) -> str:
         """`passwd`'s new passphrase: SEALSYNC_NEW_PASSPHRASE, else a prompt typed twice."""
-        if os.environ.get(ENV_NEW_PASSPHRASE):
-            return os.environ[ENV_NEW_PASSPHRASE]
-        text: str = click.prompt(
-            "new passphrase", hide_input=True, confirmation_prompt=True, err=True
-        )
-        return text
+        return os.environ.get(ENV_NEW_PASSPHRASE) or hidden_prompt("new passphrase", confirm=True)
 
     def recovery_key(self) -> str:
         """The recovery key: SEALSYNC_RECOVERY_KEY, else a hidden prompt."""
-        if os.environ.get(ENV_RECOVERY_KEY):
-            return os.environ[ENV_RECOVERY_KEY]
-        text: str = click.prompt("recovery key", hide_input=True, err=True)
-        return text
+        return os.environ.get(ENV_RECOVERY_KEY) or hidden_prompt("recovery key")
+
+
+def hidden_prompt(label: str, *, confirm: bool = False) -> str:
+    """A secret typed at the terminal (on stderr, so stdout stays the command's output)."""
+    text: str = click.prompt(label, hide_input=True, confirmation_prompt=confirm, err=True)
+    return text
 
 
 def read_secret_file(path: Path) -> str:

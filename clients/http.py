@@ -349,7 +349,7 @@ class RelayClient:
             raise UnknownOutcomeError(
                 f"{method} {path}: no answer within the timeout", hint=UNKNOWN_OUTCOME_HINT
             ) from exc
-        except httpx2.TransportError as exc:
+        except httpx2.RequestError as exc:
             raise UnknownOutcomeError(
                 f"{method} {path}: {type(exc).__name__} talking to {self.url}",
                 hint=UNKNOWN_OUTCOME_HINT,
@@ -400,7 +400,7 @@ def _protocol_version(response: httpx2.Response) -> int | None:
 def _discard(response: httpx2.Response) -> None:
     try:
         response.read()
-    except httpx2.TransportError:
+    except httpx2.RequestError:
         pass  # the answer is thrown away either way
     finally:
         response.close()
@@ -434,7 +434,7 @@ def _heads(response: httpx2.Response) -> Iterator[int]:
         for event in httpx2.EventSource(response):
             if event.event == "head" and event.data.isascii() and event.data.isdigit():
                 yield int(event.data)
-    except httpx2.TransportError as exc:
+    except httpx2.RequestError as exc:
         raise UnknownOutcomeError(
             f"live feed broken: {type(exc).__name__}", hint="it reconnects on its own"
         ) from exc

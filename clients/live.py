@@ -57,6 +57,12 @@ class HeadFeed:
         return False
 
     def _follow(self) -> None:
+        try:
+            self._follow_until_closed()
+        finally:  # whatever ends the thread, the driver must fall back to polling
+            self._up.clear()
+
+    def _follow_until_closed(self) -> None:
         failures = 0
         while not self._closed.is_set():
             try:
@@ -73,7 +79,6 @@ class HeadFeed:
                 failures += 1
             # ended by the relay (a token expired) or broken: reopen, after a pause
             self._closed.wait(self._backoff.delay_s(min(failures, MAX_BACKOFF_STEP), self._random))
-        self._up.clear()
 
     def _note(self, head: int) -> None:
         if self.last_event_id is None or head > self.last_event_id:

@@ -1,7 +1,8 @@
 """Sending a request again after an unknown outcome: exponential backoff with jitter.
 
-Every sync request is idempotent (a push of the same bytes answers the same receipts, a pull
-is a read), so a timeout or a dropped answer is simply sent again — within bounds, so a relay
+The sync requests are idempotent (a push of the same bytes answers the same receipts, a pull
+is a read; a reseed checks the relay's state before each try, `SyncDriver.reseed`), so a
+timeout or a dropped answer is simply sent again — within bounds, so a relay
 that stays down surfaces as an error instead of a hang. Sleep, randomness and the clock are
 injected: tests run the policy without waiting.
 """

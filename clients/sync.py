@@ -213,9 +213,21 @@ class SyncDriver:
         answers `unauthorized`: `clients.access.regain_access` registers it again first.
         """
         if cause is None or not is_epoch_change(cause):
-            self._retrier.call(self._client.reseed)
+            self._ask_for_new_epoch()
         self._session().reseed()
         return self.sync()
+
+    def _ask_for_new_epoch(self) -> None:
+        """POST /v1/reseed draws a new epoch each time, so it is not sent again blindly after
+        an unknown outcome: each try first reads the relay's state, and stops once the epoch
+        has changed (an earlier try landed, or another device reseeded meanwhile)."""
+        before = self._retrier.call(self._client.state).account_epoch
+
+        def ask() -> None:
+            if self._client.state().account_epoch == before:
+                self._client.reseed()
+
+        self._retrier.call(ask)
 
     def watch(
         self,

@@ -212,6 +212,36 @@ def test_a_reseed_is_followed_and_a_rollback_by_head_reseeds_with_a_new_epoch(
         assert sorted(r.id for r in device.replica.scan("notes")) == ["n1", "n2", "n3"]
 
 
+def test_a_reseed_whose_reply_was_lost_draws_one_new_epoch(
+    start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet]
+) -> None:
+    """Each POST /v1/reseed draws an epoch: a blind resend would make every other device
+    reseed twice."""
+    relay = start_relay()
+    lost: list[int] = []
+
+    def lose_the_first_reseed_reply(n: int, path: str) -> bool:
+        if path == "/v1/reseed" and not lost:
+            lost.append(n)
+            return True
+        return False
+
+    def transport() -> ChaosTransport:
+        return ChaosTransport(
+            seed=0, timeout_rate=0, truncate_rate=0, strike=lose_the_first_reseed_reply
+        )
+
+    a = fleets(relay.url, transport=transport).add("a")
+    a.replica.put("notes", "n1", {"text": "one"})
+    a.driver.sync()
+    report = a.driver.reseed()
+    reseeds = [
+        line for line in relay.log_path.read_text().splitlines() if "account reseeded" in line
+    ]
+    assert lost and len(reseeds) == 1, reseeds  # the lost reply was not answered by a resend
+    assert report.stored == 1  # and the device pushed everything again
+
+
 @pytest.mark.slow
 def test_a_watching_device_sees_writes_live_and_across_a_relay_restart(
     start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet]

@@ -25,8 +25,14 @@ from clients.errors import RelayClientError
 from clients.http import RelayClient
 from clients.live import HeadFeed
 from clients.retry import Backoff, Retrier
-from replica import ChangeEvent, Replica, RollbackError, SyncSession
-from replica.sync import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_COUNT
+from replica import (
+    DEFAULT_BATCH_BYTES,
+    DEFAULT_BATCH_COUNT,
+    ChangeEvent,
+    Replica,
+    RollbackError,
+    SyncSession,
+)
 from replica.wire import RelayLimits
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from relay.storage import VersionRules
+from relay.storage import (
+    DEFAULT_MAX_ACCOUNT_BYTES,
+    DEFAULT_MAX_DRIFT_MS,
+    DEFAULT_MAX_PAGE_BYTES,
+    DEFAULT_PAGE_SIZE,
+    VersionRules,
+)
 from replica.errors import InvalidArgumentError
 from replica.wire import MAX_ENVELOPE_BYTES, RelayLimits
 
@@ -28,13 +34,13 @@ class RelayConfig:
     max_body_bytes: int = 16 * 1024 * 1024
     max_envelope_bytes: int = MAX_ENVELOPE_BYTES
     max_push_envelopes: int = 4000
-    page_size: int = 4000
+    page_size: int = DEFAULT_PAGE_SIZE
     """Envelopes per push and per page: a commit's cost grows slower than its size (the key
     index is written at random places either way), so 4000 syncs ~20% faster than 1000; the
     byte bounds still cap what one request holds."""
-    max_page_bytes: int = 8 * 1024 * 1024
-    max_account_bytes: int = 1 << 30
-    max_drift_ms: int = 5 * 60 * 1000
+    max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES
+    max_account_bytes: int = DEFAULT_MAX_ACCOUNT_BYTES
+    max_drift_ms: int = DEFAULT_MAX_DRIFT_MS
     requests_per_second: float = 50.0
     """Per token, and per client address behind a trusted proxy (token bucket)."""
     burst: int = 200

@@ -19,6 +19,10 @@ from dataclasses import dataclass, field, replace
 
 from relay.errors import AccountExistsError, ForbiddenError, NotFoundError, QuotaExceededError
 from relay.storage import (
+    DEFAULT_MAX_ACCOUNT_BYTES,
+    DEFAULT_MAX_DRIFT_MS,
+    DEFAULT_MAX_PAGE_BYTES,
+    DEFAULT_PAGE_SIZE,
     AccountRecord,
     AccountSummary,
     Device,
@@ -41,9 +45,6 @@ from relay.versions import (
 )
 from replica.errors import InvalidArgumentError
 from replica.wire import KdfParams, Page, PageEntry, PushBatch, PushResult, Receipt, RelayState
-
-DEFAULT_PAGE_SIZE = 4000
-DEFAULT_MAX_DRIFT_MS = 5 * 60 * 1000
 
 
 @dataclass
@@ -79,8 +80,8 @@ class MemoryRelay:
         clock_ms: Callable[[], int],
         max_drift_ms: int = DEFAULT_MAX_DRIFT_MS,
         page_size: int = DEFAULT_PAGE_SIZE,
-        max_account_bytes: int = 1 << 30,
-        max_page_bytes: int = 8 * 1024 * 1024,
+        max_account_bytes: int = DEFAULT_MAX_ACCOUNT_BYTES,
+        max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
         new_id: Callable[[], str] = new_random_id,
     ) -> None:
         self._rules = VersionRules(

@@ -167,15 +167,22 @@ class Storage(Protocol):
     def close(self) -> None: ...
 
 
+DEFAULT_MAX_DRIFT_MS = 5 * 60 * 1000
+DEFAULT_PAGE_SIZE = 4000
+DEFAULT_MAX_ACCOUNT_BYTES = 1 << 30
+DEFAULT_MAX_PAGE_BYTES = 8 * 1024 * 1024
+
+
 @dataclass(frozen=True)
 class VersionRules:
-    """The bounds a backend applies to pushes and pulls (DESIGN §8, specs/limits.md)."""
+    """The bounds a backend applies to pushes and pulls (DESIGN §8, specs/limits.md); their
+    defaults are the relay's (`RelayConfig`) and the in-memory reference's."""
 
     clock_ms: Callable[[], int]
-    max_drift_ms: int = 5 * 60 * 1000
-    page_size: int = 4000
-    max_account_bytes: int = 1 << 30
-    max_page_bytes: int = 8 * 1024 * 1024
+    max_drift_ms: int = DEFAULT_MAX_DRIFT_MS
+    page_size: int = DEFAULT_PAGE_SIZE
+    max_account_bytes: int = DEFAULT_MAX_ACCOUNT_BYTES
+    max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES
     """A page holds at most this many envelope bytes (but always at least one envelope)."""
 
 

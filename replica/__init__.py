@@ -29,10 +29,18 @@ from replica.replica import Replica
 from replica.schema import DEFAULT_PROFILE, REGISTER_ID, Collection, Schema
 from replica.snapshot import backup_replica_file, copy_replica_file
 from replica.status import Status
-from replica.sync import Acknowledged, Applied, SyncSession
+from replica.sync import (
+    DEFAULT_BATCH_BYTES,
+    DEFAULT_BATCH_COUNT,
+    Acknowledged,
+    Applied,
+    SyncSession,
+)
 from replica.wire import KdfParams, Page, PageEntry, PushBatch, PushResult, Receipt, RelayState
 
 __all__ = [
+    "DEFAULT_BATCH_BYTES",
+    "DEFAULT_BATCH_COUNT",
     "DEFAULT_PROFILE",
     "REGISTER_ID",
     "Acknowledged",

@@ -29,7 +29,8 @@ Synchronous = Literal["full", "normal"]
 WAL_CHECKPOINT_PAGES = 10_000
 """Checkpoint the WAL after ~40 MB, not SQLite's ~4 MB: a merged page dirties hundreds of
 random pages, so the default checkpointed (and fsynced the file) every other page, and
-copied pages that the next pages rewrote anyway. Every commit still syncs the WAL."""
+copied pages that the next pages rewrote anyway. With synchronous=full (the default) every
+commit still syncs the WAL."""
 CACHE_KIB = 16 * 1024
 """Page cache per connection (SQLite's default is 2 MiB). Merged records go into two indexes
 at random places; once those outgrow the cache (~50k records), each insert read its index

@@ -1,7 +1,10 @@
 """`SyncDriver`: runs a replica's sans-I/O sync session over a `RelayClient`.
 
 One round (specs/protocol.md §4): restart the pass; push every batch and acknowledge its
-receipts; pull pages from the cursor and merge them until the relay has no more. Each step is
+receipts; pull pages from the cursor and merge them until the relay has no more. Requests go
+out one at a time from a worker thread, one step ahead of the device's own work (the next
+batch is stored by the relay while this one's receipts are saved; the next page travels while
+this one merges), so the relay's time and the device's overlap. Each step is
 resumable: a version stops being dirty only on its receipt, and the cursor moves only with
 the page it covers, so a round cut short anywhere is finished by the next one. Requests whose
 outcome is unknown are sent again (`clients.retry`) — a push of the same bytes gets the same
@@ -18,6 +21,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -33,7 +37,7 @@ from replica import (
     RollbackError,
     SyncSession,
 )
-from replica.wire import RelayLimits
+from replica.wire import Page, PushBatch, PushResult, RelayLimits
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +53,8 @@ WATCH_TICK_S = 0.1
 Phase = Literal[
     "push_sending", "push_answered", "receipts_saved", "pull_sending", "merge_start", "merged"
 ]
-"""The step a round has reached, in the order each batch or page goes through them. A crash
+"""The step a round has reached, in the order each batch or page goes through them (the
+next batch's or page's `*_sending` comes before this one's last step: see `SyncDriver`). A crash
 between `push_answered` and `receipts_saved` leaves versions the relay has committed still
 dirty: the next round pushes them again and the relay answers for them without storing them
 twice. A crash between `merge_start` and `merged` leaves the page unmerged and the cursor
@@ -283,27 +288,54 @@ class SyncDriver:
         tally.rounds += 1
         session.restart()
         report = _Reporter(self._progress, session, tally, session.cursor)
-        self._push_all(session, tally, report)
-        self._pull_all(session, tally, report)
+        with ThreadPoolExecutor(1, thread_name_prefix="sealsync-request") as requests:
+            self._push_all(session, tally, report, requests)
+            self._pull_all(session, tally, report, requests)
 
-    def _push_all(self, session: SyncSession, tally: _Tally, report: _Reporter) -> None:
-        while (batch := session.next_batch()) is not None:
+    def _push_all(
+        self, session: SyncSession, tally: _Tally, report: _Reporter, requests: Executor
+    ) -> None:
+        """Pipelined: while the relay stores one batch, the device reads the next and saves
+        the receipts of the one before. An answer's relay state is checked before the next
+        batch goes out, so nothing more is sent to a relay found wiped or rolled back."""
+        batch = session.next_batch()
+        if batch is None:
+            return
+        in_flight = self._send(requests, batch, report)
+        while True:
+            following = session.next_batch()
+            result = in_flight.result()
             size = len(batch.envelopes)
-            report.step("push_sending", size)
-            result = self._retrier.call(functools.partial(self._client.push, batch))
             report.step("push_answered", size)
+            session.verify_relay_state(result.state)
+            if following is not None:
+                in_flight = self._send(requests, following, report)
             acknowledged = session.acknowledge(batch, result)
             tally.pushed += size
             tally.stored += acknowledged.stored
             tally.superseded += acknowledged.superseded
             tally.refused_by_code.update(acknowledged.refused_by_code)
             report.step("receipts_saved", size)
+            if following is None:
+                return
+            batch = following
 
-    def _pull_all(self, session: SyncSession, tally: _Tally, report: _Reporter) -> None:
+    def _send(self, requests: Executor, batch: PushBatch, report: _Reporter) -> Future[PushResult]:
+        report.step("push_sending", len(batch.envelopes))
+        return requests.submit(self._retrier.call, functools.partial(self._client.push, batch))
+
+    def _pull_all(
+        self, session: SyncSession, tally: _Tally, report: _Reporter, requests: Executor
+    ) -> None:
+        """Pipelined: the next page is on its way while this one merges. It is asked for
+        from where this page ends; should the merge leave the cursor elsewhere (another
+        process synced this file meanwhile), it is dropped and the pull goes on from there."""
+        in_flight = self._fetch(requests, session.cursor, report)
         while True:
-            report.step("pull_sending", 0)
-            page = self._retrier.call(functools.partial(self._client.pull, session.cursor))
+            page = in_flight.result()
             report.saw_head(page.state.head)
+            if page.has_more:
+                in_flight = self._fetch(requests, page.next_cursor, report)
             report.step("merge_start", len(page.entries))
             applied = session.apply_page(page)
             tally.pulled += len(page.entries)
@@ -312,6 +344,12 @@ class SyncDriver:
             report.step("merged", len(page.entries))
             if not page.has_more:
                 return
+            if applied.cursor != page.next_cursor:
+                in_flight = self._fetch(requests, applied.cursor, report)
+
+    def _fetch(self, requests: Executor, cursor: int, report: _Reporter) -> Future[Page]:
+        report.step("pull_sending", 0)
+        return requests.submit(self._retrier.call, functools.partial(self._client.pull, cursor))
 
     # -- watching ----------------------------------------------------------------------------
 

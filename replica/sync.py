@@ -210,7 +210,21 @@ class SyncSession:
         with self._core.mutex, self._store.transaction():
             self._check_state(state, 0)
 
+    def verify_relay_state(self, state: RelayState) -> None:
+        """Raise `RollbackError` as `acknowledge` would, writing nothing: a driver that sends
+        the next batch before it saves the last one's receipts checks each answer first, so
+        nothing more goes to a relay found wiped or rolled back."""
+        with self._core.mutex:
+            self._core.check_open()
+            self._verify_state(state)
+
     def _check_state(self, state: RelayState, seen_seq: int) -> None:
+        high = self._verify_state(state)
+        self._store.set_meta("relay_state", msgspec.msgpack.encode(state))
+        self._store.set_meta("max_seq_seen", max(high, seen_seq, 0))
+
+    def _verify_state(self, state: RelayState) -> int:
+        """Raise `RollbackError` if `state` is not the relay last seen; the highest seq seen."""
         stored = self._store.get_bytes("relay_state")
         high = max(self._store.get_int("max_seq_seen"), self._store.get_int("cursor"))
         if stored is not None:
@@ -235,8 +249,7 @@ class SyncSession:
                     reason="head",
                     hint="run a reseed to push everything this device holds",
                 )
-        self._store.set_meta("relay_state", msgspec.msgpack.encode(state))
-        self._store.set_meta("max_seq_seen", max(high, seen_seq, 0))
+        return high
 
     def reseed(self) -> None:
         """Mark every version (held ones too) for pushing, reset the cursor, forget the relay."""

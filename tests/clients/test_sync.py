@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from clients.http import RelayClient
-from clients.sync import Progress, is_epoch_change
+from clients.sync import Progress, SyncDriver, is_epoch_change
 from replica import RollbackError
 from replica.wire import LoginRequest, parse_header
 from tests.clients.chaos import ChaosTransport
@@ -81,20 +81,82 @@ def test_progress_names_each_step_of_every_batch_and_page_with_totals(
         a.replica.put("notes", f"n{n}", {"text": str(n)})
     a.driver.sync()
 
-    push, pull = ["push_sending", "push_answered", "receipts_saved"], ["pull_sending",
-                  "merge_start", "merged"]  # fmt: skip
-    # A's receipts moved its cursor over its own versions: one empty page (protocol §4.2)
-    assert [e.phase for e in events] == push * 3 + pull
-    assert [(e.size, e.pushed) for e in events[:9]] == [
-        (2, 0), (2, 0), (2, 2), (2, 2), (2, 2), (2, 4), (1, 4), (1, 4), (1, 5)]  # fmt: skip
-    assert [e.size for e in events[9:]] == [0, 0, 0]
+    # Each batch goes out before the previous one's receipts are saved, each page before the
+    # previous one merges: (phase, size, pushed so far) in that order.
+    assert [(e.phase, e.size, e.pushed) for e in events] == [
+        ("push_sending", 2, 0), ("push_answered", 2, 0),
+        ("push_sending", 2, 0), ("receipts_saved", 2, 2), ("push_answered", 2, 2),
+        ("push_sending", 1, 2), ("receipts_saved", 2, 4), ("push_answered", 1, 4),
+        ("receipts_saved", 1, 5),
+        # A's receipts moved its cursor over its own versions: one empty page (protocol §4.2)
+        ("pull_sending", 0, 5), ("merge_start", 0, 5), ("merged", 0, 5)]  # fmt: skip
     assert {e.push_total for e in events} == {5}
     events.clear()
     b.driver.sync()
-    assert [e.phase for e in events] == pull * 3
-    assert [e.size for e in events] == [0, 2, 2, 0, 2, 2, 0, 1, 1]
+    assert [(e.phase, e.size) for e in events] == [
+        ("pull_sending", 0), ("pull_sending", 0), ("merge_start", 2), ("merged", 2),
+        ("pull_sending", 0), ("merge_start", 2), ("merged", 2),
+        ("merge_start", 1), ("merged", 1)]  # fmt: skip
     assert [(e.pulled, e.pull_done, e.pull_total) for e in events if e.phase == "merged"] == [
         (2, 2, 5), (4, 4, 5), (5, 5, 5)]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_no_batch_goes_out_once_an_answer_shows_the_relay_changed(
+    start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet]
+) -> None:
+    """A batch leaves before the previous one's receipts are saved, but never before the
+    previous answer's relay state is checked: B reseeds while A's first batch is answered,
+    A's second answer shows the new epoch, and A's third batch is never sent."""
+    relay = start_relay("max_push_envelopes=2")
+    events: list[Progress] = []
+
+    def reseed_by_b_on_first_answer(progress: Progress) -> None:
+        events.append(progress)
+        if progress.phase == "push_answered" and progress.pushed == 0:
+            b.client.reseed()
+
+    options = {"progress": reseed_by_b_on_first_answer, "follow_reseeds": False}
+    fleet = fleets(relay.url, driver_options=options)
+    a, b = fleet.add("a"), fleet.add("b")
+    for n in range(8):
+        a.replica.put("notes", f"n{n}", {"text": str(n)})
+
+    with pytest.raises(RollbackError) as raised:
+        a.driver.sync()
+
+    assert is_epoch_change(raised.value)
+    assert [e.phase for e in events].count("push_sending") == 2
+    assert len(relay_contents(fleet)[0]) == 4
+    assert a.replica.status().dirty == 6  # the second batch's receipts were never saved
+
+
+@pytest.mark.slow
+def test_a_page_fetched_ahead_is_dropped_when_the_cursor_moved_elsewhere(
+    start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet]
+) -> None:
+    """B's next page is on its way while B merges; when another sync of B's replica moved
+    the cursor meanwhile, B pulls on from that cursor instead of merging pages again."""
+    relay = start_relay("page_size=2")
+    fleet = fleets(relay.url)
+    a, b = fleet.add("a"), fleet.add("b")
+    for n in range(5):
+        a.replica.put("notes", f"n{n}", {"text": str(n)})
+    a.driver.sync()
+    other = RelayClient(fleet.url)
+    other.login(LoginRequest(fleet.account, fleet.auth_key, "b-elsewhere"))
+    elsewhere = SyncDriver(b.replica, other)
+
+    def sync_elsewhere_on_first_merge(progress: Progress) -> None:
+        if progress.phase == "merge_start" and progress.pulled == 0:
+            assert elsewhere.sync().pulled == 5
+
+    report = SyncDriver(b.replica, b.client, progress=sync_elsewhere_on_first_merge).sync()
+    other.close()
+
+    assert report.pulled == 2  # the first page only: then one empty page from cursor 5
+    assert b.replica.sync_session().cursor == 5
+    assert contents(b.replica) == contents(a.replica)
 
 
 @pytest.mark.slow

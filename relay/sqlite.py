@@ -43,8 +43,8 @@ from relay.versions import (
     check_envelope,
     cut_page,
     decide,
-    envelope_digest,
     is_over_quota,
+    new_version,
     page_bounds,
 )
 from replica.errors import InvalidArgumentError
@@ -71,6 +71,12 @@ WAL_CHECKPOINT_PAGES = 10_000
 """Checkpoint the WAL after ~40 MB, not SQLite's ~4 MB: a push inserts into the key index at
 random places, so the default checkpointed (and fsynced the file) after nearly every push.
 Every commit still syncs the WAL before its receipts go out."""
+KEYS_PER_QUERY = 500
+"""Keys per sibling query: well under SQLite's bound on parameters."""
+WRITER_CACHE_KIB = 64 * 1024
+"""The writer's page cache (SQLite's default is 2 MiB): pushes insert into the key index at
+random places, and once the index outgrew the cache nearly every insert read a page from the
+OS. Readers keep the default: there is one per worker thread."""
 _SCHEMA = """
 CREATE TABLE meta (name TEXT PRIMARY KEY, value BLOB NOT NULL) STRICT;
 CREATE TABLE accounts (
@@ -125,6 +131,27 @@ def _is_foreign_key_failure(exc: sqlite3.IntegrityError) -> bool:
     return exc.sqlite_errorcode == sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY
 
 
+def _stored_versions(
+    db: sqlite3.Connection, account_id: int, keys: list[bytes]
+) -> dict[bytes, list[StoredVersion]]:
+    """The stored versions of each of `keys` (keys with none are absent), without envelopes."""
+    found: dict[bytes, list[StoredVersion]] = {}
+    unique = list(dict.fromkeys(keys))
+    for start in range(0, len(unique), KEYS_PER_QUERY):
+        chunk = unique[start : start + KEYS_PER_QUERY]
+        rows = db.execute(
+            "SELECT key, seq, node, hlc, vector, digest, length(envelope) FROM versions"
+            f" WHERE account = ? AND key IN ({','.join('?' * len(chunk))})",
+            (account_id, *chunk),
+        )
+        for key, seq, node, hlc, vector, digest, size in rows:
+            version = StoredVersion(
+                seq, node_from_i64(node), hlc, decode_vector(vector), digest, size
+            )
+            found.setdefault(key, []).append(version)
+    return found
+
+
 @dataclass
 class _Push:
     """One push waiting for the group commit, and what became of it."""
@@ -158,6 +185,7 @@ class SQLiteStorage:
         self._queue: list[_Push] = []
         self._queue_lock = threading.Lock()
         self._writer = self._connect()
+        self._writer.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
         self._storage_id, self._secret = self._initialise()
 
     # -- connections ------------------------------------------------------------------------
@@ -516,7 +544,11 @@ class SQLiteStorage:
                 job.done = True
 
     def _apply(self, db: sqlite3.Connection, job: _Push) -> tuple[PushResult, bool]:
-        """One push inside the group's transaction: receipts, and whether the head moved."""
+        """One push inside the group's transaction: receipts, and whether the head moved.
+
+        The stored versions of every key in the batch are read in one query, the batch is
+        decided against them in memory (later envelopes see earlier ones of the same key),
+        and what stays is written with one statement per table."""
         row = db.execute(
             "SELECT id, epoch, head, stored_bytes FROM accounts WHERE name = ?", (job.name,)
         ).fetchone()
@@ -524,44 +556,41 @@ class SQLiteStorage:
             raise NotFoundError("no such account")
         account_id, epoch, before, stored_bytes = row
         head, bytes_before = before, stored_bytes
+        keys = [header.key for header in job.checked if isinstance(header, Header)]
+        versions_by_key = _stored_versions(db, account_id, keys)
         receipts: list[Receipt] = []
+        inserts: dict[int, tuple[object, ...]] = {}
+        """Rows to insert by seq; a later envelope of the batch may drop one again."""
+        deletes: list[tuple[int, int]] = []
         for envelope, header in zip(job.envelopes, job.checked, strict=True):
             if isinstance(header, Receipt):
                 receipts.append(header)
                 continue
-            siblings = [
-                StoredVersion(seq, node_from_i64(node), hlc, decode_vector(vector), digest, size)
-                for seq, node, hlc, vector, digest, size in db.execute(
-                    "SELECT seq, node, hlc, vector, digest, length(envelope) FROM versions"
-                    " WHERE account = ? AND key = ?",
-                    (account_id, header.key),
-                )
-            ]
+            siblings = versions_by_key.setdefault(header.key, [])
             decision = decide(header, envelope, siblings)
             if not isinstance(decision, Store):
                 receipts.append(decision)
                 continue
-            for stored in siblings:
-                if stored.seq in decision.dominated:
-                    stored_bytes -= stored.size
-                    db.execute(
-                        "DELETE FROM versions WHERE account = ? AND seq = ?",
-                        (account_id, stored.seq),
-                    )
+            if decision.dominated:
+                for stored in siblings:
+                    if stored.seq in decision.dominated:
+                        stored_bytes -= stored.size
+                        if inserts.pop(stored.seq, None) is None:
+                            deletes.append((account_id, stored.seq))
+                siblings[:] = [s for s in siblings if s.seq not in decision.dominated]
             head += 1
-            stored_bytes += len(envelope)
-            db.execute(
-                "INSERT INTO versions VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    account_id,
-                    head,
-                    header.key,
-                    node_to_i64(header.node),
-                    header.hlc,
-                    header.vector_bytes,
-                    envelope_digest(envelope),
-                    envelope,
-                ),
+            version = new_version(head, header, envelope)
+            siblings.append(version)
+            stored_bytes += version.size
+            inserts[head] = (
+                account_id,
+                head,
+                header.key,
+                node_to_i64(header.node),
+                header.hlc,
+                header.vector_bytes,
+                version.digest,
+                envelope,
             )
             receipts.append(Receipt("stored", seq=head))
         if is_over_quota(stored_bytes, bytes_before, self._rules.max_account_bytes):
@@ -569,6 +598,8 @@ class SQLiteStorage:
                 f"the batch would take the account past its quota of "
                 f"{self._rules.max_account_bytes} bytes"
             )
+        db.executemany("DELETE FROM versions WHERE account = ? AND seq = ?", deletes)
+        db.executemany("INSERT INTO versions VALUES (?, ?, ?, ?, ?, ?, ?, ?)", inserts.values())
         db.execute(
             "UPDATE accounts SET head = ?, stored_bytes = ? WHERE id = ?",
             (head, stored_bytes, account_id),

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relay.errors import AccountExistsError, ForbiddenError, QuotaExceededError
+from relay.memory import MemoryRelay
 from relay.storage import Device, Storage, TokenRecord
 from replica.wire import KdfParams, PushBatch, parse_header
 from tests.conftest import FakeClock
@@ -355,6 +356,54 @@ def test_storage_stays_the_siblings_of_everything_pushed(
         assert s.stored_versions("a") == len(latest)
     finally:
         s.close()  # one example's connections are not kept for the next (PostgreSQL's cap)
+
+
+@st.composite
+def batched_writes(draw: st.DrawFn) -> list[list[bytes]]:
+    """Writes by 3 devices to 2 keys, each device sometimes knowing an earlier write of the
+    key (so a later write may dominate one of the same batch); some envelopes sent twice;
+    cut into batches of random sizes."""
+    written: list[tuple[bytes, dict[int, int]]] = []
+    for i in range(draw(st.integers(1, 16))):
+        key, node = bytes([draw(st.integers(0, 1))]) * 16, draw(st.integers(1, 3))
+        vector = {node: HLC + i}
+        same_key = [v for k, v in written if k == key]
+        if same_key and draw(st.booleans()):
+            seen = draw(st.sampled_from(same_key))
+            vector = {n: max(seen.get(n, 0), vector.get(n, 0)) for n in {*seen, *vector}}
+        written.append((key, vector))
+    envelopes = [envelope(k, max(v, key=v.__getitem__), max(v.values()), v) for k, v in written]
+    envelopes += draw(st.lists(st.sampled_from(envelopes), max_size=4))
+    envelopes = draw(st.permutations(envelopes))
+    cuts = (
+        sorted(draw(st.sets(st.integers(1, len(envelopes) - 1), max_size=4)))
+        if len(envelopes) > 1
+        else []
+    )
+    return [envelopes[a:b] for a, b in zip([0, *cuts], [*cuts, len(envelopes)], strict=True)]
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=40)
+@given(batched_writes())
+def test_a_batch_decides_as_its_envelopes_pushed_one_by_one(
+    make_storage: StorageFactory, batches: list[list[bytes]]
+) -> None:
+    """Backends decide a whole batch at once (one read of the stored versions of its keys);
+    the receipts and the pages are those of the reference pushing the same envelopes one at
+    a time: later envelopes see earlier ones of their batch."""
+    reference = MemoryRelay(clock_ms=FakeClock(NOW_MS))
+    s = make_storage()
+    try:
+        register(reference, "a")
+        register(s, "a")
+        for batch in batches:
+            expected = [reference.push("a", PushBatch([e])).receipts[0] for e in batch]
+            assert s.push("a", PushBatch(batch)).receipts == expected
+        assert pull_all(s, "a") == pull_all(reference, "a")
+        assert s.state("a").head == reference.state("a").head
+        assert s.accounts()[0].stored_bytes == reference.accounts()[0].stored_bytes
+    finally:
+        s.close()
 
 
 def test_storage_stays_o_of_siblings_however_long_the_history(storage: Storage) -> None:

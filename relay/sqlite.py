@@ -38,13 +38,11 @@ from relay.storage import (
     spent_until,
 )
 from relay.versions import (
-    Store,
+    PushPlan,
     StoredVersion,
     check_envelope,
     cut_page,
-    decide,
     is_over_quota,
-    new_version,
     page_bounds,
 )
 from replica.errors import InvalidArgumentError
@@ -547,64 +545,42 @@ class SQLiteStorage:
         """One push inside the group's transaction: receipts, and whether the head moved.
 
         The stored versions of every key in the batch are read in one query, the batch is
-        decided against them in memory (later envelopes see earlier ones of the same key),
-        and what stays is written with one statement per table."""
+        decided in memory (`PushPlan`), and what stays is written with one statement per
+        table."""
         row = db.execute(
             "SELECT id, epoch, head, stored_bytes FROM accounts WHERE name = ?", (job.name,)
         ).fetchone()
         if row is None:
             raise NotFoundError("no such account")
         account_id, epoch, before, stored_bytes = row
-        head, bytes_before = before, stored_bytes
         keys = [header.key for header in job.checked if isinstance(header, Header)]
-        versions_by_key = _stored_versions(db, account_id, keys)
-        receipts: list[Receipt] = []
-        inserts: dict[int, tuple[object, ...]] = {}
-        """Rows to insert by seq; a later envelope of the batch may drop one again."""
-        deletes: list[tuple[int, int]] = []
-        for envelope, header in zip(job.envelopes, job.checked, strict=True):
-            if isinstance(header, Receipt):
-                receipts.append(header)
-                continue
-            siblings = versions_by_key.setdefault(header.key, [])
-            decision = decide(header, envelope, siblings)
-            if not isinstance(decision, Store):
-                receipts.append(decision)
-                continue
-            if decision.dominated:
-                for stored in siblings:
-                    if stored.seq in decision.dominated:
-                        stored_bytes -= stored.size
-                        if inserts.pop(stored.seq, None) is None:
-                            deletes.append((account_id, stored.seq))
-                siblings[:] = [s for s in siblings if s.seq not in decision.dominated]
-            head += 1
-            version = new_version(head, header, envelope)
-            siblings.append(version)
-            stored_bytes += version.size
-            inserts[head] = (
-                account_id,
-                head,
-                header.key,
-                node_to_i64(header.node),
-                header.hlc,
-                header.vector_bytes,
-                version.digest,
-                envelope,
-            )
-            receipts.append(Receipt("stored", seq=head))
-        if is_over_quota(stored_bytes, bytes_before, self._rules.max_account_bytes):
+        plan = PushPlan(before, stored_bytes, _stored_versions(db, account_id, keys))
+        receipts = [
+            h if isinstance(h, Receipt) else plan.add(h, e)
+            for h, e in zip(job.checked, job.envelopes, strict=True)
+        ]
+        if is_over_quota(plan.stored_bytes, stored_bytes, self._rules.max_account_bytes):
             raise QuotaExceededError(
                 f"the batch would take the account past its quota of "
                 f"{self._rules.max_account_bytes} bytes"
             )
-        db.executemany("DELETE FROM versions WHERE account = ? AND seq = ?", deletes)
-        db.executemany("INSERT INTO versions VALUES (?, ?, ?, ?, ?, ?, ?, ?)", inserts.values())
+        db.executemany(
+            "DELETE FROM versions WHERE account = ? AND seq = ?",
+            [(account_id, seq) for seq in plan.deleted],
+        )
+        db.executemany(
+            "INSERT INTO versions VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (account_id, seq, h.key, node_to_i64(h.node), h.hlc, h.vector_bytes, digest, e)
+                for seq, (h, e, digest) in plan.inserted.items()
+            ],
+        )
         db.execute(
             "UPDATE accounts SET head = ?, stored_bytes = ? WHERE id = ?",
-            (head, stored_bytes, account_id),
+            (plan.head, plan.stored_bytes, account_id),
         )
-        return PushResult(receipts, RelayState(self._storage_id, epoch, head)), head != before
+        state = RelayState(self._storage_id, epoch, plan.head)
+        return PushResult(receipts, state), plan.head != before
 
     def pull(self, name: str, cursor: int, limit: int | None = None) -> Page:
         count = page_bounds(cursor, limit, self._rules.page_size)

@@ -106,3 +106,40 @@ def cut_page(sizes: Sequence[tuple[int, int]], count: int, max_bytes: int) -> tu
             break
         kept += 1
     return kept, kept < len(sizes)
+
+
+class PushPlan:
+    """A push carried out in memory against the stored versions of its keys, for a backend
+    to write at once: one read and a few batched statements per request instead of several
+    per envelope. Later envelopes of the batch see the earlier ones, as if pushed one by one."""
+
+    def __init__(
+        self, head: int, stored_bytes: int, siblings: dict[bytes, list[StoredVersion]]
+    ) -> None:
+        self.head = head
+        self.stored_bytes = stored_bytes
+        self.siblings = siblings
+        self.inserted: dict[int, tuple[Header, bytes, bytes]] = {}
+        """(header, envelope, digest) by seq; a later envelope may take one out again."""
+        self.deleted: list[int] = []
+        """seqs of versions stored before the batch that it dominates."""
+
+    def add(self, header: Header, envelope: bytes) -> Receipt:
+        siblings = self.siblings.setdefault(header.key, [])
+        decision = decide(header, envelope, siblings)
+        if not isinstance(decision, Store):
+            return decision
+        for stored in siblings:
+            if stored.seq in decision.dominated:
+                self.stored_bytes -= stored.size
+                if self.inserted.pop(stored.seq, None) is None:
+                    self.deleted.append(stored.seq)
+        self.head += 1
+        version = new_version(self.head, header, envelope)
+        self.stored_bytes += version.size
+        self.inserted[self.head] = (header, envelope, version.digest)
+        self.siblings[header.key] = [
+            *(s for s in siblings if s.seq not in decision.dominated),
+            version,
+        ]
+        return Receipt("stored", seq=self.head)

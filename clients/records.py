@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -19,6 +20,7 @@ from clients.device import opened_replica
 from clients.settings import CliSettings
 from replica import DEFAULT_PROFILE, Record, Replica, Version
 from replica.errors import InvalidArgumentError
+from replica.wire import hlc_ms
 
 profile_option = click.option(
     "--profile", default=DEFAULT_PROFILE, show_default=True, help="Profile (namespace) of records."
@@ -176,12 +178,21 @@ def conflicts(settings: CliSettings, collection: str, id: str, profile: str, as_
     if as_json:
         print_json(siblings)
         return
-    table = Table("hlc", "node", "deleted", "document")
+    table = Table()
+    for heading in ("written (UTC)", "by node", "deleted"):
+        table.add_column(heading, no_wrap=True)
+    table.add_column("document")
     for s in siblings:
         table.add_row(
-            str(s["hlc"]), str(s["node"]), "yes" if s["deleted"] else "", compact(s["doc"])
+            written_at(s["hlc"]), str(s["node"]), "yes" if s["deleted"] else "", compact(s["doc"])
         )
     out.print(table)
+
+
+def written_at(hlc: int) -> str:
+    """When a version was written, by its writer's clock: the wall part of its hybrid clock."""
+    written = datetime.fromtimestamp(hlc_ms(hlc) / 1000, tz=UTC)
+    return written.isoformat(sep=" ", timespec="milliseconds").removesuffix("+00:00")
 
 
 RECORD_COMMANDS = (put, get, rm, ls, conflicts)

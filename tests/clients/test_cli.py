@@ -9,6 +9,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from click.testing import CliRunner, Result
 
 from clients.cli import main
 from clients.device import device_client, load_settings
+from clients.records import written_at
 from tests.relay.server import RelayProcess, free_port
 
 PASSPHRASE = "correct horse battery staple"
@@ -78,7 +80,13 @@ def test_two_devices_sync_and_a_put_resolves_a_concurrent_edit(
     cli.ok(b, "put", "threads", "t1", '{"title": "from b", "message_count": 2}')
     for device in (a, b, a):
         cli.ok(device, "sync")
-    assert len(cli.json(a, "conflicts", "threads", "t1")) == 1  # type: ignore[arg-type]
+    (sibling,) = cli.json(a, "conflicts", "threads", "t1")  # type: ignore[misc]
+    shown = cli.ok(a, "conflicts", "threads", "t1").stdout
+    written = written_at(sibling["hlc"])
+    assert written in shown  # when, by the writer's clock: a minute ago at most
+    now = datetime.now(UTC).replace(tzinfo=None)
+    assert abs(datetime.fromisoformat(written) - now) < timedelta(minutes=1)
+    assert "from " in shown and str(sibling["node"]) in shown
     visible = cli.json(b, "get", "threads", "t1")
     assert visible["conflicts"] == 1 and visible == cli.json(a, "get", "threads", "t1")  # type: ignore[index]
 

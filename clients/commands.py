@@ -238,6 +238,13 @@ def sync(
     progress_mode: ProgressMode | None,
 ) -> None:
     """Push this device's changes and pull everyone else's."""
+    given = click.get_current_context().get_parameter_source("invite")
+    if invite is not None and not reseed and given is click.core.ParameterSource.COMMANDLINE:
+        fail(
+            "--invite is used only by a reseed that registers a lost account again",
+            "add --reseed if the relay lost this account; otherwise leave --invite out",
+            code=2,
+        )
     path = settings.replica_path
     with user_errors():
         relay = load_settings(path)  # before the passphrase: a device with no relay fails fast

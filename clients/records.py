@@ -191,7 +191,10 @@ def conflicts(settings: CliSettings, collection: str, id: str, profile: str, as_
 
 def written_at(hlc: int) -> str:
     """When a version was written, by its writer's clock: the wall part of its hybrid clock."""
-    written = datetime.fromtimestamp(hlc_ms(hlc) / 1000, tz=UTC)
+    try:
+        written = datetime.fromtimestamp(hlc_ms(hlc) / 1000, tz=UTC)
+    except (OverflowError, OSError, ValueError):  # past year 9999: a wildly wrong clock
+        return f"hlc {hlc}"
     return written.isoformat(sep=" ", timespec="milliseconds").removesuffix("+00:00")
 
 

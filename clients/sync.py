@@ -1,10 +1,10 @@
 """`SyncDriver`: runs a replica's sans-I/O sync session over a `RelayClient`.
 
 One round (specs/protocol.md §4): restart the pass; push every batch and acknowledge its
-receipts; pull pages from the cursor and merge them until the relay has no more. Requests go
-out one at a time from a worker thread, one step ahead of the device's own work (the next
-batch is stored by the relay while this one's receipts are saved; the next page travels while
-this one merges), so the relay's time and the device's overlap. Each step is
+receipts; pull pages from the cursor and merge them until the relay has no more. Each request
+runs on a thread of its own, one step ahead of the device's own work (the next batch is
+stored by the relay while this one's receipts are saved; the next page travels while this one
+merges), so the relay's time and the device's overlap. Each step is
 resumable: a version stops being dirty only on its receipt, and the cursor moves only with
 the page it covers, so a round cut short anywhere is finished by the next one. Requests whose
 outcome is unknown are sent again (`clients.retry`) — a push of the same bytes gets the same
@@ -21,9 +21,8 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Generic, Literal, TypeVar, cast
 
 from clients.errors import RelayClientError
 from clients.http import RelayClient
@@ -40,6 +39,7 @@ from replica import (
 from replica.wire import Page, PushBatch, PushResult, RelayLimits
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 FRAMING_BYTES = 1024
 """Room in a push body for the MessagePack map around the envelopes."""
@@ -53,8 +53,10 @@ WATCH_TICK_S = 0.1
 Phase = Literal[
     "push_sending", "push_answered", "receipts_saved", "pull_sending", "merge_start", "merged"
 ]
-"""The step a round has reached, in the order each batch or page goes through them (the
-next batch's or page's `*_sending` comes before this one's last step: see `SyncDriver`). A crash
+"""The step a round has reached, in the order each batch or page goes through them; the
+steps of neighbours interleave (the next batch is sent before this one's receipts are saved,
+the next page is asked for before this one merges, and asked for again when a page fetched
+ahead is dropped: see `SyncDriver`). A crash
 between `push_answered` and `receipts_saved` leaves versions the relay has committed still
 dirty: the next round pushes them again and the relay answers for them without storing them
 twice. A crash between `merge_start` and `merged` leaves the page unmerged and the cursor
@@ -170,6 +172,37 @@ class _Reporter:
         self._callback(
             Progress(phase, size, t.pushed, push_total, t.pulled, self._pull_done, self._pull_total)
         )
+
+
+class _Request(Generic[T]):
+    """One request (with its retries) running on a thread of its own while the device works.
+
+    A daemon thread, not a pool's: when the round stops on an error or a Ctrl-C, it is left
+    to finish on its own instead of holding the stop up for its retries. That is safe because
+    its outcome only counts once the round reads it: an abandoned push leaves its versions
+    dirty (sent again, the relay answers them without storing them twice), an abandoned pull
+    moved nothing."""
+
+    def __init__(self, call: Callable[[], T]) -> None:
+        self._call = call
+        self._done = threading.Event()
+        self._value: T | None = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._run, name="sealsync-request", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            self._value = self._call()
+        except BaseException as exc:  # handed to the round's thread by `result`
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def result(self) -> T:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return cast(T, self._value)
 
 
 class SyncDriver:
@@ -288,28 +321,25 @@ class SyncDriver:
         tally.rounds += 1
         session.restart()
         report = _Reporter(self._progress, session, tally, session.cursor)
-        with ThreadPoolExecutor(1, thread_name_prefix="sealsync-request") as requests:
-            self._push_all(session, tally, report, requests)
-            self._pull_all(session, tally, report, requests)
+        self._push_all(session, tally, report)
+        self._pull_all(session, tally, report)
 
-    def _push_all(
-        self, session: SyncSession, tally: _Tally, report: _Reporter, requests: Executor
-    ) -> None:
+    def _push_all(self, session: SyncSession, tally: _Tally, report: _Reporter) -> None:
         """Pipelined: while the relay stores one batch, the device reads the next and saves
-        the receipts of the one before. An answer's relay state is checked before the next
-        batch goes out, so nothing more is sent to a relay found wiped or rolled back."""
+        the receipts of the one before. An answer is checked before the next batch goes out,
+        so nothing more is sent to a relay found wiped, rolled back or misbehaving."""
         batch = session.next_batch()
         if batch is None:
             return
-        in_flight = self._send(requests, batch, report)
+        in_flight = self._send(batch, report)
         while True:
             following = session.next_batch()
             result = in_flight.result()
             size = len(batch.envelopes)
             report.step("push_answered", size)
-            session.verify_relay_state(result.state)
+            session.verify_answer(batch, result)
             if following is not None:
-                in_flight = self._send(requests, following, report)
+                in_flight = self._send(following, report)
             acknowledged = session.acknowledge(batch, result)
             tally.pushed += size
             tally.stored += acknowledged.stored
@@ -320,22 +350,23 @@ class SyncDriver:
                 return
             batch = following
 
-    def _send(self, requests: Executor, batch: PushBatch, report: _Reporter) -> Future[PushResult]:
+    def _send(self, batch: PushBatch, report: _Reporter) -> _Request[PushResult]:
         report.step("push_sending", len(batch.envelopes))
-        return requests.submit(self._retrier.call, functools.partial(self._client.push, batch))
+        return _Request(
+            functools.partial(self._retrier.call, functools.partial(self._client.push, batch))
+        )
 
-    def _pull_all(
-        self, session: SyncSession, tally: _Tally, report: _Reporter, requests: Executor
-    ) -> None:
+    def _pull_all(self, session: SyncSession, tally: _Tally, report: _Reporter) -> None:
         """Pipelined: the next page is on its way while this one merges. It is asked for
         from where this page ends; should the merge leave the cursor elsewhere (another
-        process synced this file meanwhile), it is dropped and the pull goes on from there."""
-        in_flight = self._fetch(requests, session.cursor, report)
+        process synced this file meanwhile), it is left to finish unread and the pull goes
+        on from that cursor."""
+        in_flight = self._fetch(session.cursor, report)
         while True:
             page = in_flight.result()
             report.saw_head(page.state.head)
             if page.has_more:
-                in_flight = self._fetch(requests, page.next_cursor, report)
+                in_flight = self._fetch(page.next_cursor, report)
             report.step("merge_start", len(page.entries))
             applied = session.apply_page(page)
             tally.pulled += len(page.entries)
@@ -345,11 +376,13 @@ class SyncDriver:
             if not page.has_more:
                 return
             if applied.cursor != page.next_cursor:
-                in_flight = self._fetch(requests, applied.cursor, report)
+                in_flight = self._fetch(applied.cursor, report)
 
-    def _fetch(self, requests: Executor, cursor: int, report: _Reporter) -> Future[Page]:
+    def _fetch(self, cursor: int, report: _Reporter) -> _Request[Page]:
         report.step("pull_sending", 0)
-        return requests.submit(self._retrier.call, functools.partial(self._client.pull, cursor))
+        return _Request(
+            functools.partial(self._retrier.call, functools.partial(self._client.pull, cursor))
+        )
 
     # -- watching ----------------------------------------------------------------------------
 

@@ -122,10 +122,7 @@ class SyncSession:
 
     def acknowledge(self, batch: PushBatch, result: PushResult) -> Acknowledged:
         """Clear dirty for versions the relay stored or already covered; refused stay dirty."""
-        if len(result.receipts) != len(batch.envelopes):
-            raise ProtocolError(
-                f"{len(result.receipts)} receipts for {len(batch.envelopes)} envelopes"
-            )
+        _check_receipt_count(batch, result)
         seqs = [r.seq for r in result.receipts if r.seq is not None]
         with self._core.mutex, self._store.transaction():
             self._check_state(result.state, max(seqs, default=0))
@@ -210,13 +207,13 @@ class SyncSession:
         with self._core.mutex, self._store.transaction():
             self._check_state(state, 0)
 
-    def verify_relay_state(self, state: RelayState) -> None:
-        """Raise `RollbackError` as `acknowledge` would, writing nothing: a driver that sends
-        the next batch before it saves the last one's receipts checks each answer first, so
-        nothing more goes to a relay found wiped or rolled back."""
-        with self._core.mutex:
-            self._core.check_open()
-            self._verify_state(state)
+    def verify_answer(self, batch: PushBatch, result: PushResult) -> None:
+        """Raise as `acknowledge` would (`ProtocolError`, `RollbackError`), writing nothing: a
+        driver that sends the next batch before it saves this one's receipts checks the answer
+        first, so nothing more goes to a relay found wiped, rolled back or misbehaving."""
+        _check_receipt_count(batch, result)
+        with self._core.mutex, self._store.transaction():  # one consistent read
+            self._verify_state(result.state)
 
     def _check_state(self, state: RelayState, seen_seq: int) -> None:
         high = self._verify_state(state)
@@ -258,6 +255,11 @@ class SyncSession:
             for name in ("cursor", "max_seq_seen", "relay_state"):
                 self._store.delete_meta(name)
         self.restart()
+
+
+def _check_receipt_count(batch: PushBatch, result: PushResult) -> None:
+    if len(result.receipts) != len(batch.envelopes):
+        raise ProtocolError(f"{len(result.receipts)} receipts for {len(batch.envelopes)} envelopes")
 
 
 def _fit(rows: list[tuple[int, Row]], max_bytes: int) -> list[tuple[int, Row]]:

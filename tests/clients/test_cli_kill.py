@@ -71,10 +71,10 @@ class Target:
 
 
 def target_for(phase: str, rng: random.Random) -> Target:
-    """The first or the second batch or page of a run: a kill of the second one follows a
-    step that completed in the same run."""
+    """An early batch or page of a run: a kill of a later one follows steps that completed in
+    the same run (the third batch leaves only once the first one's receipts are saved)."""
     if phase == "push in flight":
-        return Target("a", "push_sending", rng.randint(1, 2), rng.uniform(0, LATE_KILL_S))
+        return Target("a", "push_sending", rng.randint(1, 3), rng.uniform(0, LATE_KILL_S))
     if phase == "receipts not saved":
         return Target("a", "push_answered", rng.randint(1, 2), 0.0)
     return Target("b", "merge_start", rng.randint(1, 2), rng.uniform(0, LATE_KILL_S))

@@ -131,6 +131,44 @@ def test_no_batch_goes_out_once_an_answer_shows_the_relay_changed(
     assert a.replica.status().dirty == 6  # the second batch's receipts were never saved
 
 
+class Interrupted(Exception):
+    """Stands for a Ctrl-C or any error on the round's thread."""
+
+
+@pytest.mark.slow
+def test_a_round_stopped_by_an_error_does_not_wait_for_the_request_in_flight(
+    start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet]
+) -> None:
+    """The relay dies as A's second batch goes out, so that push retries for up to 60 s; an
+    error on A's own thread right then ends the sync at once. Run again once the relay is
+    back: every version is on the relay exactly once."""
+    relay = start_relay("max_push_envelopes=2")
+
+    def die_then_interrupt(progress: Progress) -> None:
+        steps.append(progress.phase)
+        if steps.count("push_sending") == 2 and progress.phase == "push_sending":
+            relay.kill()  # before the second batch leaves: its push will retry
+        if progress.phase == "receipts_saved":
+            raise Interrupted
+
+    steps: list[str] = []
+    fleet = fleets(relay.url, driver_options={"progress": die_then_interrupt})
+    a = fleet.add("a")
+    for n in range(6):
+        a.replica.put("notes", f"n{n}", {"text": str(n)})
+
+    started = time.monotonic()
+    with pytest.raises(Interrupted):
+        a.driver.sync()
+    assert time.monotonic() - started < 5
+    assert a.replica.status().dirty == 4
+
+    relay.start()
+    assert SyncDriver(a.replica, a.client).sync().pushed == 4
+    identities, _, _ = relay_contents(fleet)
+    assert len(identities) == len(set(identities)) == 6
+
+
 @pytest.mark.slow
 def test_a_page_fetched_ahead_is_dropped_when_the_cursor_moved_elsewhere(
     start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet]

@@ -62,6 +62,35 @@ def test_receipts_must_match_the_batch(make_replica: ReplicaFactory) -> None:
     assert replica.status().dirty == 1
 
 
+def test_an_answer_is_verified_as_acknowledge_would_without_writing(
+    make_replica: ReplicaFactory,
+) -> None:
+    """What a pipelining driver checks before it sends the next batch: the same refusals as
+    `acknowledge`, nothing saved (the versions stay dirty, the state is not adopted)."""
+    replica = make_replica()
+    replica.put("notes", "n", {})
+    session = replica.sync_session()
+    batch = session.next_batch()
+    assert batch is not None
+    stored = [Receipt("stored", seq=1)]
+    session.verify_answer(batch, PushResult(stored, RelayState("s1", "e1", 1)))  # first contact
+    session.verify_answer(batch, PushResult(stored, RelayState("s2", "e2", 0)))  # still none kept
+    with pytest.raises(ProtocolError, match="1 envelopes"):
+        session.verify_answer(batch, PushResult([], STATE))
+    assert replica.status().dirty == 1
+
+    session.acknowledge(batch, PushResult(stored, RelayState("s1", "e1", 1)))
+    for state, reason in [
+        (RelayState("s2", "e1", 1), "storage_id"),
+        (RelayState("s1", "e2", 1), "account_epoch"),
+        (RelayState("s1", "e1", 0), "head"),
+    ]:
+        with pytest.raises(RollbackError) as refused:
+            session.verify_answer(batch, PushResult(stored, state))
+        assert refused.value.reason == reason
+    session.verify_answer(batch, PushResult(stored, RelayState("s1", "e1", 7)))
+
+
 def test_a_page_merges_atomically_and_advances_the_cursor(make_replica: ReplicaFactory) -> None:
     writer, reader = make_replica("w"), make_replica("r")
     for i in range(4):

@@ -73,8 +73,9 @@ KEYS_PER_QUERY = 500
 """Keys per sibling query: well under SQLite's bound on parameters."""
 WRITER_CACHE_KIB = 64 * 1024
 """The writer's page cache (SQLite's default is 2 MiB): pushes insert into the key index at
-random places, and once the index outgrew the cache nearly every insert read a page from the
-OS. Readers keep the default: there is one per worker thread."""
+random places, and once it outgrows the cache inserts wait on reads (measured here: 200k
+envelopes into one account in batches of 4000, ~12% less time per insert than with 2 MiB).
+Readers keep the default: there is one per worker thread."""
 _SCHEMA = """
 CREATE TABLE meta (name TEXT PRIMARY KEY, value BLOB NOT NULL) STRICT;
 CREATE TABLE accounts (

@@ -373,10 +373,13 @@ class Store:
         # Held copies nobody could authenticate yet (sealed, epoch) are never pushed: a forged
         # copy must not reach a reseeded relay before the genuine one. They are pushed once
         # they open (the mark survives re-examination).
-        flag = {"versions": "dirty", "held": "repush AND reason NOT IN ('sealed', 'epoch')"}[table]
+        marked = {
+            "versions": "dirty = 1",
+            "held": "repush = 1 AND reason NOT IN ('sealed', 'epoch')",
+        }
         rows = self.db.execute(
-            f"SELECT rowid, key, node, hlc, envelope FROM {table} WHERE {flag} = 1 AND rowid > ? "
-            "ORDER BY rowid LIMIT ?",
+            f"SELECT rowid, key, node, hlc, envelope FROM {table} WHERE {marked[table]}"
+            " AND rowid > ? ORDER BY rowid LIMIT ?",
             (after, limit),
         ).fetchall()
         return [(i, Row(k, node_from_sql(n), h, e)) for i, k, n, h, e in rows]

@@ -99,3 +99,21 @@ class ChaosTransport(httpx2.HTTPTransport):
         with self._lock:
             self.faults[fault] += 1
             self.struck[request_id] = fault
+
+
+class FirstReplyLost:
+    """Makes transports for a `Fleet` whose one fault, across all of them, is the first reply
+    to `path`: lost after the relay acted on the request. `lost` holds that request's number."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.lost: list[int] = []
+
+    def __call__(self) -> ChaosTransport:
+        return ChaosTransport(seed=0, timeout_rate=0, truncate_rate=0, strike=self._strike)
+
+    def _strike(self, n: int, path: str) -> bool:
+        if path == self.path and not self.lost:
+            self.lost.append(n)
+            return True
+        return False

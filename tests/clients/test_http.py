@@ -24,7 +24,7 @@ from clients.errors import (
 from clients.http import RelayClient, check_relay_url
 from replica.errors import InvalidArgumentError
 from replica.wire import PROTOCOL_VERSION, PushBatch
-from tests.clients.chaos import ChaosTransport
+from tests.clients.chaos import FirstReplyLost
 from tests.clients.conftest import Fleet
 from tests.relay.server import RelayProcess, free_port
 
@@ -122,24 +122,12 @@ def test_a_lost_refresh_reply_does_not_log_the_device_out(
     """The relay spent the refresh token but its reply was lost: the client sends the same
     token again and, within the relay's grace, gets a working session."""
     relay = start_relay("access_token_s=1")
-    lost: list[int] = []
-
-    def lose_the_first_refresh_reply(n: int, path: str) -> bool:
-        if path == "/v1/refresh" and not lost:
-            lost.append(n)
-            return True
-        return False
-
-    def transport() -> ChaosTransport:
-        return ChaosTransport(
-            seed=0, timeout_rate=0, truncate_rate=0, strike=lose_the_first_refresh_reply
-        )
-
-    a = fleets(relay.url, transport=transport).add("a")
+    first_refresh = FirstReplyLost("/v1/refresh")
+    a = fleets(relay.url, transport=first_refresh).add("a")
     a.replica.put("notes", "n1", {"text": "one"})
     time.sleep(1.2)  # the access token has expired: the next request refreshes
     report = a.driver.sync()
-    assert lost and report.stored == 1 and report.retries >= 1
+    assert first_refresh.lost and report.stored == 1 and report.retries >= 1
     assert a.client.devices().devices[0].current  # the session adopted after the retry works
 
 

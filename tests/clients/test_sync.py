@@ -17,7 +17,7 @@ from clients.http import RelayClient
 from clients.sync import Progress, SyncDriver, is_epoch_change
 from replica import RollbackError
 from replica.wire import LoginRequest, parse_header
-from tests.clients.chaos import ChaosTransport
+from tests.clients.chaos import ChaosTransport, FirstReplyLost
 from tests.clients.conftest import Device, Fleet, contents
 from tests.clients.scenario import play
 from tests.conftest import FakeClock
@@ -318,27 +318,17 @@ def test_a_reseed_whose_reply_was_lost_draws_one_new_epoch(
     """Each POST /v1/reseed draws an epoch: a blind resend would make every other device
     reseed twice."""
     relay = start_relay()
-    lost: list[int] = []
-
-    def lose_the_first_reseed_reply(n: int, path: str) -> bool:
-        if path == "/v1/reseed" and not lost:
-            lost.append(n)
-            return True
-        return False
-
-    def transport() -> ChaosTransport:
-        return ChaosTransport(
-            seed=0, timeout_rate=0, truncate_rate=0, strike=lose_the_first_reseed_reply
-        )
-
-    a = fleets(relay.url, transport=transport).add("a")
+    first_reseed = FirstReplyLost("/v1/reseed")
+    a = fleets(relay.url, transport=first_reseed).add("a")
     a.replica.put("notes", "n1", {"text": "one"})
     a.driver.sync()
     report = a.driver.reseed()
     reseeds = [
         line for line in relay.log_path.read_text().splitlines() if "account reseeded" in line
     ]
-    assert lost and len(reseeds) == 1, reseeds  # the lost reply was not answered by a resend
+    assert first_reseed.lost and len(reseeds) == 1, (
+        reseeds
+    )  # the lost reply was not answered by a resend
     assert report.stored == 1  # and the device pushed everything again
 
 

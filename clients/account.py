@@ -23,7 +23,7 @@ from replica import (
     passphrase_login_keys,
     recovery_login_keys,
 )
-from replica.wire import LoginRequest, RegisterRequest, Session, auth_key_hash
+from replica.wire import LoginRequest, RegisterRequest, Session
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def register_account(
     request = RegisterRequest(
         account=account,
         auth_key=new.auth_key,
-        recovery_auth_hash=auth_key_hash(new.recovery_auth_key),
+        recovery_auth_hash=new.recovery_auth_hash,
         kdf=new.bundle.kdf,
         bundle=bundle,
         device_name=device_name,

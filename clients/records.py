@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import click
@@ -189,12 +189,12 @@ def conflicts(settings: CliSettings, collection: str, id: str, profile: str, as_
     out.print(table)
 
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def written_at(hlc: int) -> str:
     """When a version was written, by its writer's clock: the wall part of its hybrid clock."""
-    try:
-        written = datetime.fromtimestamp(hlc_ms(hlc) / 1000, tz=UTC)
-    except (OverflowError, OSError, ValueError):  # past year 9999: a wildly wrong clock
-        return f"hlc {hlc}"
+    written = EPOCH + timedelta(milliseconds=hlc_ms(hlc))  # any hlc: up to year ~6400
     return written.isoformat(sep=" ", timespec="milliseconds").removesuffix("+00:00")
 
 

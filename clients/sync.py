@@ -6,7 +6,8 @@ runs on a thread of its own, one step ahead of the device's own work (the next b
 stored by the relay while this one's receipts are saved; the next page travels while this one
 merges), so the relay's time and the device's overlap. Each step is
 resumable: a version stops being dirty only on its receipt, and the cursor moves only with
-the page it covers, so a round cut short anywhere is finished by the next one. Requests whose
+the page it covers (or over this device's own pushed versions, protocol §4.2 step 4), so a
+round cut short anywhere is finished by the next one. Requests whose
 outcome is unknown are sent again (`clients.retry`) — a push of the same bytes gets the same
 receipts, a pull is a read. A relay found wiped or rolled back stops the round with a
 `RollbackError`; an account epoch changed by another device's reseed is followed at once.

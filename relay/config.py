@@ -18,6 +18,7 @@ from relay.storage import (
     DEFAULT_MAX_ACCOUNT_BYTES,
     DEFAULT_MAX_DRIFT_MS,
     DEFAULT_MAX_PAGE_BYTES,
+    DEFAULT_MAX_PUSH_ENVELOPES,
     DEFAULT_PAGE_SIZE,
     VersionRules,
 )
@@ -33,11 +34,8 @@ class RelayConfig:
 
     max_body_bytes: int = 16 * 1024 * 1024
     max_envelope_bytes: int = MAX_ENVELOPE_BYTES
-    max_push_envelopes: int = 4000
+    max_push_envelopes: int = DEFAULT_MAX_PUSH_ENVELOPES
     page_size: int = DEFAULT_PAGE_SIZE
-    """Envelopes per push and per page: a commit's cost grows slower than its size (the key
-    index is written at random places either way), so 4000 syncs ~20% faster than 1000; the
-    byte bounds still cap what one request holds."""
     max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES
     max_account_bytes: int = DEFAULT_MAX_ACCOUNT_BYTES
     max_drift_ms: int = DEFAULT_MAX_DRIFT_MS

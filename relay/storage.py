@@ -169,6 +169,10 @@ class Storage(Protocol):
 
 DEFAULT_MAX_DRIFT_MS = 5 * 60 * 1000
 DEFAULT_PAGE_SIZE = 4000
+"""Envelopes per page, and (`DEFAULT_MAX_PUSH_ENVELOPES`) per push: a commit's cost grows
+slower than its size (the key index is written at random places either way), so 4000 syncs
+~20% faster than 1000; the byte bounds still cap what one request holds."""
+DEFAULT_MAX_PUSH_ENVELOPES = DEFAULT_PAGE_SIZE
 DEFAULT_MAX_ACCOUNT_BYTES = 1 << 30
 DEFAULT_MAX_PAGE_BYTES = 8 * 1024 * 1024
 

@@ -287,7 +287,8 @@ class NewAccount:
     keys: AccountKeys
     recovery_key: str = field(repr=False)
     auth_key: bytes = field(repr=False)
-    recovery_auth_key: bytes = field(repr=False)
+    recovery_auth_hash: bytes = field(repr=False)
+    """What the relay stores to check the recovery key's logins (`AccountInfo` seals it too)."""
 
 
 def default_kdf_params(random_bytes: RandomBytes) -> KdfParams:
@@ -306,11 +307,12 @@ def new_account(
     recovery_key = format_recovery_key(random_bytes(KEY_BYTES))
     login = passphrase_login_keys(passphrase, params)
     recovery = recovery_login_keys(recovery_key)
+    recovery_auth_hash = auth_key_hash(recovery.auth_key)
     info = AccountInfo(
         account_id=random_bytes(ACCOUNT_ID_BYTES),
         key_epoch=0,
         schema=schema,
-        recovery_auth_hash=auth_key_hash(recovery.auth_key),
+        recovery_auth_hash=recovery_auth_hash,
     )
     bundle = KeyBundle(
         version=BUNDLE_VERSION,
@@ -320,7 +322,7 @@ def new_account(
         sealed_info=seal_info(account_key, info, random_bytes),
     )
     keys = AccountKeys(account_key, info)
-    return NewAccount(bundle, keys, recovery_key, login.auth_key, recovery.auth_key)
+    return NewAccount(bundle, keys, recovery_key, login.auth_key, recovery_auth_hash)
 
 
 def unlock_with_passphrase(bundle: KeyBundle, passphrase: str) -> AccountKeys:

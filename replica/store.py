@@ -236,6 +236,21 @@ class Store:
                 self._roll_back(rollback, commit, exc)
             raise
 
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Reads that see one state of the file, without taking the write lock (a deferred
+        BEGIN); inside a transaction, that transaction's state."""
+        if self.closed:
+            raise ReplicaClosedError(f"the replica at {self.path} is closed")
+        if self._depth > 0:
+            yield
+            return
+        self.db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self.db.execute("COMMIT")
+
     def _roll_back(self, rollback: str, release: str, original: BaseException) -> None:
         try:
             self.db.execute(rollback)

@@ -212,7 +212,7 @@ class SyncSession:
         driver that sends the next batch before it saves this one's receipts checks the answer
         first, so nothing more goes to a relay found wiped, rolled back or misbehaving."""
         _check_receipt_count(batch, result)
-        with self._core.mutex, self._store.transaction():  # one consistent read
+        with self._core.mutex, self._store.snapshot():
             self._verify_state(result.state)
 
     def _check_state(self, state: RelayState, seen_seq: int) -> None:

@@ -32,6 +32,7 @@ from replica.wire import (
     RelayState,
     RenameDevice,
     Session,
+    auth_key_hash,
 )
 from tests.relay.api import KDF, MSGPACK, Keys, body, decode, login, new_keys, register
 from tests.relay.conftest import HLC, envelope
@@ -80,7 +81,7 @@ def world(relays: Relays) -> World:
     request = RegisterRequest(
         "alice",
         alice_keys.auth_key,
-        alice_keys.recovery_auth_key,
+        auth_key_hash(alice_keys.recovery_auth_key),
         KDF,
         ALICE_BUNDLE,
         "alice-laptop",

@@ -8,6 +8,7 @@ at most 1 MiB as MessagePack, nested at most 64 deep, integers within 64 bits, f
 from __future__ import annotations
 
 import math
+import reprlib
 import unicodedata
 from typing import Any
 
@@ -23,9 +24,12 @@ MAX_INT = (1 << 64) - 1
 def check_name(kind: str, value: object) -> str:
     """Return `value` if it is a valid id, profile or collection name; raise otherwise."""
     if not isinstance(value, str):
-        raise InvalidArgumentError(f"{kind} must be a str, got {type(value).__name__}")
+        shown = reprlib.repr(value)
+        raise InvalidArgumentError(f"{kind} must be a str, got {type(value).__name__} {shown}")
     if not 1 <= len(value) <= MAX_ID_CHARS:
-        raise InvalidArgumentError(f"{kind} has {len(value)} characters, bounds 1..{MAX_ID_CHARS}")
+        raise InvalidArgumentError(
+            f"{kind} {value[:40]!r} has {len(value)} characters, bounds 1..{MAX_ID_CHARS}"
+        )
     if "\x00" in value:
         raise InvalidArgumentError(f"{kind} {value[:40]!r} contains NUL")
     check_text(kind, value)

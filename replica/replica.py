@@ -495,6 +495,7 @@ class Replica:
         core = self._core
         with core.mutex, core.write_transaction():
             core.schema.require(check_name("collection", collection))
+            check_name("profile", profile)
             repair.repair(core, force=force, scope=core.scope(profile, collection))
             records = self.scan(collection, profile=profile)
             for record in records:

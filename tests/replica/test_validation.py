@@ -4,6 +4,10 @@ and the bound, and writes nothing."""
 from __future__ import annotations
 
 import math
+import reprlib
+import sqlite3
+from collections.abc import Callable
+from contextlib import closing
 from typing import Any
 
 import pytest
@@ -48,18 +52,78 @@ def assert_nothing_written(replica: Replica) -> None:
     assert (status.records, status.dirty) == (0, 0)
 
 
-@pytest.mark.parametrize(("bad", "message"), BAD_IDS)
-def test_bad_ids_are_refused_with_the_bound(
-    make_replica: ReplicaFactory, bad: object, message: str
+NAMED_CALLS: dict[str, Callable[[Replica, Any, Any, Any], object]] = {
+    "get": lambda r, c, i, p: r.get(c, i, profile=p),
+    "conflicts": lambda r, c, i, p: r.conflicts(c, i, profile=p),
+    "history": lambda r, c, i, p: r.history(c, i, profile=p),
+    "scan": lambda r, c, i, p: r.scan(c, profile=p),
+    "put": lambda r, c, i, p: r.put(c, i, {"v": 1}, profile=p),
+    "delete": lambda r, c, i, p: r.delete(c, i, profile=p),
+    "update": lambda r, c, i, p: r.update(c, i, lambda _: {"v": 1}, profile=p),
+    "lock_scope": lambda r, c, i, p: r.lock_scope(profile=p, collection=c, id=i, duration_s=5),
+    "clear": lambda r, c, i, p: r.clear(c, profile=p),
+}
+"""Every public call that names a record, collection or profile, by (collection, id, profile)."""
+POSITIONS: dict[str, Callable[[object], tuple[object, object, object]]] = {
+    "collection": lambda bad: (bad, "n", "default"),
+    "id": lambda bad: ("notes", bad, "default"),
+    "profile": lambda bad: ("notes", "n", bad),
+}
+
+
+def file_rows(replica: Replica) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table of the replica's file, read through a connection of our own."""
+    with closing(sqlite3.connect(replica.path)) as db:
+        tables = [t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        return {t: sorted(db.execute(f"SELECT * FROM {t}").fetchall(), key=repr) for t in tables}
+
+
+def shown(value: object) -> str:
+    """How an error names a bad value: a str by its repr (first 40 characters), else reprlib."""
+    return repr(value[:40]) if isinstance(value, str) else reprlib.repr(value)
+
+
+@pytest.mark.parametrize(
+    ("call", "position"),
+    [(c, p) for c in NAMED_CALLS for p in POSITIONS if not (p == "id" and c in ("scan", "clear"))],
+)
+@pytest.mark.parametrize(("bad", "bound"), BAD_IDS)
+def test_bad_names_are_refused_naming_the_value_and_the_bound(
+    make_replica: ReplicaFactory, call: str, position: str, bad: object, bound: str
 ) -> None:
     replica = make_replica()
-    with pytest.raises(InvalidArgumentError, match=message):
-        replica.put("notes", bad, {})  # type: ignore[arg-type]
-    with pytest.raises(InvalidArgumentError, match=message):
-        replica.get("notes", bad)  # type: ignore[arg-type]
-    with pytest.raises(InvalidArgumentError, match=message):
-        replica.put("notes", "ok", {}, profile=bad)  # type: ignore[arg-type]
-    assert_nothing_written(replica)
+    replica.put("notes", "kept", {"v": 0})
+    before = file_rows(replica)
+    collection, id, profile = POSITIONS[position](bad)
+    with pytest.raises(InvalidArgumentError) as refused:
+        NAMED_CALLS[call](replica, collection, id, profile)
+    message = str(refused.value)
+    assert message.startswith(position) and shown(bad) in message and bound in message, message
+    assert file_rows(replica) == before
+
+
+@pytest.mark.parametrize("call", NAMED_CALLS)
+def test_undeclared_collections_are_refused_by_every_call(
+    make_replica: ReplicaFactory, call: str
+) -> None:
+    replica = make_replica()
+    replica.put("notes", "kept", {"v": 0})
+    before = file_rows(replica)
+    with pytest.raises(InvalidArgumentError, match="'nope' is not declared"):
+        NAMED_CALLS[call](replica, "nope", "n", "default")
+    assert file_rows(replica) == before
+
+
+@pytest.mark.parametrize(("bad", "bound"), BAD_IDS)
+def test_bad_profile_names_are_refused_on_creation(
+    make_replica: ReplicaFactory, bad: object, bound: str
+) -> None:
+    replica = make_replica()
+    before = file_rows(replica)
+    with pytest.raises(InvalidArgumentError) as refused:
+        replica.create_profile(bad)  # type: ignore[arg-type]
+    assert shown(bad) in str(refused.value) and bound in str(refused.value)
+    assert file_rows(replica) == before
 
 
 @pytest.mark.parametrize(("bad", "message"), BAD_DOCUMENTS, ids=lambda v: str(v)[:30])
@@ -80,13 +144,6 @@ def test_documents_at_the_bounds_are_accepted(make_replica: ReplicaFactory) -> N
     replica.put("notes", "big", big)
     got = replica.get("notes", "big")
     assert got is not None and got.document == big
-
-
-def test_undeclared_collections_are_refused(make_replica: ReplicaFactory) -> None:
-    replica = make_replica()
-    with pytest.raises(InvalidArgumentError, match="'nope' is not declared"):
-        replica.put("nope", "n", {})
-    assert_nothing_written(replica)
 
 
 def test_a_batch_that_fails_writes_nothing(make_replica: ReplicaFactory) -> None:

@@ -4,14 +4,16 @@ grouping or repetition, gives the same siblings and the same visible version (sp
 from __future__ import annotations
 
 import contextlib
+import itertools
 import random
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replica import Context, ItemLimitError, Replica
-from replica.merge import siblings_of
+from replica.merge import siblings_of, visible_key
 from replica.wire import Header, parse_header
 from tests.conftest import FakeClock, ReplicaFactory
 from tests.replica.helpers import apply, dirty_envelopes
@@ -105,3 +107,84 @@ def test_apply_page_is_a_join_over_real_envelopes(
     pure = {h.dot for group in by_key.values() for h in siblings_of(group)}
     stored = {dot for state in expected.values() for dot in state[0]}
     assert stored == pure
+
+
+WRITES = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "delete"]),
+        st.none() | st.integers(0, 2),  # message_count (None: absent, counts lowest)
+        st.integers(0, 1),  # advance the wall clock first (else the hlcs tie)
+    ),
+    min_size=2,
+    max_size=4,
+)
+
+
+@pytest.mark.parametrize("collection", ["threads", "notes"])
+@settings(max_examples=30)
+@given(writes=WRITES)
+def test_the_visible_sibling_is_the_greatest_by_the_spec_order(
+    make_replica: ReplicaFactory, collection: str, writes: list[tuple[str, int | None, int]]
+) -> None:
+    """Writers that never saw each other's version write one record (mostly at one standing
+    wall clock, so hlcs tie), live or deleted, with or without a tiebreak: every write stays
+    a sibling, and the one shown wins over every other by (hlc, tiebreak, live, node)."""
+    clock = FakeClock()
+    written: list[bytes] = []
+    for op, count, advance in writes:
+        clock.advance(advance)
+        writer = make_replica("w", wall_clock_ms=clock, freshness_window_s=0)
+        if op == "delete":
+            writer.delete(collection, "x")
+        else:
+            writer.put(collection, "x", {} if count is None else {"message_count": count})
+        written.extend(dirty_envelopes(writer))
+    merged = make_replica("r", wall_clock_ms=clock)
+    apply(merged, written)
+    record = merged.get(collection, "x")
+    assert record is not None and len(record.conflicts) == len(writes) - 1
+    tiebreak = "message_count" if collection == "threads" else None
+    shown = visible_key(record.hlc, record.node, record.deleted, record.document, tiebreak)
+    for other in record.conflicts:
+        assert shown > visible_key(other.hlc, other.node, other.deleted, other.document, tiebreak)
+
+
+def test_delete_recreate_delete_merges_alike_in_every_order(make_replica: ReplicaFactory) -> None:
+    """A writes, deletes, re-creates and deletes again; B re-creates after seeing only A's
+    first delete. Every order of the five envelopes, each page once or twice, ends the same:
+    A's second delete and B's re-creation as concurrent siblings, the later one shown."""
+    clock = FakeClock()
+    a, b = (make_replica(n, wall_clock_ms=clock, freshness_window_s=0) for n in "ab")
+    steps: list[bytes] = []
+
+    def step(replica: Replica, write: Callable[[Replica], object]) -> list[bytes]:
+        clock.advance(1)
+        write(replica)
+        envelopes = dirty_envelopes(replica)
+        steps.extend(envelopes)
+        return envelopes
+
+    step(a, lambda r: r.put("notes", "n", {"v": 1}))
+    first_delete = step(a, lambda r: r.delete("notes", "n"))
+    apply(b, steps)
+    step(a, lambda r: r.put("notes", "n", {"v": 2}))
+    second_delete = step(a, lambda r: r.delete("notes", "n"))
+    recreated = step(b, lambda r: r.put("notes", "n", {"v": 3}))
+    assert len(steps) == 5 and first_delete and second_delete and recreated
+
+    states = []
+    for order in itertools.permutations(steps):
+        replica = make_replica("r", wall_clock_ms=clock)
+        for envelope in order:
+            apply(replica, [envelope])
+        apply(replica, list(order[:2]))  # duplicates change nothing
+        record = replica.get("notes", "n")
+        assert record is not None
+        states.append((record.context, record.deleted, record.document, record.conflicts))
+        replica.close()
+    assert all(state == states[0] for state in states)
+    context, deleted, document, conflicts = states[0]
+    headers = {h.dot: h for h in map(parse_header, second_delete + recreated)}
+    assert context == frozenset(headers)  # exactly the two concurrent versions stay
+    assert (deleted, document) == (False, {"v": 3})  # B's re-creation is the later write
+    assert [(c.deleted, c.document) for c in conflicts] == [(True, None)]

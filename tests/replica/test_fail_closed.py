@@ -81,13 +81,32 @@ def resealed_under_other_key(account_id: bool) -> Damage:
     return damage
 
 
+def sealed_at_epoch_1_relabelled_to_0(envelope: bytes, others: dict[str, bytes]) -> bytes:
+    """Sealed for this record by the account's own key at epoch 1, then labelled epoch 0 (a
+    known epoch, so only authentication can tell)."""
+    header = parse_header(envelope)
+    keys = AccountKeys(others["account_key"], AccountInfo(others["account_id"], 1))
+    genuine = seal(
+        keys,
+        Identity("default", "notes", "r2"),
+        hlc=header.hlc,
+        node=header.node,
+        vector=header.vector,
+        deleted=False,
+        document={"id": "r2"},
+        nonce=b"\x01" * 12,
+    )
+    assert parse_header(genuine).epoch == 1
+    return genuine[:2] + struct.pack(">I", 0) + genuine[6:]
+
+
 DAMAGES: dict[str, Damage] = {
     "flipped bit": flip_bit,
     "truncated": truncate,
     "relabelled hlc": relabel(22, 8, 1),
     "relabelled node": relabel(30, 8, 1),
     "relabelled vector": relabel(48, 8, 1),
-    "relabelled epoch (known)": relabel(2, 4, 0),  # placeholder, replaced below
+    "relabelled epoch (known)": sealed_at_epoch_1_relabelled_to_0,
     "relabelled key": relabel(6, 16, 1),
     "moved to another record": moved_from("r3"),
     "moved to another collection": moved_from("threads/r2"),
@@ -95,7 +114,6 @@ DAMAGES: dict[str, Damage] = {
     "moved to another account": resealed_under_other_key(account_id=False),
     "wrong key": resealed_under_other_key(account_id=True),
 }
-del DAMAGES["relabelled epoch (known)"]  # only epoch 0 exists; see the unknown-epoch test
 
 
 def row_digests(path: Path) -> dict[tuple[bytes, int, int], str]:
@@ -134,7 +152,7 @@ def populated(make_replica: ReplicaFactory, account: Account) -> tuple[Replica, 
     replica.put("threads", "r2", {"id": "thread"})
     replica.put("notes", "r2", {"id": "work"}, profile="work")
     keys = replica._core.keys()
-    others = {"account_id": keys.account_id}
+    others = {"account_id": keys.account_id, "account_key": replica.account_key()}
     with sqlite3.connect(replica.path) as db:
         for name, identity in {
             "r3": Identity("default", "notes", "r3"),
@@ -162,12 +180,17 @@ def test_a_damaged_row_fails_closed_and_repair_quarantines_exactly_it(
     for _ in range(2):  # the latch holds: the second read raises too
         with pytest.raises(DegradedError):
             replica.get("notes", "r2")
-    with pytest.raises(DegradedError):
-        replica.scan("notes")
-    with pytest.raises(DegradedError):
-        replica.put("notes", "r2", {"id": "overwrite"})
-    with pytest.raises(DegradedError):
-        replica.delete("notes", "r2")
+    refused: list[Callable[[], object]] = [
+        lambda: replica.scan("notes"),
+        lambda: replica.conflicts("notes", "r2"),
+        lambda: replica.history("notes", "r2"),
+        lambda: replica.put("notes", "r2", {"id": "overwrite"}),
+        lambda: replica.delete("notes", "r2"),
+        lambda: replica.update("notes", "r2", lambda _: {"id": "overwrite"}),
+    ]
+    for call in refused:
+        with pytest.raises(DegradedError):
+            call()
     assert row_digests(replica.path) == damaged_digests  # nothing was written over it
     assert sorted(r.id for r in replica.scan("notes", skip_degraded=True)) == ["r1", "r3", "r4"]
     assert replica.get("notes", "r1").document == {"id": "r1"}  # type: ignore[union-attr]
@@ -208,6 +231,7 @@ def test_a_damaged_envelope_in_a_page_is_quarantined_and_the_rest_merges(
         by_identity[opened.identity] = envelope
     others = {
         "account_id": keys.account_id,
+        "account_key": writer.account_key(),
         "r3": by_identity[Identity("default", "notes", "r3")],
         "threads/r2": by_identity[Identity("default", "threads", "r2")],
         "work/r2": by_identity[Identity("work", "notes", "r2")],

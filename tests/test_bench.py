@@ -33,10 +33,11 @@ REQUIRED = {
 LOAD_FIELDS = {"p50_ms", "p99_ms", "errors", "lost", "rate_per_s", "generator_lag_p99_ms"}
 
 
-def run_bench(*args: str) -> list[dict[str, Any]]:
+def run_script(*args: str) -> str:
+    """bench/run.py's standard output; it must exit 0."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "run.py"), "--json", *args],
+        [sys.executable, str(ROOT / "bench" / "run.py"), *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -45,7 +46,11 @@ def run_bench(*args: str) -> list[dict[str, Any]]:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    return [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    return result.stdout
+
+
+def run_bench(*args: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in run_script("--json", *args).splitlines() if line.strip()]
 
 
 def check_lines(lines: list[dict[str, Any]]) -> None:
@@ -78,6 +83,13 @@ def test_bench_tiny_run_has_every_required_line_with_its_baseline() -> None:
     assert by_name["replica.put_single"]["baseline"] == "raw.sqlite_upsert"
     assert all("ratio" in by_name[name] for name in ("replica.merge", "replica.put"))
     assert by_name["replica.merge"]["n"] == by_name["raw.upsert_aead"]["n"] == 100
+    units = {name: by_name[name]["unit"] for name in ("raw.sqlite_upsert", "raw.aesgcm_open",
+             "raw.upsert_aead", "replica.put", "replica.merge")}  # fmt: skip
+    assert units == {"raw.sqlite_upsert": "rows/s", "raw.aesgcm_open": "ops/s",
+                     "raw.upsert_aead": "rows/s", "replica.put": "ops/s",
+                     "replica.merge": "rows/s"}  # fmt: skip
+    merge_envelopes = by_name["replica.merge"]["envelope_bytes"]
+    assert merge_envelopes == by_name["raw.upsert_aead"]["envelope_bytes"]  # one size, fair
     assert by_name["relay.push"]["baseline"] == "raw.sqlite_upsert"
     assert by_name["relay.push"]["n"] == by_name["relay.pull"]["n"] == 100
 
@@ -118,3 +130,12 @@ def test_bench_sync_reports_e2e_incremental_and_live_with_the_merge_baseline() -
     assert incremental["ms_100k"] is None and incremental["bytes_100k"] is None
     live = by_name["sync.live"]
     assert live["writes"] == 20 and 0 < live["p50_ms"] <= live["p95_ms"] == live["value"]
+
+
+def test_without_json_a_table_shows_each_line_with_its_unit_ratio_and_baseline() -> None:
+    table = run_script("--n", "50", "--only", "replica.merge")
+    rows = {line.split()[0]: line.split() for line in table.splitlines() if line.strip()}
+    assert rows["benchmark"][:5] == ["benchmark", "value", "unit", "ratio", "vs"]
+    assert rows["raw.upsert_aead"][2] == "rows/s" and "n=50" in rows["raw.upsert_aead"]
+    merge = rows["replica.merge"]
+    assert merge[2] == "rows/s" and merge[4] == "raw.upsert_aead" and float(merge[3]) > 0

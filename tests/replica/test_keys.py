@@ -364,16 +364,21 @@ def test_replica_unlock_with_a_mistyped_recovery_key_raises_wrong_key(
 # ---- passphrase change ----------------------------------------------------------------------------
 
 
-def row_digests(path: Path) -> list[str]:
-    """SHA-256 of every row of the `versions` table, read straight from the file."""
+RECORD_TABLES = ("versions", "local", "history", "held", "quarantine")
+"""Every table that holds sealed records: a passphrase change must rewrite none of them."""
+
+
+def row_digests(path: Path) -> dict[str, list[str]]:
+    """SHA-256 of every row of each record table, read straight from the file."""
     db = sqlite3.connect(path)
     try:
-        rows = db.execute(
-            "SELECT key, node, hlc, scope, envelope, dirty FROM versions ORDER BY key, node, hlc"
-        ).fetchall()
+        rows = {table: db.execute(f"SELECT * FROM {table}").fetchall() for table in RECORD_TABLES}
     finally:
         db.close()
-    return [hashlib.sha256(repr(row).encode()).hexdigest() for row in rows]
+    return {
+        table: sorted(hashlib.sha256(repr(row).encode()).hexdigest() for row in table_rows)
+        for table, table_rows in rows.items()
+    }
 
 
 def test_change_passphrase_rewraps_the_key_and_rewrites_no_record(
@@ -384,13 +389,17 @@ def test_change_passphrase_rewraps_the_key_and_rewrites_no_record(
     replica.put("notes", "n2", {"title": "two"})
     replica.delete("notes", "n2")
     replica.put("threads", "t1", {"title": "t", "message_count": 3})
+    replica.put("drafts", "d1", {"text": "unsent"})
+    replica.put("versioned", "v1", {"v": 1})
+    replica.put("versioned", "v1", {"v": 2})
     path = replica.path
     before = row_digests(path)
     old_bundle = bundle_from_bytes(replica.key_bundle())
 
     login = replica.change_passphrase(NEW_PASSPHRASE)
 
-    assert row_digests(path) == before and len(before) == 3
+    assert row_digests(path) == before
+    assert [len(before[t]) for t in ("versions", "local", "history")] == [4, 1, 1]
     new_bundle = bundle_from_bytes(replica.key_bundle())
     assert new_bundle.passphrase_wrap != old_bundle.passphrase_wrap
     assert new_bundle.kdf.salt != old_bundle.kdf.salt

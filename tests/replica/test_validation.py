@@ -133,6 +133,8 @@ def test_bad_documents_are_refused_with_the_bound(
     replica = make_replica()
     with pytest.raises(InvalidArgumentError, match=message):
         replica.put("notes", "n", bad)
+    with pytest.raises(InvalidArgumentError, match=message):
+        replica.update("notes", "n", lambda _: bad)
     assert_nothing_written(replica)
 
 

@@ -172,7 +172,9 @@ class RelayApi:
 
     async def info(self, request: Request) -> Response:
         self.limit_address(request)
-        info = RelayInfo(PROTOCOL_VERSION, self.config.limits(), self.config.open_signup)
+        info = RelayInfo(
+            PROTOCOL_VERSION, self.config.limits(), self.config.open_signup, self.storage.storage_id
+        )
         return codec.respond(request, info)
 
     async def health(self, request: Request) -> Response:

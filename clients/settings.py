@@ -43,7 +43,10 @@ def read_config(path: Path) -> dict[str, str]:
     try:
         document = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
-        raise InvalidArgumentError(f"config {path} is not TOML: {exc}") from exc
+        raise InvalidArgumentError(
+            f"config {path} is not TOML: {exc}",
+            hint="fix the file, or name another with --config (or SEALSYNC_CONFIG)",
+        ) from exc
     settings = {k: v for k, v in document.items() if not isinstance(v, dict)}
     unknown = sorted(set(settings) - set(CONFIG_KEYS))
     if unknown:
@@ -53,14 +56,21 @@ def read_config(path: Path) -> dict[str, str]:
         )
     for name, value in settings.items():
         if not isinstance(value, str):
-            raise InvalidArgumentError(f"config {path}: {name} must be a string, got {value!r}")
+            raise InvalidArgumentError(
+                f"config {path}: {name} must be a string, got {value!r}",
+                hint=f'quote it: {name} = "..."',
+            )
     return settings
 
 
 def config_to_default_map(settings: dict[str, str]) -> dict[str, Any]:
-    """click's default_map: the group's own options at the top, commands' options nested."""
+    """click's default_map, keyed by parameter name: the group's own options at the top
+    (`replica` is `--replica`'s `replica_path`), commands' options nested."""
+    parameter_by_setting = {"replica": "replica_path", "passphrase_file": "passphrase_file"}
     default_map: dict[str, Any] = {
-        k: settings[k] for k in ("replica", "passphrase_file") if k in settings
+        parameter: settings[name]
+        for name, parameter in parameter_by_setting.items()
+        if name in settings
     }
     if "profile" in settings:
         default_map.update({name: {"profile": settings["profile"]} for name in PROFILE_COMMANDS})

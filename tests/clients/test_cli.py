@@ -8,7 +8,7 @@ import json
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -20,6 +20,7 @@ from click.testing import CliRunner, Result
 from clients.cli import main
 from clients.device import device_client, load_settings
 from clients.records import written_at
+from replica import Status
 from tests.relay.server import RelayProcess, free_port
 
 PASSPHRASE = "correct horse battery staple"
@@ -54,6 +55,7 @@ def dump(path: Path) -> list[str]:
 def assert_user_error(result: Result, *words: str) -> None:
     assert result.exit_code != 0, result.output
     assert "error:" in result.stderr and "hint:" in result.stderr, result.output
+    assert result.stderr.count("error:") == 1, result.stderr  # one error, however it wraps
     assert "Traceback" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     for word in words:
@@ -87,7 +89,9 @@ def test_two_devices_sync_and_a_put_resolves_a_concurrent_edit(
     now = datetime.now(UTC).replace(tzinfo=None)
     assert abs(datetime.fromisoformat(written) - now) < timedelta(minutes=1)
     assert "from " in shown and str(sibling["node"]) in shown
+    assert set(sibling) == {"id", "doc", "hlc", "node", "deleted"}
     visible = cli.json(b, "get", "threads", "t1")
+    assert set(visible) == {"id", "doc", "hlc", "node", "deleted", "conflicts"}  # type: ignore[arg-type]
     assert visible["conflicts"] == 1 and visible == cli.json(a, "get", "threads", "t1")  # type: ignore[index]
 
     cli.ok(b, "put", "threads", "t1", '{"title": "merged", "message_count": 3}')
@@ -100,8 +104,13 @@ def test_two_devices_sync_and_a_put_resolves_a_concurrent_edit(
     assert cli.json(a, "ls", "threads") == [{"id": "t1", "doc": resolved["doc"]}]  # type: ignore[index]
     gone = cli(a, "get", "messages", "m1")
     assert gone.exit_code == 1 and "not found" in gone.stderr and "0 conflicts" in gone.stderr
+    for id in ("m5", "m2", "m4", "m3", "m6"):  # stored in opaque-key order, listed by id
+        cli.ok(a, "put", "messages", id, f'{{"text": "{id}"}}')
+    listed = cli.json(a, "ls", "messages")
+    assert [r["id"] for r in listed] == ["m2", "m3", "m4", "m5", "m6"]  # type: ignore[index,union-attr]
     status = cli.json(a, "status")
-    assert status["dirty"] == 0 and status["account"] == "ann" and status["relay"] == relay.url  # type: ignore[index]
+    assert status["dirty"] == 5 and status["account"] == "ann" and status["relay"] == relay.url  # type: ignore[index]
+    assert set(status) >= {f.name for f in fields(Status)}  # type: ignore[arg-type]
 
     settings_b = load_settings(b)
     with device_client(a, load_settings(a)) as client:

@@ -20,7 +20,8 @@ from click.testing import CliRunner, Result
 from clients.cli import main
 from clients.device import device_client, load_settings
 from clients.records import written_at
-from replica import Status
+from clients.schema import CHAT_SCHEMA
+from replica import Replica, Status
 from tests.relay.server import RelayProcess, free_port
 
 PASSPHRASE = "correct horse battery staple"
@@ -75,6 +76,9 @@ def test_two_devices_sync_and_a_put_resolves_a_concurrent_edit(
     assert session is not None  # no token is ever printed
     assert session.access_token not in created.output
     assert session.refresh_token not in created.output
+    with Replica.open(a) as made:  # init declares the chat schema the demo runs on
+        made.unlock(PASSPHRASE)
+        assert made.schema == CHAT_SCHEMA
     cli.ok(b, "join", "--relay", relay.url, "--account", "ann", "--device-name", "laptop")
 
     cli.ok(a, "put", "threads", "t1", '{"title": "from a", "message_count": 1}')
@@ -211,3 +215,10 @@ def test_demo_runs_on_its_own_relay_and_converges(cli: Cli, tmp_path: Path) -> N
     assert "converged: yes" in result.stdout
     assert "conflict threads/trip" in result.stdout and "why:" in result.stdout
     assert "timings" in result.stdout
+    phone, rest = result.stdout.split("\nlaptop\n")
+    laptop = rest.split("conflict threads/trip")[0]
+    for device in (phone, laptop):
+        assert "personas" in device and "critic" in device and "guide" in device
+        assert "active_persona" in device and "m3" in device
+        assert "m2" not in device  # deleted while offline, gone everywhere
+    assert "drafts" in phone and "drafts" not in laptop  # device-local: never synced

@@ -32,6 +32,30 @@ def test_readme_opens_with_the_two_commands() -> None:
     assert setup_and_test in ci, ".ci/run runs exactly the README's test command"
 
 
+@pytest.mark.slow
+def test_the_first_command_runs_as_written_in_a_clean_clone(tmp_path: Path) -> None:
+    """Set-up and `sealsync demo` exactly as the README gives them, in a clone of this
+    checkout's commit with no virtual environment yet (what a person gets from the repo)."""
+    if not (ROOT / ".git").exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI runs on a git checkout; this one has no .git")
+        pytest.skip("not a git checkout: nothing to clone")
+    clone = tmp_path / "sealsync"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=120)
+    setup_and_run, _ = readme_commands()
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", setup_and_run],
+        cwd=clone,
+        env={k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines()[-1] == "converged: yes"
+
+
 def test_the_main_job_converges() -> None:
     """`sealsync demo`: a real relay on loopback, two devices, offline edits, a conflict."""
     result = subprocess.run(

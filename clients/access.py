@@ -201,29 +201,6 @@ def follow_relay(replica: Replica, session: Session) -> RollbackError | None:
     return None
 
 
-def relay_was_replaced(client: RelayClient, replica: Replica) -> bool:
-    """The relay's storage is not the one this device last synced with (wiped, or another
-    database behind the URL): its `/v1/info` tells, without a session."""
-    storage_id = client.info().storage_id
-    known = replica.sync_session().known_relay_state()
-    return bool(storage_id) and known is not None and known.storage_id != storage_id
-
-
-def rejoin_replaced_relay(
-    client: RelayClient, replica: Replica, account: str, passphrase: str, device_name: str
-) -> RollbackError | None:
-    """`sync` after a refused session, on a relay whose storage was replaced and that has the
-    account again (another device's reseed registered it): the session went with the old
-    storage — no revocation there can have ended it — so log in again as a new device with the
-    passphrase that unlocked the replica, and follow the reseed, as `login` would. Anything
-    else raises the `AccessLostError` of a refused session: a revoked or expired session is
-    for the person to renew (`sealsync login`), never for a sync to get round."""
-    if not (relay_was_replaced(client, replica) and has_account(client, replica, account)):
-        raise access_lost_error(client, replica, account)
-    keys = passphrase_login_keys(passphrase, replica.kdf_params())
-    return follow_relay(replica, log_in(client, account, keys, device_name))
-
-
 def is_followed(finding: RollbackError) -> bool:
     return finding.reason != "head"
 

@@ -25,11 +25,9 @@ from clients.access import (
     explained_refusals,
     follow_relay,
     is_followed,
-    is_session_refused,
     login_again,
     login_settings,
     regain_access,
-    rejoin_replaced_relay,
 )
 from clients.account import Secret, join_account, register_account
 from clients.console import err, fail, out, user_errors
@@ -45,7 +43,6 @@ from clients.device import (
     save_settings,
     sidecar_path,
 )
-from clients.errors import RelayClientError
 from clients.http import RelayClient, check_relay_url
 from clients.progress import PROGRESS_MODES, ProgressMode, default_mode, shown_progress
 from clients.retry import Backoff
@@ -67,10 +64,6 @@ REGAINED_MESSAGE = {
     "logged_in": "logged in to {url} again as a new device",
     "registered": "the relay had lost account {account!r}: registered it again on {url}",
 }
-REJOINED = (
-    "the relay at {url} was wiped and the account registered again by another device's "
-    "reseed ({finding}): logged in again as a new device; following the reseed"
-)
 FOLLOWED = (
     "the account was reseeded since this device last synced: its next sync pushes everything "
     "it holds and pulls everything again"
@@ -269,17 +262,7 @@ def sync(
             )  # fmt: skip
             if regained is not None:
                 out.print(REGAINED_MESSAGE[regained].format(account=relay.account, url=relay.url))
-        try:
-            report = run_sync(replica, client, retry_for_s, reseed=reseed, mode=progress_mode)
-        except RelayClientError as exc:
-            if reseed or not is_session_refused(exc):
-                raise
-            finding = rejoin_replaced_relay(
-                client, replica, relay.account, passphrase(), default_device_name()
-            )
-            out.print(REJOINED.format(url=relay.url, finding=finding or "nothing else changed"))
-            report = run_sync(replica, client, retry_for_s, reseed=False, mode=progress_mode)
-        report_sync(report)
+        report_sync(run_sync(replica, client, retry_for_s, reseed=reseed, mode=progress_mode))
         if watch:
             backoff = Backoff(max_elapsed_s=retry_for_s)
             watch_live(SyncDriver(replica, client, backoff=backoff), idle_sync_s)

@@ -172,9 +172,7 @@ class RelayApi:
 
     async def info(self, request: Request) -> Response:
         self.limit_address(request)
-        info = RelayInfo(
-            PROTOCOL_VERSION, self.config.limits(), self.config.open_signup, self.storage.storage_id
-        )
+        info = RelayInfo(PROTOCOL_VERSION, self.config.limits(), self.config.open_signup)
         return codec.respond(request, info)
 
     async def health(self, request: Request) -> Response:

@@ -202,12 +202,6 @@ class SyncSession:
 
     # -- relay state: wipe and rollback ---------------------------------------------------------
 
-    def known_relay_state(self) -> RelayState | None:
-        """The relay state this replica last adopted; None before its first sync."""
-        with self._core.mutex, self._store.snapshot():
-            stored = self._store.get_bytes("relay_state")
-        return None if stored is None else msgspec.msgpack.decode(stored, type=RelayState)
-
     def check_relay_state(self, state: RelayState) -> None:
         """Raise `RollbackError` if `state` shows a wiped or rolled-back relay; adopt it first time."""
         with self._core.mutex, self._store.transaction():

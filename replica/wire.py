@@ -442,9 +442,6 @@ class RelayInfo(msgspec.Struct, frozen=True):
     protocol_version: int
     limits: RelayLimits
     open_signup: bool
-    storage_id: str = ""
-    """`RelayState.storage_id`, told without a session: a device whose session is refused can
-    tell a wiped relay (another id) from a revoked session. Empty from a relay that does not say."""
 
 
 class Health(msgspec.Struct, frozen=True):

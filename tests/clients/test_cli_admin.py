@@ -60,7 +60,6 @@ def test_devices_lists_the_account_marks_this_one_and_revokes_another(
     before = dump(b)
     assert_user_error(cli(b, "sync", "--retry-for", "1"), "unauthorized")
     assert dump(b) == before
-    assert [d["name"] for d in cli.json(a, "devices")] == ["desk"]  # type: ignore[union-attr,index]
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replica import Context, ItemLimitError, Replica
-from replica.merge import siblings_of, visible_key
+from replica.merge import siblings_of
 from replica.wire import Header, parse_header
 from tests.conftest import FakeClock, ReplicaFactory
 from tests.replica.helpers import apply, dirty_envelopes
@@ -144,9 +144,16 @@ def test_the_visible_sibling_is_the_greatest_by_the_spec_order(
     record = merged.get(collection, "x")
     assert record is not None and len(record.conflicts) == len(writes) - 1
     tiebreak = "message_count" if collection == "threads" else None
-    shown = visible_key(record.hlc, record.node, record.deleted, record.document, tiebreak)
+
+    def spec_order(hlc: int, node: int, deleted: bool, document: object) -> tuple[int, ...]:
+        """merge.md §6 written out here: hlc, an integer tiebreak (absent lowest), live, node."""
+        count = document.get(tiebreak) if tiebreak and isinstance(document, dict) else None
+        ranked = (1, count) if isinstance(count, int) else (0, 0)
+        return (hlc, *ranked, 0 if deleted else 1, node)
+
+    shown = spec_order(record.hlc, record.node, record.deleted, record.document)
     for other in record.conflicts:
-        assert shown > visible_key(other.hlc, other.node, other.deleted, other.document, tiebreak)
+        assert shown > spec_order(other.hlc, other.node, other.deleted, other.document)
 
 
 def test_delete_recreate_delete_merges_alike_in_every_order(make_replica: ReplicaFactory) -> None:

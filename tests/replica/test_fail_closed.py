@@ -58,25 +58,30 @@ def moved_from(name: str) -> Damage:
     return lambda _envelope, others: others[name]
 
 
+def sealed_as_r2(keys: AccountKeys, envelope: bytes, document: object, nonce: bytes) -> bytes:
+    """A version of notes/r2 sealed under `keys`, with the dot and vector of `envelope`."""
+    header = parse_header(envelope)
+    return seal(
+        keys,
+        Identity("default", "notes", "r2"),
+        hlc=header.hlc,
+        node=header.node,
+        vector=header.vector,
+        deleted=False,
+        document=document,
+        nonce=nonce,
+    )
+
+
 def resealed_under_other_key(account_id: bool) -> Damage:
     """Sealed for this record by another key (same account id) or another account entirely,
     then relabelled to this record's opaque key so only authentication can tell."""
 
     def damage(envelope: bytes, others: dict[str, bytes]) -> bytes:
-        header = parse_header(envelope)
         info = AccountInfo(others["account_id"] if account_id else b"\x07" * 16, 0)
         stranger = AccountKeys(b"\x42" * 32, info)
-        forged = seal(
-            stranger,
-            Identity("default", "notes", "r2"),
-            hlc=header.hlc,
-            node=header.node,
-            vector=header.vector,
-            deleted=False,
-            document={"forged": True},
-            nonce=b"\x00" * 12,
-        )
-        return forged[:6] + header.key + forged[22:]
+        forged = sealed_as_r2(stranger, envelope, {"forged": True}, b"\x00" * 12)
+        return forged[:6] + parse_header(envelope).key + forged[22:]
 
     return damage
 
@@ -84,18 +89,8 @@ def resealed_under_other_key(account_id: bool) -> Damage:
 def sealed_at_epoch_1_relabelled_to_0(envelope: bytes, others: dict[str, bytes]) -> bytes:
     """Sealed for this record by the account's own key at epoch 1, then labelled epoch 0 (a
     known epoch, so only authentication can tell)."""
-    header = parse_header(envelope)
     keys = AccountKeys(others["account_key"], AccountInfo(others["account_id"], 1))
-    genuine = seal(
-        keys,
-        Identity("default", "notes", "r2"),
-        hlc=header.hlc,
-        node=header.node,
-        vector=header.vector,
-        deleted=False,
-        document={"id": "r2"},
-        nonce=b"\x01" * 12,
-    )
+    genuine = sealed_as_r2(keys, envelope, {"id": "r2"}, b"\x01" * 12)
     assert parse_header(genuine).epoch == 1
     return genuine[:2] + struct.pack(">I", 0) + genuine[6:]
 

@@ -53,7 +53,7 @@ from replica.wire import (
     encode_message,
 )
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"sealsync.{__name__}")
 T = TypeVar("T")
 MSGPACK = "application/msgpack"
 

@@ -16,7 +16,7 @@ from clients.errors import RelayClientError
 from clients.http import RelayClient
 from clients.retry import Backoff
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"sealsync.{__name__}")
 
 MAX_BACKOFF_STEP = 16
 """Retry counts past this add nothing: the delay is at its ceiling long before."""

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from clients.errors import RelayClientError, RelayRefusedError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"sealsync.{__name__}")
 T = TypeVar("T")
 
 

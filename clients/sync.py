@@ -39,7 +39,7 @@ from replica import (
 )
 from replica.wire import Page, PushBatch, PushResult, RelayLimits
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"sealsync.{__name__}")
 T = TypeVar("T")
 
 FRAMING_BYTES = 1024

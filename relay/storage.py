@@ -218,15 +218,3 @@ def spent_until(grace_until_ms: int, latest_other_spent_ms: int | None) -> int:
 def new_random_id() -> str:
     """A storage id or account epoch: 128 random bits, hex."""
     return secrets.token_hex(16)
-
-
-_I64 = 1 << 63
-
-
-def node_to_i64(node: int) -> int:
-    """Nodes are u64; SQL integer columns are signed 64-bit."""
-    return node - (1 << 64) if node >= _I64 else node
-
-
-def node_from_i64(node: int) -> int:
-    return node + (1 << 64) if node < 0 else node

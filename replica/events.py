@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"sealsync.{__name__}")
 
 EventKind = Literal["changed", "held", "released", "node_changed", "over_limit"]
 

@@ -18,8 +18,8 @@ from typing import Literal
 
 from replica.core import Core
 from replica.errors import EnvelopeError, ProtocolError, RepairRefusedError, UnknownEpochError
-from replica.store import Row, node_from_sql, node_to_sql
-from replica.wire import parse_header
+from replica.store import Row
+from replica.wire import node_from_i64, node_to_i64, parse_header
 from replica.write import local_row
 
 Damage = Literal["corrupt", "undecryptable"]
@@ -73,14 +73,14 @@ def _stored_rows(core: Core, scope: bytes | None) -> Iterator[tuple[str, Row, by
     for key, node, hlc, vector, envelope in store.db.execute(
         f"SELECT key, node, hlc, vector, envelope FROM versions{where}", args
     ).fetchall():
-        yield "versions", Row(key, node_from_sql(node), hlc, envelope), vector
+        yield "versions", Row(key, node_from_i64(node), hlc, envelope), vector
     for key, envelope in store.db.execute(f"SELECT key, envelope FROM local{where}", args):
         yield "local", local_row(key, envelope), None
     if scope is None:
         for key, node, hlc, envelope in store.db.execute(
             "SELECT key, node, hlc, envelope FROM history"
         ).fetchall():
-            yield "history", Row(key, node_from_sql(node), hlc, envelope), None
+            yield "history", Row(key, node_from_i64(node), hlc, envelope), None
 
 
 def _check_row(core: Core, table: str, row: Row, vector: bytes | None) -> Finding | None:
@@ -162,5 +162,5 @@ def _quarantine_row(core: Core, finding: Finding, now: int) -> None:
     else:
         store.db.execute(
             f"DELETE FROM {finding.table} WHERE key = ? AND node = ? AND hlc = ?",
-            (row.key, node_to_sql(row.node), row.hlc),
+            (row.key, node_to_i64(row.node), row.hlc),
         )

@@ -5,7 +5,7 @@ travel) plus the cleartext header facts that queries need (dot, encoded vector).
 in `BEGIN IMMEDIATE` transactions, so several processes sharing one file serialize on SQLite's
 lock (with a busy timeout) instead of failing; nested `transaction()` calls become savepoints
 that never hide the original error. Node ids are unsigned 64-bit; SQLite integers are signed,
-hence `node_to_sql`. The merge's statements pass BLOB values through `_blob` (see there).
+hence `node_to_i64`. The merge's statements pass BLOB values through `_blob` (see there).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import msgspec
 
 from replica.errors import ReplicaClosedError, StoreError
 from replica.locks import Lock
+from replica.wire import node_from_i64, node_to_i64
 
 SCHEMA_VERSION = 1
 APPLICATION_ID = 0x5EA15C
@@ -74,14 +75,6 @@ _MIGRATIONS: tuple[str, ...] = (
 
 def envelope_digest(envelope: bytes) -> bytes:
     return hashlib.sha256(envelope).digest()[:16]
-
-
-def node_to_sql(node: int) -> int:
-    return node - (1 << 64) if node >= 1 << 63 else node
-
-
-def node_from_sql(value: int) -> int:
-    return value + (1 << 64) if value < 0 else value
 
 
 _blob = bytearray
@@ -308,14 +301,14 @@ class Store:
         rows = self.db.execute(
             "SELECT key, node, hlc, envelope FROM versions WHERE key = ?", (key,)
         ).fetchall()
-        return [Row(k, node_from_sql(n), h, e) for k, n, h, e in rows]
+        return [Row(k, node_from_i64(n), h, e) for k, n, h, e in rows]
 
     def versions_in_scope(self, scope: bytes) -> Iterator[Row]:
         cursor = self.db.execute(
             "SELECT key, node, hlc, envelope FROM versions WHERE scope = ? ORDER BY key", (scope,)
         )
         for k, n, h, e in cursor:
-            yield Row(k, node_from_sql(n), h, e)
+            yield Row(k, node_from_i64(n), h, e)
 
     def insert_versions(self, rows: Iterable[NewVersion]) -> None:
         """Insert versions; callers insert only identities the record does not hold (merging
@@ -326,7 +319,7 @@ class Store:
             [
                 (
                     _blob(v.key),
-                    node_to_sql(v.node),
+                    node_to_i64(v.node),
                     v.hlc,
                     _blob(v.scope),
                     _blob(v.vector),
@@ -349,7 +342,7 @@ class Store:
                 f"SELECT id, key, node, hlc, vector FROM versions WHERE key IN ({marks})", chunk
             )
             for rowid, key, node, hlc, vector in cursor:
-                yield rowid, key, node_from_sql(node), hlc, vector
+                yield rowid, key, node_from_i64(node), hlc, vector
 
     def scope_of(self, key: bytes) -> bytes | None:
         row = self.db.execute("SELECT scope FROM versions WHERE key = ? LIMIT 1", (key,)).fetchone()
@@ -362,7 +355,7 @@ class Store:
             "UPDATE versions SET node = ?, hlc = ?, vector = ?, envelope = ?, dirty = ? WHERE id = ?",
             [
                 (
-                    node_to_sql(new.node),
+                    node_to_i64(new.node),
                     new.hlc,
                     _blob(new.vector),
                     _blob(new.envelope),
@@ -376,7 +369,7 @@ class Store:
     def delete_versions(self, rows: Iterable[Row]) -> None:
         self.db.executemany(
             "DELETE FROM versions WHERE key = ? AND node = ? AND hlc = ?",
-            [(r.key, node_to_sql(r.node), r.hlc) for r in rows],
+            [(r.key, node_to_i64(r.node), r.hlc) for r in rows],
         )
 
     def rows_to_push(self, table: str, limit: int, after: int) -> list[tuple[int, Row]]:
@@ -397,12 +390,12 @@ class Store:
             " AND rowid > ? ORDER BY rowid LIMIT ?",
             (after, limit),
         ).fetchall()
-        return [(i, Row(k, node_from_sql(n), h, e)) for i, k, n, h, e in rows]
+        return [(i, Row(k, node_from_i64(n), h, e)) for i, k, n, h, e in rows]
 
     def clear_dirty(self, identities: Iterable[tuple[bytes, int, int]]) -> None:
         """Clear the push marks of acknowledged versions, in `versions` and in `held` (where
         marks exist only after a reseed: the usual batch skips that table's statements)."""
-        args = [(_blob(k), node_to_sql(n), h) for k, n, h in identities]
+        args = [(_blob(k), node_to_i64(n), h) for k, n, h in identities]
         self.db.executemany(
             "UPDATE versions SET dirty = 0 WHERE key = ? AND node = ? AND hlc = ?", args
         )
@@ -421,7 +414,7 @@ class Store:
         self.db.execute("UPDATE held SET repush = 1")
 
     def has_identity(self, key: bytes, node: int, hlc: int) -> bool:
-        args = (key, node_to_sql(node), hlc)
+        args = (key, node_to_i64(node), hlc)
         for table in ("versions", "held", "history", "quarantine"):
             found = self.db.execute(
                 f"SELECT 1 FROM {table} WHERE key = ? AND node = ? AND hlc = ?", args
@@ -435,7 +428,7 @@ class Store:
         rows = list(rows)
         self.db.executemany(
             "INSERT OR IGNORE INTO history (key, node, hlc, envelope, replaced_at_ms) VALUES (?, ?, ?, ?, ?)",
-            [(r.key, node_to_sql(r.node), r.hlc, r.envelope, at_ms) for r in rows],
+            [(r.key, node_to_i64(r.node), r.hlc, r.envelope, at_ms) for r in rows],
         )
         for key in {r.key for r in rows}:
             self.db.execute(
@@ -451,7 +444,7 @@ class Store:
             "ORDER BY replaced_at_ms DESC, hlc DESC",
             (key,),
         ).fetchall()
-        return [Row(k, node_from_sql(n), h, e) for k, n, h, e in rows]
+        return [Row(k, node_from_i64(n), h, e) for k, n, h, e in rows]
 
     # -- held ---------------------------------------------------------------------------------
 
@@ -470,7 +463,7 @@ class Store:
             [
                 (
                     h.row.key,
-                    node_to_sql(h.row.node),
+                    node_to_i64(h.row.node),
                     h.row.hlc,
                     envelope_digest(h.row.envelope),
                     h.row.envelope,
@@ -490,14 +483,14 @@ class Store:
             query += f" WHERE reason IN ({','.join('?' * len(reasons))})"
             args = tuple(reasons)
         return [
-            HeldRow(k, node_from_sql(n), h, e, why, after, bool(repush))
+            HeldRow(k, node_from_i64(n), h, e, why, after, bool(repush))
             for k, n, h, e, why, after, repush in self.db.execute(query + " ORDER BY hlc", args)
         ]
 
     def unhold(self, rows: Iterable[HeldRow]) -> None:
         self.db.executemany(
             "DELETE FROM held WHERE key = ? AND node = ? AND hlc = ? AND digest = ?",
-            [(r.key, node_to_sql(r.node), r.hlc, envelope_digest(r.envelope)) for r in rows],
+            [(r.key, node_to_i64(r.node), r.hlc, envelope_digest(r.envelope)) for r in rows],
         )
 
     def unverified_held_bytes(self) -> int:
@@ -520,7 +513,7 @@ class Store:
     def add_lock(
         self, kind: str, target: bytes, expires_ms: int, dot: tuple[int, int] | None = None
     ) -> int:
-        node, hlc = (None, None) if dot is None else (node_to_sql(dot[0]), dot[1])
+        node, hlc = (None, None) if dot is None else (node_to_i64(dot[0]), dot[1])
         cursor = self.db.execute(
             "INSERT INTO locks (kind, target, expires_ms, dot_node, dot_hlc) VALUES (?, ?, ?, ?, ?)",
             (kind, target, expires_ms, node, hlc),
@@ -544,7 +537,7 @@ class Store:
             (now_ms,),
         ).fetchall()
         return [
-            Lock(i, kind, target, exp, None if n is None else (node_from_sql(n), h))
+            Lock(i, kind, target, exp, None if n is None else (node_from_i64(n), h))
             for i, kind, target, exp, n, h in rows
         ]
 
@@ -599,7 +592,7 @@ class Store:
         dot: tuple[int, int] | None = None,
     ) -> None:
         """Keep unreadable bytes verbatim; `dot` names a row this replica itself held."""
-        node, hlc = (None, None) if dot is None else (node_to_sql(dot[0]), dot[1])
+        node, hlc = (None, None) if dot is None else (node_to_i64(dot[0]), dot[1])
         self.db.execute(
             "INSERT INTO quarantine (source, key, node, hlc, envelope, reason, at_ms) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",

@@ -177,6 +177,16 @@ def hlc_ms(hlc: int) -> int:
     return hlc >> 16
 
 
+def node_to_i64(node: int) -> int:
+    """A node id (unsigned 64-bit) as SQL stores it: integer columns are signed 64-bit."""
+    return node - (1 << 64) if node > MAX_HLC else node
+
+
+def node_from_i64(value: int) -> int:
+    """The node id a signed 64-bit SQL integer stores (`node_to_i64`'s inverse)."""
+    return value + (1 << 64) if value < 0 else value
+
+
 def peek_dot(envelope: bytes) -> tuple[bytes, int, int] | None:
     """(key, node, hlc) from an envelope's fixed header, unchecked; None if too short.
 

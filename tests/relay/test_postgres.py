@@ -4,12 +4,15 @@ process is heard by every other (the shared behaviour is in test_storage.py)."""
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
 
 import msgspec
 import psycopg
@@ -24,6 +27,7 @@ from replica.errors import InvalidArgumentError
 from replica.wire import Page, PushBatch
 from tests.conftest import FakeClock
 from tests.relay.conftest import HLC, NOW_MS, envelope, fresh_schema, postgres_url, register
+from tests.relay.server import RelayProcess
 
 WAIT_S = 10.0
 """Bound on anything expected to happen: a hang fails the test instead of the whole run."""
@@ -359,3 +363,43 @@ def test_a_storage_that_cannot_open_names_the_server_but_never_the_password(
         PostgresStorage(url, VersionRules(FakeClock(NOW_MS)))
     assert named in str(refused.value) and "s3cret-pw" not in str(refused.value)
     assert refused.value.hint
+
+
+def json_log(path: Path) -> list[dict[str, Any]]:
+    """The relay's log lines that are JSON (a line outside the logger tree is plain text)."""
+    entries = []
+    for line in path.read_text().splitlines():
+        try:
+            entries.append(json.loads(line))
+        except ValueError:
+            continue
+    return entries
+
+
+@pytest.mark.slow
+def test_a_relay_logs_its_listen_connection_lost_and_restored_as_json(tmp_path: Path) -> None:
+    """`relay serve` logs JSON lines for the whole `sealsync.` tree: a LISTEN connection cut
+    on the server shows as a warning and its reconnection as info, both from
+    `sealsync.relay.postgres` (a logger named `relay.postgres` printed the first as plain
+    text and lost the second)."""
+    log_path = tmp_path / "relay.log"
+    with fresh_schema() as schema:
+        options = ("--database-url", postgres_url(), "--schema", schema)
+        with RelayProcess(None, log_path, *options), psycopg.connect(postgres_url()) as db:
+            db.autocommit = True
+            find = "SELECT pid FROM pg_stat_activity WHERE application_name = %s"
+            deadline = time.monotonic() + WAIT_S
+            while not (row := db.execute(find, (f"sealsync-listen-{schema}",)).fetchone()):
+                assert time.monotonic() < deadline, "no LISTEN connection"
+                time.sleep(0.05)
+            db.execute("SELECT pg_terminate_backend(%s)", row)
+            while not any("restored" in e["message"] for e in json_log(log_path)):
+                assert time.monotonic() < deadline + WAIT_S, log_path.read_text()[-2000:]
+                time.sleep(0.05)
+    mine = [e for e in json_log(log_path) if e["logger"] == "sealsync.relay.postgres"]
+    assert [(e["level"], e["message"].split(" for ")[0]) for e in mine] == [
+        ("warning", "LISTEN connection"),
+        ("info", "LISTEN connection"),
+    ]
+    assert "lost" in mine[0]["message"] and "restored" in mine[1]["message"]
+    assert all(schema in e["message"] for e in mine)

@@ -24,8 +24,7 @@ from replica import (
 )
 from replica.envelope import Identity, opaque_key, seal
 from replica.keys import AccountInfo, AccountKeys
-from replica.store import node_to_sql
-from replica.wire import MAX_ENVELOPE_BYTES, parse_header
+from replica.wire import MAX_ENVELOPE_BYTES, node_to_i64, parse_header
 from tests.conftest import Account, FakeClock, ReplicaFactory
 from tests.replica.helpers import apply, dirty_envelopes, page_of
 from tests.replica.test_sync_session import sync
@@ -128,7 +127,7 @@ def damage_row(path: Path, key: bytes, damage: Damage, others: dict[str, bytes])
         try:
             header = parse_header(damaged)
             if header.key == key:
-                node, hlc = node_to_sql(header.node), header.hlc
+                node, hlc = node_to_i64(header.node), header.hlc
         except Exception:
             pass
         db.execute(

@@ -1,0 +1,134 @@
+"""The seam between the relay's SQL, written once (`relay.sql`), and each database.
+
+A backend gives a `Transaction`: it runs statements written in `relay.sql`'s form — `?`
+placeholders, PostgreSQL's row-lock clauses — rewriting them for its database (placeholders,
+or dropping a row lock SQLite's single writer makes needless) but never restating them, and
+inserts versions its fastest way. `SCHEMA` is the tables of both, with each database's
+column types filled in from its `Types`.
+"""
+
+from __future__ import annotations
+
+import secrets
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+SCHEMA_VERSION = 1
+SCHEMA = """
+CREATE TABLE meta (name TEXT PRIMARY KEY, value {bytes} NOT NULL){strict};
+CREATE TABLE accounts (
+    id {serial},
+    name TEXT NOT NULL UNIQUE,
+    auth_hash {bytes} NOT NULL,
+    recovery_hash {bytes} NOT NULL,
+    kdf {bytes} NOT NULL,
+    bundle {bytes} NOT NULL,
+    bundle_version {int} NOT NULL,
+    created_ms {int} NOT NULL,
+    epoch TEXT NOT NULL,
+    head {int} NOT NULL DEFAULT 0,
+    stored_bytes {int} NOT NULL DEFAULT 0
+){strict};
+CREATE TABLE devices (
+    account {int} NOT NULL REFERENCES accounts(id) ON DELETE CASCADE,
+    id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    created_ms {int} NOT NULL,
+    PRIMARY KEY (account, id)
+){strict};
+-- a token belongs to a live device: revoking the device deletes it, and a refresh racing
+-- the revoke cannot insert a successor for the device afterwards
+CREATE TABLE tokens (
+    hash {bytes} PRIMARY KEY,
+    account {int} NOT NULL,
+    device TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    expires_ms {int} NOT NULL,
+    FOREIGN KEY (account, device) REFERENCES devices(account, id) ON DELETE CASCADE
+){strict};
+CREATE INDEX tokens_by_device ON tokens (account, device);
+CREATE TABLE invites (hash {bytes} PRIMARY KEY, expires_ms {int} NOT NULL){strict};
+CREATE TABLE versions (
+    account {int} NOT NULL REFERENCES accounts(id) ON DELETE CASCADE,
+    seq {int} NOT NULL,
+    key {bytes} NOT NULL,
+    node {int} NOT NULL,
+    hlc {int} NOT NULL,
+    vector {bytes} NOT NULL,
+    digest {bytes} NOT NULL,
+    envelope {bytes} NOT NULL,
+    PRIMARY KEY (account, seq)
+){strict};
+CREATE INDEX versions_by_key ON versions (account, key)
+"""
+"""The tables of both databases; a backend fills in its column types (`Types`)."""
+
+VERSION_COLUMNS = "account, seq, key, node, hlc, vector, digest, envelope"
+
+
+class Types(NamedTuple):
+    """The column types of one database, for `SCHEMA`."""
+
+    int: str
+    bytes: str
+    serial: str
+    """An auto-numbered integer primary key."""
+    strict: str
+    """What follows a table's definition."""
+
+
+class VersionRow(NamedTuple):
+    """One row of the versions table, in `VERSION_COLUMNS` order."""
+
+    account: int
+    seq: int
+    key: bytes
+    node: int
+    hlc: int
+    vector: bytes
+    digest: bytes
+    envelope: bytes
+
+
+class Transaction(ABC):
+    """One open transaction of a backend, running statements written in this module's form."""
+
+    @abstractmethod
+    def one(self, statement: str, params: Sequence[object] = ()) -> tuple[Any, ...] | None:
+        """The first row, or None."""
+
+    @abstractmethod
+    def all(self, statement: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]: ...
+
+    @abstractmethod
+    def run(self, statement: str, params: Sequence[object] = ()) -> int:
+        """Run a statement; the number of rows it changed."""
+
+    @abstractmethod
+    def run_many(self, statement: str, rows: Sequence[Sequence[object]]) -> None: ...
+
+    @abstractmethod
+    def insert_versions(self, rows: list[VersionRow]) -> None:
+        """Insert new versions the database's fastest way."""
+
+    @abstractmethod
+    def announce(self, name: str, head: int) -> None:
+        """Tell other relay processes of a new head, as part of this transaction."""
+
+
+def create_tables(tx: Transaction, types: Types, new_id: Callable[[], str]) -> None:
+    """Make the tables and the meta rows of a new database."""
+    for statement in SCHEMA.format(**types._asdict()).split(";"):
+        if statement.strip():
+            tx.run(statement)
+    tx.run(
+        "INSERT INTO meta (name, value) VALUES ('storage_id', ?), ('secret', ?)",
+        (new_id().encode(), secrets.token_bytes(32)),
+    )
+
+
+def read_meta(tx: Transaction) -> tuple[str, bytes]:
+    """The storage id and secret of a database."""
+    meta: dict[str, bytes] = dict(tx.all("SELECT name, value FROM meta"))
+    return meta["storage_id"].decode(), meta["secret"]

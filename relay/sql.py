@@ -1,0 +1,458 @@
+"""The relay's storage in SQL, written once for SQLite and PostgreSQL.
+
+Accounts, devices, tokens, key bundles, pushes and pulls are the same statements on both
+databases, written here once; a backend's `relay.dialect.Transaction` rewrites a statement
+for its database but never restates it. What truly differs stays with each backend: SQLite's
+single writer and group commit (`relay.sqlite`), PostgreSQL's pool, row locks, binary COPY and
+LISTEN/NOTIFY (`relay.postgres`).
+
+Every query names the account, so one account never reaches another's rows. Versions follow
+`relay.versions`: pushes of one account are serialized, sequence numbers are consecutive and
+become visible in order, and a version is dropped only when a stored version of its key
+dominates it (docs/architecture.md §8, specs/protocol.md §5).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+from relay.dialect import Transaction, VersionRow
+from relay.errors import AccountExistsError, ForbiddenError, NotFoundError, QuotaExceededError
+from relay.storage import (
+    AccountRecord,
+    AccountSummary,
+    Device,
+    HeadListener,
+    TokenKind,
+    TokenRecord,
+    VersionRules,
+    new_random_id,
+    refresh_step,
+    spent_until,
+)
+from relay.versions import (
+    PushPlan,
+    StoredVersion,
+    check_envelope,
+    cut_page,
+    is_over_quota,
+    page_bounds,
+)
+from replica.wire import (
+    Header,
+    KdfParams,
+    Page,
+    PageEntry,
+    PushBatch,
+    PushResult,
+    Receipt,
+    RelayState,
+    decode_message,
+    decode_vector,
+    encode_message,
+    node_from_i64,
+    node_to_i64,
+)
+
+KEYS_PER_QUERY = 500
+"""Keys per sibling query: well under SQLite's bound on parameters."""
+_INSERT_DEVICE = "INSERT INTO devices (account, id, name, created_ms) VALUES (?, ?, ?, ?)"
+_INSERT_TOKEN = (
+    "INSERT INTO tokens (hash, account, device, kind, expires_ms) VALUES (?, ?, ?, ?, ?)"
+)
+_INSERT_ACCOUNT = (
+    "INSERT INTO accounts (name, auth_hash, recovery_hash, kdf, bundle, bundle_version,"
+    " created_ms, epoch) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING RETURNING id"
+)
+
+
+def _stored_versions(
+    tx: Transaction, account_id: int, keys: list[bytes]
+) -> dict[bytes, list[StoredVersion]]:
+    """The stored versions of each of `keys` (keys with none are absent), without envelopes."""
+    found: dict[bytes, list[StoredVersion]] = {}
+    unique = list(dict.fromkeys(keys))
+    for start in range(0, len(unique), KEYS_PER_QUERY):
+        chunk = unique[start : start + KEYS_PER_QUERY]
+        rows = tx.all(
+            "SELECT key, seq, node, hlc, vector, digest, length(envelope) FROM versions"
+            f" WHERE account = ? AND key IN ({','.join('?' * len(chunk))})",
+            (account_id, *chunk),
+        )
+        for key, seq, node, hlc, vector, digest, size in rows:
+            version = StoredVersion(
+                seq, node_from_i64(node), hlc, decode_vector(vector), digest, size
+            )
+            found.setdefault(key, []).append(version)
+    return found
+
+
+def _insert_device(
+    tx: Transaction, account_id: int, device: Device, tokens: list[TokenRecord]
+) -> None:
+    tx.run(_INSERT_DEVICE, (account_id, device.id, device.name, device.created_ms))
+    _insert_tokens(tx, account_id, tokens)
+
+
+def _insert_tokens(tx: Transaction, account_id: int, tokens: list[TokenRecord]) -> None:
+    rows = [(t.hash, account_id, t.device_id, t.kind, t.expires_ms) for t in tokens]
+    tx.run_many(_INSERT_TOKEN, rows)
+
+
+class SQLStorage(ABC):
+    """The `relay.storage.Storage` methods over a backend's transactions. A backend opens the
+    database and gives `_write` (one durable write transaction), `_read` (a single-statement
+    read) and `_snapshot` (several statements that see one state)."""
+
+    def __init__(self, rules: VersionRules, new_id: Callable[[], str] = new_random_id) -> None:
+        self._rules = rules
+        self._new_id = new_id
+        self._listeners: list[HeadListener] = []
+        self._storage_id = ""
+        self._secret = b""
+
+    @abstractmethod
+    def _write(self) -> AbstractContextManager[Transaction]: ...
+
+    @abstractmethod
+    def _read(self) -> AbstractContextManager[Transaction]: ...
+
+    @abstractmethod
+    def _snapshot(self) -> AbstractContextManager[Transaction]: ...
+
+    @abstractmethod
+    def _is_missing_parent(self, exc: Exception) -> bool:
+        """Whether `exc` is a foreign-key failure: a row for a device or account now gone."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    @property
+    def storage_id(self) -> str:
+        return self._storage_id
+
+    @property
+    def secret(self) -> bytes:
+        return self._secret
+
+    # -- accounts ---------------------------------------------------------------------------
+
+    def create_account(
+        self,
+        account: AccountRecord,
+        device: Device,
+        tokens: list[TokenRecord],
+        invite_hash: bytes | None,
+        now_ms: int,
+    ) -> RelayState:
+        epoch = self._new_id()
+        with self._write() as tx:
+            # the invite first (an existing name rolls its use back): without a usable invite,
+            # a taken name and a free one look alike
+            if invite_hash is not None and not tx.run(
+                "DELETE FROM invites WHERE hash = ? AND expires_ms >= ?", (invite_hash, now_ms)
+            ):
+                raise ForbiddenError("the invite is unknown, used or expired")
+            row = tx.one(_INSERT_ACCOUNT, (*_account_values(account), epoch))
+            if row is None:
+                raise AccountExistsError(f"account {account.name!r} already exists")
+            _insert_device(tx, row[0], device, tokens)
+        return RelayState(self._storage_id, epoch, 0)
+
+    def account(self, name: str) -> AccountRecord | None:
+        with self._read() as tx:
+            row = tx.one(
+                "SELECT name, auth_hash, recovery_hash, kdf, bundle, bundle_version, created_ms"
+                " FROM accounts WHERE name = ?",
+                (name,),
+            )
+        if row is None:
+            return None
+        kdf = decode_message(row[3], KdfParams)
+        return AccountRecord(row[0], row[1], row[2], kdf, row[4], row[5], row[6])
+
+    def delete_account(self, name: str) -> bool:
+        with self._write() as tx:
+            return tx.run("DELETE FROM accounts WHERE name = ?", (name,)) > 0
+
+    def put_key_bundle(
+        self, name: str, expected_version: int, bundle: bytes, kdf: KdfParams, auth_hash: bytes
+    ) -> int | None:
+        with self._write() as tx:
+            changed = tx.run(
+                "UPDATE accounts SET bundle = ?, kdf = ?, auth_hash = ?,"
+                " bundle_version = bundle_version + 1 WHERE name = ? AND bundle_version = ?",
+                (bundle, encode_message(kdf), auth_hash, name, expected_version),
+            )
+        return expected_version + 1 if changed else None
+
+    def add_invite(self, invite_hash: bytes, expires_ms: int) -> None:
+        with self._write() as tx:
+            tx.run("DELETE FROM invites WHERE expires_ms < ?", (self._rules.clock_ms(),))
+            tx.run(
+                "INSERT INTO invites (hash, expires_ms) VALUES (?, ?)", (invite_hash, expires_ms)
+            )
+
+    def accounts(self) -> list[AccountSummary]:
+        with self._snapshot() as tx:
+            rows = tx.all(
+                "SELECT a.name, a.created_ms,"
+                " (SELECT count(*) FROM devices d WHERE d.account = a.id),"
+                " (SELECT count(*) FROM versions v WHERE v.account = a.id),"
+                " a.stored_bytes, a.head FROM accounts a ORDER BY a.name"
+            )
+        return [AccountSummary(*row) for row in rows]
+
+    # -- devices and tokens -----------------------------------------------------------------
+
+    def add_device(self, name: str, device: Device, tokens: list[TokenRecord]) -> None:
+        try:
+            with self._write() as tx:
+                row = tx.one("SELECT id FROM accounts WHERE name = ?", (name,))
+                if row is None:
+                    raise NotFoundError("no such account")
+                _insert_device(tx, row[0], device, tokens)
+        except Exception as exc:  # the account was deleted meanwhile
+            if not self._is_missing_parent(exc):
+                raise
+            raise NotFoundError("no such account or device") from exc
+
+    def devices(self, name: str) -> list[Device]:
+        with self._read() as tx:
+            rows = tx.all(
+                "SELECT d.id, d.name, d.created_ms FROM devices d JOIN accounts a"
+                " ON d.account = a.id WHERE a.name = ? ORDER BY d.id",
+                (name,),
+            )
+        return [Device(*row) for row in rows]
+
+    def rename_device(self, name: str, device_id: str, new_name: str) -> bool:
+        if "\0" in device_id:  # no device has one: PostgreSQL TEXT cannot even hold it
+            return False
+        with self._write() as tx:
+            changed = tx.run(
+                "UPDATE devices SET name = ? WHERE id = ?"
+                " AND account = (SELECT id FROM accounts WHERE name = ?)",
+                (new_name, device_id, name),
+            )
+        return changed > 0
+
+    def revoke_device(self, name: str, device_id: str) -> bool:
+        """The tokens go by ON DELETE CASCADE, not by a DELETE of our own: under PostgreSQL's
+        READ COMMITTED that would miss the successors of a refresh committing meanwhile, while
+        the device row is locked (FOR KEY SHARE) by every token insert until it commits."""
+        if "\0" in device_id:  # no device has one: PostgreSQL TEXT cannot even hold it
+            return False
+        with self._write() as tx:
+            deleted = tx.run(
+                "DELETE FROM devices WHERE id = ?"
+                " AND account = (SELECT id FROM accounts WHERE name = ?)",
+                (device_id, name),
+            )
+        return deleted > 0
+
+    def token(self, token_hash: bytes) -> TokenRecord | None:
+        with self._read() as tx:
+            row = tx.one(
+                "SELECT t.hash, a.name, t.device, t.kind, t.expires_ms FROM tokens t"
+                " JOIN devices d ON d.account = t.account AND d.id = t.device"
+                " JOIN accounts a ON t.account = a.id WHERE t.hash = ?",
+                (token_hash,),
+            )
+        return TokenRecord(*row) if row else None
+
+    def replace_token(
+        self, old_hash: bytes, tokens: list[TokenRecord], grace_until_ms: int
+    ) -> bool:
+        try:
+            with self._write() as tx:
+                return self._replace_token(tx, old_hash, tokens, grace_until_ms)
+        except Exception as exc:  # a successor for a device that is gone: nothing changed
+            if not self._is_missing_parent(exc):
+                raise
+            return False
+
+    def _replace_token(
+        self, tx: Transaction, old_hash: bytes, tokens: list[TokenRecord], grace_until_ms: int
+    ) -> bool:
+        now = self._rules.clock_ms()
+        found = _locked_token(tx, old_hash)
+        if found is None:
+            return False
+        account, device, kind, expires_ms = found
+        spent = tx.one(
+            "SELECT max(expires_ms) FROM tokens WHERE account = ? AND device = ?"
+            " AND kind = 'spent' AND hash != ?",
+            (account, device, old_hash),
+        )
+        latest = spent[0] if spent else None  # an aggregate: always one row
+        step = refresh_step(kind, expires_ms, latest, now)
+        if step == "refuse":
+            return False
+        if step == "spend":
+            tx.run(
+                "UPDATE tokens SET kind = 'spent', expires_ms = ? WHERE hash = ?",
+                (spent_until(grace_until_ms, latest), old_hash),
+            )
+        else:  # the reply was lost: the successors it carried were never received
+            tx.run(
+                "DELETE FROM tokens WHERE account = ? AND device = ? AND kind != 'spent'",
+                (account, device),
+            )
+        _insert_tokens(tx, account, tokens)
+        tx.run(  # the device's expired tokens go with each refresh
+            "DELETE FROM tokens WHERE account = ? AND device = ? AND expires_ms <= ?",
+            (account, device, now),
+        )
+        return True
+
+    # -- versions ---------------------------------------------------------------------------
+
+    def state(self, name: str) -> RelayState:
+        with self._read() as tx:
+            row = tx.one("SELECT epoch, head FROM accounts WHERE name = ?", (name,))
+        if row is None:
+            raise NotFoundError("no such account")
+        return RelayState(self._storage_id, row[0], row[1])
+
+    def reseed(self, name: str) -> RelayState:
+        with self._write() as tx:
+            row = tx.one(
+                "UPDATE accounts SET epoch = ? WHERE name = ? RETURNING epoch, head",
+                (self._new_id(), name),
+            )
+        if row is None:
+            raise NotFoundError("no such account")
+        return RelayState(self._storage_id, row[0], row[1])
+
+    def stored_versions(self, name: str) -> int:
+        with self._read() as tx:
+            row = tx.one(
+                "SELECT (SELECT count(*) FROM versions v WHERE v.account = a.id)"
+                " FROM accounts a WHERE a.name = ?",
+                (name,),
+            )
+        if row is None:
+            raise NotFoundError("no such account")
+        return int(row[0])
+
+    def listen(self, listener: HeadListener) -> None:
+        self._listeners.append(listener)
+
+    def _tell_listeners(self, name: str, head: int) -> None:
+        for listener in list(self._listeners):
+            listener(name, head)
+
+    def _check_batch(self, batch: PushBatch) -> list[Header | Receipt]:
+        """Each envelope's header, or the refusal it earns before storage is read."""
+        now_ms = self._rules.clock_ms()
+        return [check_envelope(e, now_ms, self._rules.max_drift_ms) for e in batch.envelopes]
+
+    def _apply_push(
+        self, tx: Transaction, name: str, checked: list[Header | Receipt], envelopes: list[bytes]
+    ) -> tuple[PushResult, bool]:
+        """One push inside a write transaction: its receipts, and whether the head moved.
+
+        The stored versions of every key in the batch are read in one query (a few for a
+        long batch), the batch is decided in memory (`PushPlan`), and what stays is written
+        with one statement per table. The account's row is locked first (`FOR NO KEY
+        UPDATE`: pushes of one account take turns, without blocking the foreign-key checks
+        of a device or token added meanwhile)."""
+        row = tx.one(
+            "SELECT id, epoch, head, stored_bytes FROM accounts WHERE name = ? FOR NO KEY UPDATE",
+            (name,),
+        )
+        if row is None:
+            raise NotFoundError("no such account")
+        account_id, epoch, before, stored_bytes = row
+        keys = [header.key for header in checked if isinstance(header, Header)]
+        plan = PushPlan(before, stored_bytes, _stored_versions(tx, account_id, keys))
+        receipts = [
+            h if isinstance(h, Receipt) else plan.add(h, e)
+            for h, e in zip(checked, envelopes, strict=True)
+        ]
+        if is_over_quota(plan.stored_bytes, stored_bytes, self._rules.max_account_bytes):
+            raise QuotaExceededError(
+                f"the batch would take the account past its quota of "
+                f"{self._rules.max_account_bytes} bytes"
+            )
+        if plan.head != before:
+            _write_plan(tx, account_id, plan)
+            tx.announce(name, plan.head)
+        state = RelayState(self._storage_id, epoch, plan.head)
+        return PushResult(receipts, state), plan.head != before
+
+    def pull(self, name: str, cursor: int, limit: int | None = None) -> Page:
+        count = page_bounds(cursor, limit, self._rules.page_size)
+        with self._snapshot() as tx:
+            row = tx.one("SELECT id, epoch, head FROM accounts WHERE name = ?", (name,))
+            if row is None:
+                raise NotFoundError("no such account")
+            account_id, epoch, head = row
+            sizes = tx.all(
+                "SELECT seq, length(envelope) FROM versions WHERE account = ? AND seq > ?"
+                " ORDER BY seq LIMIT ?",
+                (account_id, cursor, count + 1),
+            )
+            kept, has_more = cut_page(sizes, count, self._rules.max_page_bytes)
+            rows = tx.all(
+                "SELECT seq, envelope FROM versions WHERE account = ? AND seq > ? AND seq <= ?"
+                " ORDER BY seq",
+                (account_id, cursor, sizes[kept - 1][0] if kept else cursor),
+            )
+        entries = [PageEntry(seq, envelope) for seq, envelope in rows]
+        next_cursor = entries[-1].seq if has_more else max(head, cursor)
+        state = RelayState(self._storage_id, epoch, head)
+        return Page(cursor, entries, next_cursor, has_more, state)
+
+
+def _account_values(account: AccountRecord) -> tuple[object, ...]:
+    return (
+        account.name,
+        account.auth_hash,
+        account.recovery_hash,
+        encode_message(account.kdf),
+        account.bundle,
+        account.bundle_version,
+        account.created_ms,
+    )
+
+
+def _locked_token(tx: Transaction, old_hash: bytes) -> tuple[int, str, TokenKind, int] | None:
+    """(account, device, kind, expires_ms) of a token whose device row this transaction now
+    holds. Refreshes of one device take turns on that row, and so does `revoke_device`'s
+    DELETE: under PostgreSQL's READ COMMITTED a lock on the token row alone would let a replay
+    and a refresh miss each other's successors (two live chains), and lock the device and its
+    tokens in the opposite order to a revoke (a deadlock). SQLite's one writer needs no lock."""
+    found = tx.one("SELECT account, device FROM tokens WHERE hash = ?", (old_hash,))
+    if found is None:
+        return None
+    account, device = found
+    if not tx.one(
+        "SELECT 1 FROM devices WHERE account = ? AND id = ? FOR NO KEY UPDATE", (account, device)
+    ):
+        return None
+    row = tx.one("SELECT kind, expires_ms FROM tokens WHERE hash = ?", (old_hash,))
+    if row is None:
+        return None
+    return account, device, row[0], row[1]
+
+
+def _write_plan(tx: Transaction, account_id: int, plan: PushPlan) -> None:
+    """Carry out a decided push: delete what it dominates, insert what it stores."""
+    tx.run_many(
+        "DELETE FROM versions WHERE account = ? AND seq = ?",
+        [(account_id, seq) for seq in plan.deleted],
+    )
+    tx.insert_versions(
+        [
+            VersionRow(account_id, seq, h.key, node_to_i64(h.node), h.hlc, h.vector_bytes, d, e)
+            for seq, (h, e, d) in plan.inserted.items()
+        ]
+    )
+    tx.run(
+        "UPDATE accounts SET head = ?, stored_bytes = ? WHERE id = ?",
+        (plan.head, plan.stored_bytes, account_id),
+    )

@@ -57,9 +57,10 @@ def echo_app() -> object:
 
 def relay_app(db_path: str) -> object:
     """The relay as shipped (SQLite, WAL, synchronous=FULL), with rate limits out of reach."""
-    from relay.app import create_app, system_clock_ms
+    from relay.app import create_app
     from relay.config import RelayConfig
     from relay.sqlite import SQLiteStorage
+    from replica.wire import system_clock_ms
 
     config = RelayConfig(open_signup=True, requests_per_second=BENCH_RATE, burst=int(BENCH_RATE))
     return create_app(SQLiteStorage(db_path, config.version_rules(system_clock_ms)), config)

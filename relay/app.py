@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -70,6 +69,7 @@ from replica.wire import (
     Session,
     auth_key_hash,
     check_kdf_params,
+    system_clock_ms,
 )
 
 log = logging.getLogger("sealsync.relay")
@@ -100,10 +100,6 @@ class Caller:
     device_id: str
     token_hash: bytes = field(repr=False)
     expires_ms: int
-
-
-def system_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class RelayApi:

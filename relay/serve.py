@@ -17,10 +17,11 @@ from typing import Any
 
 import uvicorn
 
-from relay.app import create_app, system_clock_ms
+from relay.app import create_app
 from relay.config import RelayConfig
 from relay.sqlite import SQLiteStorage
 from relay.storage import Storage
+from replica.wire import system_clock_ms
 
 _STANDARD = {*vars(logging.makeLogRecord({})), "message", "color_message"}
 """Attributes every log record has (and uvicorn's coloured copy of the message); anything

@@ -44,13 +44,14 @@ IDENTITY_CONFLICT = Receipt("refused", code="identity_conflict")
 SUPERSEDED = Receipt("superseded")
 
 
-def envelope_digest(envelope: bytes) -> bytes:
+def envelope_sha256(envelope: bytes) -> bytes:
+    """The SHA-256 of an envelope, as stored beside it (`StoredVersion.digest`)."""
     return hashlib.sha256(envelope).digest()
 
 
 def new_version(seq: int, header: Header, envelope: bytes) -> StoredVersion:
     return StoredVersion(
-        seq, header.node, header.hlc, header.vector, envelope_digest(envelope), len(envelope)
+        seq, header.node, header.hlc, header.vector, envelope_sha256(envelope), len(envelope)
     )
 
 
@@ -71,7 +72,7 @@ def decide(header: Header, envelope: bytes, siblings: Sequence[StoredVersion]) -
     node, hlc = header.node, header.hlc
     for stored in siblings:
         if stored.node == node and stored.hlc == hlc:
-            if stored.digest != envelope_digest(envelope):
+            if stored.digest != envelope_sha256(envelope):
                 return IDENTITY_CONFLICT
             return Receipt("stored", seq=stored.seq)
         if dominates(stored.vector, (node, hlc)):

@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from replica.clock import DEFAULT_MAX_DRIFT_MS
 from replica.errors import InvalidArgumentError
 from replica.store import Synchronous
-
-
-def system_clock_ms() -> int:
-    """Milliseconds since the Unix epoch, from the system clock."""
-    return time.time_ns() // 1_000_000
+from replica.wire import system_clock_ms
 
 
 @dataclass(frozen=True)

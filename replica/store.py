@@ -22,10 +22,9 @@ import msgspec
 
 from replica.errors import ReplicaClosedError, StoreError
 from replica.locks import Lock
+from replica.migrations import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION
 from replica.wire import node_from_i64, node_to_i64
 
-SCHEMA_VERSION = 1
-APPLICATION_ID = 0x5EA15C
 Synchronous = Literal["full", "normal"]
 WAL_CHECKPOINT_PAGES = 10_000
 """Checkpoint the WAL after ~40 MB, not SQLite's ~4 MB: a merged page dirties hundreds of
@@ -37,43 +36,10 @@ CACHE_KIB = 16 * 1024
 at random places; once those outgrow the cache (~50k records), each insert read its index
 pages back from the file: a quarter of the time of merging new records."""
 
-_MIGRATIONS: tuple[str, ...] = (
-    """
-    CREATE TABLE meta (name TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
-    CREATE TABLE versions (
-        id INTEGER PRIMARY KEY,
-        key BLOB NOT NULL, node INTEGER NOT NULL, hlc INTEGER NOT NULL,
-        scope BLOB NOT NULL, vector BLOB NOT NULL, envelope BLOB NOT NULL,
-        dirty INTEGER NOT NULL DEFAULT 0);
-    CREATE INDEX versions_by_key ON versions (key);
-    CREATE INDEX versions_by_scope ON versions (scope, key);
-    CREATE INDEX versions_dirty ON versions (dirty) WHERE dirty = 1;
-    CREATE TABLE held (
-        key BLOB NOT NULL, node INTEGER NOT NULL, hlc INTEGER NOT NULL, digest BLOB NOT NULL,
-        envelope BLOB NOT NULL, reason TEXT NOT NULL, release_after_ms INTEGER,
-        scope BLOB, repush INTEGER NOT NULL DEFAULT 0,
-        PRIMARY KEY (key, node, hlc, digest));
-    CREATE TABLE locks (
-        id INTEGER PRIMARY KEY, kind TEXT NOT NULL, target BLOB NOT NULL,
-        expires_ms INTEGER NOT NULL, dot_node INTEGER, dot_hlc INTEGER);
-    CREATE INDEX locks_by_target ON locks (target);
-    CREATE INDEX locks_by_expiry ON locks (expires_ms);
-    CREATE INDEX held_by_release ON held (release_after_ms);
-    CREATE TABLE local (
-        key BLOB PRIMARY KEY, scope BLOB NOT NULL, envelope BLOB NOT NULL) WITHOUT ROWID;
-    CREATE TABLE quarantine (
-        id INTEGER PRIMARY KEY, source TEXT NOT NULL, key BLOB, node INTEGER, hlc INTEGER,
-        envelope BLOB NOT NULL, reason TEXT NOT NULL, at_ms INTEGER NOT NULL);
-    CREATE TABLE degraded (key BLOB PRIMARY KEY, scope BLOB, reason TEXT NOT NULL) WITHOUT ROWID;
-    CREATE TABLE history (
-        key BLOB NOT NULL, node INTEGER NOT NULL, hlc INTEGER NOT NULL,
-        envelope BLOB NOT NULL, replaced_at_ms INTEGER NOT NULL,
-        PRIMARY KEY (key, node, hlc)) WITHOUT ROWID;
-    """,
-)
 
-
-def envelope_digest(envelope: bytes) -> bytes:
+def envelope_sha256_16(envelope: bytes) -> bytes:
+    """The first 16 bytes of an envelope's SHA-256: held versions are not opened yet, so two
+    copies of one identity with different bytes are both kept until one opens."""
     return hashlib.sha256(envelope).digest()[:16]
 
 
@@ -170,7 +136,7 @@ class Store:
                     hint="upgrade sealsync",
                 )
             for step in range(version, SCHEMA_VERSION):
-                for statement in _MIGRATIONS[step].split(";"):
+                for statement in MIGRATIONS[step].split(";"):
                     if statement.strip():
                         self.db.execute(statement)
             self.db.execute(f"PRAGMA application_id={APPLICATION_ID}")
@@ -465,7 +431,7 @@ class Store:
                     h.row.key,
                     node_to_i64(h.row.node),
                     h.row.hlc,
-                    envelope_digest(h.row.envelope),
+                    envelope_sha256_16(h.row.envelope),
                     h.row.envelope,
                     h.reason,
                     h.release_after_ms,
@@ -490,7 +456,7 @@ class Store:
     def unhold(self, rows: Iterable[HeldRow]) -> None:
         self.db.executemany(
             "DELETE FROM held WHERE key = ? AND node = ? AND hlc = ? AND digest = ?",
-            [(r.key, node_to_i64(r.node), r.hlc, envelope_digest(r.envelope)) for r in rows],
+            [(r.key, node_to_i64(r.node), r.hlc, envelope_sha256_16(r.envelope)) for r in rows],
         )
 
     def unverified_held_bytes(self) -> int:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import time
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
@@ -175,6 +176,12 @@ def decode_vector(data: bytes) -> VersionVector:
 def hlc_ms(hlc: int) -> int:
     """The millisecond part of an hlc (its low 16 bits count events within a millisecond)."""
     return hlc >> 16
+
+
+def system_clock_ms() -> int:
+    """The wall clock in an hlc's unit (milliseconds since the Unix epoch): the default clock
+    of replicas and relays alike, each of which takes its clock injected."""
+    return time.time_ns() // 1_000_000
 
 
 def node_to_i64(node: int) -> int:

@@ -2,7 +2,7 @@
 
 The clock, the node id and the record's siblings are read inside the same `BEGIN IMMEDIATE`
 transaction that stores the version, so two processes on one file cannot collide. Which
-siblings a write replaces is its causal context (DESIGN §4); the new vector is theirs merged
+siblings a write replaces is its causal context (docs/architecture.md §4); the new vector is theirs merged
 plus the new dot. Every sibling is opened first: a write that could clobber unreadable data is
 refused (fail closed). Device-local collections (drafts) keep one version per record in their
 own table and never leave the device.
@@ -10,6 +10,7 @@ own table and never leave the device.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from replica import clock
@@ -21,7 +22,19 @@ from replica.merge import local_vector
 from replica.record import Context, Record, record_from_siblings
 from replica.schema import DEFAULT_PROFILE, PROFILES_COLLECTION, Collection
 from replica.store import NewVersion, Row
-from replica.wire import MAX_VECTOR_ENTRIES, encode_vector, parse_header
+from replica.wire import MAX_VECTOR_ENTRIES, VersionVector, encode_vector, parse_header
+
+
+@dataclass(frozen=True)
+class _Write:
+    """One local write: the record, where it is stored, and what it becomes."""
+
+    identity: Identity
+    key: bytes
+    scope: bytes
+    spec: Collection
+    document: Any
+    deleted: bool
 
 
 def write_record(
@@ -39,8 +52,9 @@ def write_record(
         check_profile(core, identity.profile)
     key = core.record_key(identity)
     scope = core.scope(identity.profile, identity.collection)
+    write = _Write(identity, key, scope, spec, document, deleted)
     if spec.policy == "local":
-        return _write_local(core, identity, key, scope, document, deleted, context, if_unchanged)
+        return _write_local(core, write, context, if_unchanged)
     with core.write_transaction():
         now = core.options.wall_clock_ms()
         core.release_due(now)
@@ -48,9 +62,7 @@ def write_record(
         replaced = _replaced(core, siblings, context, if_unchanged)
         if spec.max_items is not None and not deleted:
             _check_item_limit(core, spec, siblings, scope)
-        new_context = _seal_and_store(
-            core, identity, key, scope, spec, siblings, replaced, document, deleted, now
-        )
+        new_context = _seal_and_store(core, write, siblings, replaced, now)
         core.publish([ChangeEvent("changed", "local", *_names(identity))])
     return new_context
 
@@ -123,17 +135,9 @@ def _check_item_limit(core: Core, spec: Collection, siblings: list[Opened], scop
 
 
 def _seal_and_store(
-    core: Core,
-    identity: Identity,
-    key: bytes,
-    scope: bytes,
-    spec: Collection,
-    siblings: list[Opened],
-    replaced: list[Opened],
-    document: Any,
-    deleted: bool,
-    now: int,
+    core: Core, write: _Write, siblings: list[Opened], replaced: list[Opened], now: int
 ) -> Context:
+    """Seal the new version over the `replaced` siblings and store it in their place."""
     store = core.store
     node = core.node()
     hlc = clock.tick(store.get_int("clock"), now)
@@ -143,24 +147,15 @@ def _seal_and_store(
             f"record was written by {len(vector)} devices, bound {MAX_VECTOR_ENTRIES}",
             hint="copy it to a new record id",
         )
-    envelope = seal(
-        core.keys(),
-        identity,
-        hlc=hlc,
-        node=node,
-        vector=vector,
-        deleted=deleted,
-        document=document,
-        nonce=core.options.random_bytes(12),
-    )
+    envelope = _sealed(core, write, node, hlc, vector)
+    key = write.key
     replaced_dots = {o.header.dot for o in replaced}
-    if spec.history and replaced:
+    if write.spec.history and replaced:
         old = [r for r in store.versions_of(key) if (r.node, r.hlc) in replaced_dots]
-        store.add_history(old, now, spec.history)
+        store.add_history(old, now, write.spec.history)
     store.delete_versions([Row(key, node_, hlc_, b"") for node_, hlc_ in replaced_dots])
-    store.insert_versions(
-        [NewVersion(key, node, hlc, scope, encode_vector(vector), envelope, dirty=True)]
-    )
+    new = NewVersion(key, node, hlc, write.scope, encode_vector(vector), envelope, dirty=True)
+    store.insert_versions([new])
     store.set_meta("clock", hlc)
     window_s = core.options.freshness_window_s
     if window_s > 0:
@@ -169,39 +164,33 @@ def _seal_and_store(
     return frozenset(kept | {(node, hlc)})
 
 
+def _sealed(core: Core, write: _Write, node: int, hlc: int, vector: VersionVector) -> bytes:
+    return seal(
+        core.keys(),
+        write.identity,
+        hlc=hlc,
+        node=node,
+        vector=vector,
+        deleted=write.deleted,
+        document=write.document,
+        nonce=core.options.random_bytes(12),
+    )
+
+
 # -- device-local records (never synced) ----------------------------------------------------------
 
 
-def _write_local(
-    core: Core,
-    identity: Identity,
-    key: bytes,
-    scope: bytes,
-    document: Any,
-    deleted: bool,
-    context: Context | None,
-    if_unchanged: bool,
-) -> Context:
+def _write_local(core: Core, write: _Write, context: Context | None, if_unchanged: bool) -> Context:
     """One version per record, never synced; fails closed and honours contexts like the rest."""
     with core.write_transaction():
-        current = _local_opened(core, key, scope)  # DegradedError if it cannot be opened
+        current = _local_opened(core, write.key, write.scope)  # DegradedError if unreadable
         _replaced(core, current, context, if_unchanged)
         now = core.options.wall_clock_ms()
         hlc = clock.tick(core.store.get_int("clock"), now)
         node = core.node()
-        envelope = seal(
-            core.keys(),
-            identity,
-            hlc=hlc,
-            node=node,
-            vector={node: hlc},
-            deleted=deleted,
-            document=document,
-            nonce=core.options.random_bytes(12),
-        )
-        core.store.put_local(key, scope, envelope)
+        core.store.put_local(write.key, write.scope, _sealed(core, write, node, hlc, {node: hlc}))
         core.store.set_meta("clock", hlc)
-        core.publish([ChangeEvent("changed", "local", *_names(identity))])
+        core.publish([ChangeEvent("changed", "local", *_names(write.identity))])
     return frozenset({(node, hlc)})
 
 

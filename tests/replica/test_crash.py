@@ -32,8 +32,7 @@ import pytest
 
 from relay.memory import MemoryRelay
 from replica import Replica, ReplicaOptions
-from replica.options import system_clock_ms
-from replica.wire import parse_header
+from replica.wire import parse_header, system_clock_ms
 from tests.conftest import PASSPHRASE, SCHEMA, Account, ReplicaFactory
 from tests.replica.replica_child import (
     LAST_BATCH_ID,

@@ -1,0 +1,47 @@
+"""The replica file's layout: its tables, as the numbered migrations that make them.
+
+Step n brings a file from format n to n + 1 (`PRAGMA user_version`); `Store.migrate` runs the
+missing steps in one transaction, so a file is always at one format or the next. Tables and
+what each column holds: specs/replica.md.
+"""
+
+from __future__ import annotations
+
+APPLICATION_ID = 0x5EA15C
+"""`PRAGMA application_id` of a replica file: tells it from any other SQLite database."""
+
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE meta (name TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
+    CREATE TABLE versions (
+        id INTEGER PRIMARY KEY,
+        key BLOB NOT NULL, node INTEGER NOT NULL, hlc INTEGER NOT NULL,
+        scope BLOB NOT NULL, vector BLOB NOT NULL, envelope BLOB NOT NULL,
+        dirty INTEGER NOT NULL DEFAULT 0);
+    CREATE INDEX versions_by_key ON versions (key);
+    CREATE INDEX versions_by_scope ON versions (scope, key);
+    CREATE INDEX versions_dirty ON versions (dirty) WHERE dirty = 1;
+    CREATE TABLE held (
+        key BLOB NOT NULL, node INTEGER NOT NULL, hlc INTEGER NOT NULL, digest BLOB NOT NULL,
+        envelope BLOB NOT NULL, reason TEXT NOT NULL, release_after_ms INTEGER,
+        scope BLOB, repush INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (key, node, hlc, digest));
+    CREATE TABLE locks (
+        id INTEGER PRIMARY KEY, kind TEXT NOT NULL, target BLOB NOT NULL,
+        expires_ms INTEGER NOT NULL, dot_node INTEGER, dot_hlc INTEGER);
+    CREATE INDEX locks_by_target ON locks (target);
+    CREATE INDEX locks_by_expiry ON locks (expires_ms);
+    CREATE INDEX held_by_release ON held (release_after_ms);
+    CREATE TABLE local (
+        key BLOB PRIMARY KEY, scope BLOB NOT NULL, envelope BLOB NOT NULL) WITHOUT ROWID;
+    CREATE TABLE quarantine (
+        id INTEGER PRIMARY KEY, source TEXT NOT NULL, key BLOB, node INTEGER, hlc INTEGER,
+        envelope BLOB NOT NULL, reason TEXT NOT NULL, at_ms INTEGER NOT NULL);
+    CREATE TABLE degraded (key BLOB PRIMARY KEY, scope BLOB, reason TEXT NOT NULL) WITHOUT ROWID;
+    CREATE TABLE history (
+        key BLOB NOT NULL, node INTEGER NOT NULL, hlc INTEGER NOT NULL,
+        envelope BLOB NOT NULL, replaced_at_ms INTEGER NOT NULL,
+        PRIMARY KEY (key, node, hlc)) WITHOUT ROWID;
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)

@@ -24,6 +24,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the child imports Starlette when it builds an app, the parent never
+    from starlette.applications import Starlette
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # the child runs this file as a script
@@ -42,7 +46,7 @@ class ServerError(Exception):
 # ---- the child: one app under uvicorn -------------------------------------------------------
 
 
-def echo_app() -> object:
+def echo_app() -> Starlette:
     """A bare Starlette endpoint: POST /echo answers with the request's body."""
     from starlette.applications import Starlette
     from starlette.requests import Request
@@ -55,7 +59,7 @@ def echo_app() -> object:
     return Starlette(routes=[Route("/echo", echo, methods=["POST"])])
 
 
-def relay_app(db_path: str) -> object:
+def relay_app(db_path: str) -> Starlette:
     """The relay as shipped (SQLite, WAL, synchronous=FULL), with rate limits out of reach."""
     from relay.app import create_app
     from relay.config import RelayConfig
@@ -66,12 +70,12 @@ def relay_app(db_path: str) -> object:
     return create_app(SQLiteStorage(db_path, config.version_rules(system_clock_ms)), config)
 
 
-def serve(app: object, fd: int) -> None:
+def serve(app: Starlette, fd: int) -> None:
     """uvicorn as the relay runs in production: uvloop, httptools, no access log."""
     import uvicorn
 
     config = uvicorn.Config(
-        app,  # type: ignore[arg-type]
+        app,
         loop="uvloop",
         http="httptools",
         access_log=False,

@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -77,8 +78,8 @@ def make_replica(tmp_path: Path, account: Account) -> Iterator[ReplicaFactory]:
     """Join the session's account at a new path, unlocked with the raw key (no Argon2id)."""
     opened: list[Replica] = []
 
-    def make(name: str = "r", **option_values: object) -> Replica:
-        options = ReplicaOptions(**option_values)  # type: ignore[arg-type]
+    def make(name: str = "r", **option_values: Any) -> Replica:
+        options = ReplicaOptions(**option_values)
         path = tmp_path / f"{name}-{len(opened)}.db"  # unique across hypothesis examples too
         replica = Replica.join(path, account.bundle, options=options)
         replica.unlock_with_key(account.key)

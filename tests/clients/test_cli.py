@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import TypeAlias
 
 import msgspec
 import pytest
@@ -25,6 +26,11 @@ from replica import Replica, Status
 from tests.relay.server import RelayProcess, free_port
 
 PASSPHRASE = "correct horse battery staple"
+
+JsonValue: TypeAlias = bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"] | None
+"""What `json.loads` can return; a test narrows it (`Cli.json_object`, `isinstance`) before
+it indexes or passes it on."""
+JsonObject: TypeAlias = dict[str, JsonValue]
 
 
 @dataclass
@@ -43,8 +49,25 @@ class Cli:
         assert result.exit_code == 0, result.output
         return result
 
-    def json(self, replica: Path, *args: str) -> object:
-        return json.loads(self.ok(replica, *args, "--json").stdout)
+    def json(self, replica: Path, *args: str) -> JsonValue:
+        """The command's `--json` output, parsed."""
+        value: JsonValue = json.loads(self.ok(replica, *args, "--json").stdout)
+        return value
+
+    def json_object(self, replica: Path, *args: str) -> JsonObject:
+        """The `--json` output of a command that prints one object (`get`, `status`)."""
+        value = self.json(replica, *args)
+        assert isinstance(value, dict), value
+        return value
+
+    def json_objects(self, replica: Path, *args: str) -> list[JsonObject]:
+        """The `--json` output of a command that prints a list of objects (`ls`, `conflicts`,
+        `devices`)."""
+        value = self.json(replica, *args)
+        assert isinstance(value, list), value
+        objects = [item for item in value if isinstance(item, dict)]
+        assert len(objects) == len(value), value
+        return objects
 
 
 def dump(path: Path) -> list[str]:
@@ -86,35 +109,36 @@ def test_two_devices_sync_and_a_put_resolves_a_concurrent_edit(
     cli.ok(b, "put", "threads", "t1", '{"title": "from b", "message_count": 2}')
     for device in (a, b, a):
         cli.ok(device, "sync")
-    (sibling,) = cli.json(a, "conflicts", "threads", "t1")  # type: ignore[misc]
+    (sibling,) = cli.json_objects(a, "conflicts", "threads", "t1")
     shown = cli.ok(a, "conflicts", "threads", "t1").stdout
+    assert isinstance(sibling["hlc"], int), sibling
     written = written_at(sibling["hlc"])
     assert written in shown  # when, by the writer's clock: a minute ago at most
     now = datetime.now(UTC).replace(tzinfo=None)
     assert abs(datetime.fromisoformat(written) - now) < timedelta(minutes=1)
     assert "from " in shown and str(sibling["node"]) in shown
     assert set(sibling) == {"id", "doc", "hlc", "node", "deleted"}
-    visible = cli.json(b, "get", "threads", "t1")
-    assert set(visible) == {"id", "doc", "hlc", "node", "deleted", "conflicts"}  # type: ignore[arg-type]
-    assert visible["conflicts"] == 1 and visible == cli.json(a, "get", "threads", "t1")  # type: ignore[index]
+    visible = cli.json_object(b, "get", "threads", "t1")
+    assert set(visible) == {"id", "doc", "hlc", "node", "deleted", "conflicts"}
+    assert visible["conflicts"] == 1 and visible == cli.json(a, "get", "threads", "t1")
 
     cli.ok(b, "put", "threads", "t1", '{"title": "merged", "message_count": 3}')
     cli.ok(b, "rm", "messages", "m1")
     cli.ok(b, "sync")
     cli.ok(a, "sync")
-    resolved = cli.json(a, "get", "threads", "t1")
-    assert resolved["doc"] == {"title": "merged", "message_count": 3}  # type: ignore[index]
-    assert resolved["conflicts"] == 0 and cli.json(a, "conflicts", "threads", "t1") == []  # type: ignore[index]
-    assert cli.json(a, "ls", "threads") == [{"id": "t1", "doc": resolved["doc"]}]  # type: ignore[index]
+    resolved = cli.json_object(a, "get", "threads", "t1")
+    assert resolved["doc"] == {"title": "merged", "message_count": 3}
+    assert resolved["conflicts"] == 0 and cli.json(a, "conflicts", "threads", "t1") == []
+    assert cli.json(a, "ls", "threads") == [{"id": "t1", "doc": resolved["doc"]}]
     gone = cli(a, "get", "messages", "m1")
     assert gone.exit_code == 1 and "not found" in gone.stderr and "0 conflicts" in gone.stderr
     for id in ("m5", "m2", "m4", "m3", "m6"):  # stored in opaque-key order, listed by id
         cli.ok(a, "put", "messages", id, f'{{"text": "{id}"}}')
-    listed = cli.json(a, "ls", "messages")
-    assert [r["id"] for r in listed] == ["m2", "m3", "m4", "m5", "m6"]  # type: ignore[index,union-attr]
-    status = cli.json(a, "status")
-    assert status["dirty"] == 5 and status["account"] == "ann" and status["relay"] == relay.url  # type: ignore[index]
-    assert set(status) >= {f.name for f in fields(Status)}  # type: ignore[arg-type]
+    listed = cli.json_objects(a, "ls", "messages")
+    assert [r["id"] for r in listed] == ["m2", "m3", "m4", "m5", "m6"]
+    status = cli.json_object(a, "status")
+    assert status["dirty"] == 5 and status["account"] == "ann" and status["relay"] == relay.url
+    assert set(status) >= {f.name for f in fields(Status)}
 
     settings_b = load_settings(b)
     with device_client(a, load_settings(a)) as client:
@@ -207,7 +231,7 @@ def test_versions_the_relay_refuses_are_named_by_code_and_stay_to_be_pushed(
     result = cli(a, "sync", "--retry-for", "1")
     assert_user_error(result, "refused 1 version(s) (1 too_large)", "max_envelope_bytes")
     assert "1 stored" in result.stdout  # the rest of the batch went through
-    assert cli.json(a, "status")["dirty"] == 1  # type: ignore[index]
+    assert cli.json_object(a, "status")["dirty"] == 1
 
 
 def test_demo_runs_on_its_own_relay_and_converges(cli: Cli, tmp_path: Path) -> None:

@@ -41,22 +41,23 @@ def test_devices_lists_the_account_marks_this_one_and_revokes_another(
     cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
 ) -> None:
     a, b = two_devices(cli, start_relay(), tmp_path)
-    listed = cli.json(a, "devices")
-    assert isinstance(listed, list)
+    listed = cli.json_objects(a, "devices")
     by_name = {d["name"]: d for d in listed}
     assert set(by_name) == {"desk", "laptop"}
     assert by_name["desk"]["current"] and not by_name["laptop"]["current"]
+    desk_id, laptop_id = by_name["desk"]["id"], by_name["laptop"]["id"]
+    assert isinstance(desk_id, str) and isinstance(laptop_id, str), listed
     table = cli.ok(a, "devices").stdout
     assert "laptop" in table and "* this device" in table
 
-    assert_user_error(cli(a, "devices", "--revoke", by_name["desk"]["id"]), "this device")
+    assert_user_error(cli(a, "devices", "--revoke", desk_id), "this device")
     assert_user_error(cli(a, "devices", "--revoke", "no-such-device"), "no device")
-    assert len(cli.json(a, "devices")) == 2  # type: ignore[arg-type]
+    assert len(cli.json_objects(a, "devices")) == 2
 
-    revoked = cli.ok(a, "devices", "--revoke", by_name["laptop"]["id"], "--json")
+    revoked = cli.ok(a, "devices", "--revoke", laptop_id, "--json")
     assert "revoked" in revoked.stderr
     assert [d["name"] for d in json.loads(revoked.stdout)] == ["desk"]  # stdout is JSON only
-    assert [d["name"] for d in cli.json(a, "devices")] == ["desk"]  # type: ignore[union-attr,index]
+    assert [d["name"] for d in cli.json_objects(a, "devices")] == ["desk"]
     before = dump(b)
     assert_user_error(cli(b, "sync", "--retry-for", "1"), "unauthorized")
     assert dump(b) == before
@@ -73,7 +74,8 @@ def test_a_profile_made_on_one_device_reaches_the_other(
     cli.ok(a, "sync")
     cli.ok(b, "sync")
     assert cli.ok(b, "profiles").stdout.split() == ["default", "work"]
-    assert cli.json(b, "get", "threads", "t", "--profile", "work")["doc"] == {"title": "at work"}  # type: ignore[index]
+    at_work = cli.json_object(b, "get", "threads", "t", "--profile", "work")
+    assert at_work["doc"] == {"title": "at work"}
 
     before = dump(a)
     assert_user_error(cli(a, "profiles", "--create", "x" * 1000), "profile")

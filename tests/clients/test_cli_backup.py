@@ -42,7 +42,7 @@ def test_a_backup_taken_while_locked_restores_as_a_new_node_that_syncs(
     restored = cli(b, "restore", str(copy), passphrase="")
     assert restored.exit_code == 0, restored.output
     assert node_of(b) != node_of(a)
-    assert cli.json(b, "get", "threads", "t1")["doc"] == {"title": "before the backup"}  # type: ignore[index]
+    assert cli.json_object(b, "get", "threads", "t1")["doc"] == {"title": "before the backup"}
     missing = cli(b, "get", "drafts", "d1")  # device-local: not in the backup
     assert missing.exit_code == 1 and "not found" in missing.stderr, missing.output
 
@@ -56,10 +56,10 @@ def test_a_backup_taken_while_locked_restores_as_a_new_node_that_syncs(
     cli.ok(a, "restore", str(copy), "--force")
     assert node_of(a) != old_node
     cli.ok(a, "sync")
-    assert [r["id"] for r in cli.json(a, "ls", "threads")] == ["t1", "t2"]  # type: ignore[union-attr,index]
+    assert [r["id"] for r in cli.json_objects(a, "ls", "threads")] == ["t1", "t2"]
     cli.ok(a, "put", "threads", "t3", '{"title": "written by the restored file"}')
     cli.ok(a, "sync")
-    assert cli.json(a, "get", "threads", "t3")["node"] == node_of(a) != old_node  # type: ignore[index]
+    assert cli.json_object(a, "get", "threads", "t3")["node"] == node_of(a) != old_node
 
 
 def test_backup_and_restore_refuse_what_is_not_a_replica_and_leave_no_file(

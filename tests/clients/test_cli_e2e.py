@@ -29,8 +29,8 @@ def everything(cli: Cli, replica: Path, profile: str) -> list[object]:
     for where in ("default", profile):
         for collection in ("threads", "messages"):
             shown.append(cli.json(replica, "ls", collection, "--profile", where))
-    conflicts = cli.json(replica, "conflicts", "threads", "shared")
-    shown.append(sorted(json.dumps(c, sort_keys=True) for c in conflicts))  # type: ignore[union-attr]
+    conflicts = cli.json_objects(replica, "conflicts", "threads", "shared")
+    shown.append(sorted(json.dumps(c, sort_keys=True) for c in conflicts))
     return shown
 
 
@@ -68,16 +68,18 @@ def test_three_devices_converge_resolve_a_conflict_and_leave_no_plaintext_on_the
             cli.ok(paths[name], "sync")
     shown = [everything(cli, paths[name], profile) for name in DEVICES]
     assert shown[0] == shown[1] == shown[2]
-    assert len(shown[0][-1]) == 2  # type: ignore[arg-type]  # three concurrent edits: two others
+    siblings = shown[0][-1]
+    assert isinstance(siblings, list) and len(siblings) == 2  # three concurrent edits: two others
 
     cli.ok(paths["c"], "put", "threads", "shared", '{"title": "agreed"}')
     for name in ("c", "a", "b"):
         cli.ok(paths[name], "sync")
     for name in DEVICES:
         assert cli.json(paths[name], "conflicts", "threads", "shared") == []
-        assert cli.json(paths[name], "get", "threads", "shared")["doc"] == {"title": "agreed"}  # type: ignore[index]
-        messages = cli.json(paths[name], "ls", "messages")
-        assert [m["id"] for m in messages] == [f"m0{marker}i", f"m2{marker}i"]  # type: ignore[union-attr,index]
+        shared = cli.json_object(paths[name], "get", "threads", "shared")
+        assert shared["doc"] == {"title": "agreed"}
+        messages = cli.json_objects(paths[name], "ls", "messages")
+        assert [m["id"] for m in messages] == [f"m0{marker}i", f"m2{marker}i"]
 
     relay.stop()  # graceful: the WAL is checkpointed into the main file
     relay_files = sorted(tmp_path.glob("relay0.*"))

@@ -99,7 +99,7 @@ def test_a_watching_device_shows_another_devices_write_and_a_concurrent_put(
     stdout, stderr = watching.communicate(timeout=TIMEOUT_S)
     assert watching.returncode == 0, stderr
     assert "Traceback" not in stderr and "stopped watching" in stdout
-    assert cli.json(b, "status")["dirty"] == 0  # type: ignore[index]
+    assert cli.json_object(b, "status")["dirty"] == 0
     for device in (a, b):
-        ids = [r["id"] for r in cli.json(device, "ls", "threads")]  # type: ignore[union-attr,index]
+        ids = [r["id"] for r in cli.json_objects(device, "ls", "threads")]
         assert ids == ["from-a", "from-b"]

@@ -6,14 +6,17 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from relay import tokens
 from relay.app import create_app
 from relay.config import RelayConfig
 from relay.sqlite import SQLiteStorage
+from relay.storage import Storage
 from replica.wire import (
     DeleteAccount,
     DeviceList,
@@ -58,8 +61,8 @@ def clock() -> FakeClock:
 def make_client(tmp_path: Path, clock: FakeClock) -> Iterator[AppFactory]:
     clients: list[TestClient] = []
 
-    def make(**settings: object) -> TestClient:
-        config = RelayConfig(**{"open_signup": True, **settings})  # type: ignore[arg-type]
+    def make(**settings: Any) -> TestClient:
+        config = RelayConfig(**{"open_signup": True, **settings})
         rules = config.version_rules(clock)
         storage = SQLiteStorage(tmp_path / f"relay{len(clients)}.db", rules)
         client = TestClient(create_app(storage, config, clock_ms=clock))
@@ -162,7 +165,9 @@ def test_invite_only_relays_need_a_valid_invite(make_client: AppFactory) -> None
     request = RegisterRequest("alice", b"a" * 32, b"r" * 32, KdfParams(b"s" * 16), b"b", "laptop")
     refused = client.post("/v1/register", content=body(request), headers=MSGPACK)
     assert refused.status_code == 403
-    storage = client.app.state.api.storage  # type: ignore[attr-defined]
+    app = client.app
+    assert isinstance(app, Starlette)
+    storage: Storage = app.state.api.storage
     invite = tokens.new_token()
     digest = tokens.token_hash(invite)
     assert digest is not None

@@ -12,7 +12,7 @@ import os
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import jsonschema_rs
 import msgspec
@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 from schemathesis.generation import GenerationMode
+from schemathesis.python import asgi
 from schemathesis.specs.openapi.definitions import OPENAPI_31  # the official 3.1 meta-schema
 
 from relay.app import ENDPOINTS
@@ -42,7 +43,17 @@ from tests.relay.conftest import NOW_MS
 from tests.relay.harness import BACKENDS, Relay, Relays, open_relays
 
 EXAMPLES = int(os.environ.get("SEALSYNC_FUZZ_EXAMPLES", "30"))
-UNLIMITED = {
+
+
+class Limits(TypedDict):
+    """The settings `UNLIMITED` overrides, typed per key so `relays(**UNLIMITED)` type-checks."""
+
+    requests_per_second: float
+    burst: int
+    max_login_failures: int
+
+
+UNLIMITED: Limits = {
     "requests_per_second": 1e9,
     "burst": 1_000_000_000,
     "max_login_failures": 1_000_000_000,
@@ -111,7 +122,7 @@ fails under pytest 9 (it sets the private `Function._nodeid`)."""
 @pytest.fixture
 def asgi_client(relay: Relay) -> Iterator[Any]:
     """One in-process client for every case (schemathesis would start one per call)."""
-    with schemathesis.python.asgi.get_client(relay.app) as client:
+    with asgi.get_client(relay.app) as client:  # type: ignore[arg-type]  # schemathesis' ASGIApp sends dicts, Starlette's a MutableMapping
         yield client
 
 

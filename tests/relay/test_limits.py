@@ -7,6 +7,7 @@ import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx2
 import msgspec
 import pytest
 
@@ -34,9 +35,8 @@ def relays(tmp_path: Path) -> Iterator[Relays]:
     yield from open_relays(tmp_path)
 
 
-def code_of(answer: object) -> str:
-    content, headers = answer.content, answer.headers  # type: ignore[attr-defined]
-    return str(error_body(content, headers["content-type"])["code"])
+def code_of(answer: httpx2.Response) -> str:
+    return str(error_body(answer.content, answer.headers["content-type"])["code"])
 
 
 def sized_envelope(size: int, index: int, node: int = 1, hlc: int = HLC) -> bytes:

@@ -5,6 +5,7 @@ account isolation, accounts, devices, tokens, invites and the quota."""
 from __future__ import annotations
 
 import hashlib
+import random
 import threading
 from dataclasses import replace
 
@@ -38,7 +39,8 @@ def storage(make_storage: StorageFactory) -> Storage:
 
 
 def pull_all(s: Storage, account: str) -> list[bytes]:
-    out, cursor = [], 0
+    out: list[bytes] = []
+    cursor = 0
     while True:
         page = s.pull(account, cursor)
         out.extend(e.envelope for e in page.entries)
@@ -341,13 +343,13 @@ def test_listeners_hear_each_new_head(storage: Storage) -> None:
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=40)
 @given(st.lists(st.integers(1, 3), min_size=1, max_size=12), st.randoms())
 def test_storage_stays_the_siblings_of_everything_pushed(
-    make_storage: StorageFactory, nodes: list[int], rnd: object
+    make_storage: StorageFactory, nodes: list[int], rnd: random.Random
 ) -> None:
     """Devices write one key, each seeing only its own past: whatever the arrival order, the
     relay keeps exactly each device's latest version (the undominated ones)."""
     envelopes = [envelope(KEY, node, HLC + i, {node: HLC + i}) for i, node in enumerate(nodes)]
     latest = {node: HLC + i for i, node in enumerate(nodes)}
-    rnd.shuffle(envelopes)  # type: ignore[attr-defined]
+    rnd.shuffle(envelopes)
     s = make_storage()
     try:
         register(s, "a")
@@ -370,7 +372,7 @@ def batched_writes(draw: st.DrawFn) -> list[list[bytes]]:
         key, node = bytes([draw(st.integers(0, 1))]) * 16, draw(st.integers(1, 3))
         vector = {node: HLC + i}
         same_key = [v for k, v in written if k == key]
-        if same_key and draw(st.booleans()):
+        if bool(same_key) and draw(st.booleans()):  # bool(): else mypy types the draw as a list
             seen = draw(st.sampled_from(same_key))
             vector = {n: max(seen.get(n, 0), vector.get(n, 0)) for n in {*seen, *vector}}
         written.append((key, vector))

@@ -23,14 +23,13 @@ from replica.envelope import (
     MIN_PADDED_BYTES,
     Identity,
     frame_plaintext,
-    length_prefixed,
     opaque_key,
     open_envelope,
     padme_length,
     seal,
 )
 from replica.errors import EnvelopeError, UnknownEpochError
-from replica.keys import AccountInfo, AccountKeys, hkdf
+from replica.keys import AccountInfo, AccountKeys, hkdf, length_prefixed
 from replica.limits import MAX_INT, MIN_INT
 from replica.wire import (
     FIXED_HEADER_BYTES,

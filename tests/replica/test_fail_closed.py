@@ -166,7 +166,7 @@ def test_a_damaged_row_fails_closed_and_repair_quarantines_exactly_it(
 ) -> None:
     replica, others = populated
     key = opaque_key(replica._core.keys().index_key, Identity("default", "notes", "r2"))
-    replica._core.opener.forget()  # type: ignore[union-attr]
+    replica._core.opener_or_raise().forget()
     before = row_digests(replica.path)
     damaged = damage_row(replica.path, key, DAMAGES[kind], others)
     damaged_digests = row_digests(replica.path)
@@ -187,7 +187,8 @@ def test_a_damaged_row_fails_closed_and_repair_quarantines_exactly_it(
             call()
     assert row_digests(replica.path) == damaged_digests  # nothing was written over it
     assert sorted(r.id for r in replica.scan("notes", skip_degraded=True)) == ["r1", "r3", "r4"]
-    assert replica.get("notes", "r1").document == {"id": "r1"}  # type: ignore[union-attr]
+    intact = replica.get("notes", "r1")
+    assert intact is not None and intact.document == {"id": "r1"}
     replica.put("notes", "r1", {"id": "still writable"})
     assert replica.status().degraded == 1
 
@@ -271,7 +272,7 @@ def test_repair_refuses_when_most_rows_are_undecryptable(
     for (key,) in rows:
         damage_row(replica.path, key, damage, others)
     del keys
-    replica._core.opener.forget()  # type: ignore[union-attr]
+    replica._core.opener_or_raise().forget()
     with pytest.raises(RepairRefusedError, match="key mismatch"):
         replica.repair()
     assert replica.status().quarantined == 0
@@ -283,7 +284,7 @@ def test_clear_empties_a_degraded_collection(populated: tuple[Replica, dict[str,
     replica, others = populated
     key = opaque_key(replica._core.keys().index_key, Identity("default", "notes", "r2"))
     damage_row(replica.path, key, flip_bit, others)
-    replica._core.opener.forget()  # type: ignore[union-attr]
+    replica._core.opener_or_raise().forget()
     with pytest.raises(DegradedError):
         replica.get("notes", "r2")
     assert replica.clear("notes") == 3
@@ -332,7 +333,7 @@ def test_a_damaged_draft_is_not_overwritten(make_replica: ReplicaFactory) -> Non
     with sqlite3.connect(replica.path) as db:
         (envelope,) = db.execute("SELECT envelope FROM local").fetchone()
         db.execute("UPDATE local SET envelope = ?", (flip_bit(envelope, {}),))
-    replica._core.opener.forget()  # type: ignore[union-attr]
+    replica._core.opener_or_raise().forget()
     with pytest.raises(DegradedError):
         replica.put("drafts", "d", {"text": "overwrite"})
     with pytest.raises(DegradedError):
@@ -370,7 +371,7 @@ def test_a_degraded_item_never_wedges_pulls_of_its_per_item_set(
     apply(reader, dirty_envelopes(writer))
     key = opaque_key(reader._core.keys().index_key, Identity("default", "personas", "p1"))
     damage_row(reader.path, key, flip_bit, {})
-    reader._core.opener.forget()  # type: ignore[union-attr]
+    reader._core.opener_or_raise().forget()
     reader.subscribe(lambda _: None)
     writer.put("personas", "p2", {})
     session = reader.sync_session()
@@ -388,7 +389,7 @@ def test_repair_then_re_pull_is_not_mistaken_for_a_copied_file(
     sync(replica, relay)
     key = opaque_key(replica._core.keys().index_key, Identity("default", "notes", "mine"))
     damage_row(replica.path, key, flip_bit, {})
-    replica._core.opener.forget()  # type: ignore[union-attr]
+    replica._core.opener_or_raise().forget()
     node = replica.node
     replica.repair()
     sync(replica, relay)

@@ -12,6 +12,7 @@ import os
 import sqlite3
 import traceback
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -298,7 +299,7 @@ def test_unlock_with_the_recovery_key_yields_the_account_key(account: Account) -
 
 def typos(text: str) -> list[str]:
     """Every recovery key one substituted character away from `text`."""
-    out = []
+    out: list[str] = []
     for index, char in enumerate(text):
         if char == "-":
             continue
@@ -525,7 +526,7 @@ def test_no_key_material_in_wrong_key_errors(
     secrets |= {"wrong raw key": wrong_raw, "mistyped": mistyped.encode()}
     replica = make_replica()
     replica.lock()
-    attempts = [
+    attempts: list[Callable[[], None]] = [
         lambda: replica.unlock_with_key(wrong_raw),
         lambda: replica.unlock_with_key(wrong_raw[:31]),
         lambda: replica.unlock_with_recovery_key(mistyped),

@@ -4,6 +4,7 @@ sibling follows the total order (hlc, tiebreak, live, node)."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 from hypothesis import given
@@ -55,9 +56,9 @@ def dots(versions: list[V]) -> set[tuple[int, int]]:
 
 
 @given(histories(), st.randoms())
-def test_siblings_do_not_depend_on_order(history: list[V], rnd: object) -> None:
+def test_siblings_do_not_depend_on_order(history: list[V], rnd: random.Random) -> None:
     shuffled = list(history)
-    rnd.shuffle(shuffled)  # type: ignore[attr-defined]
+    rnd.shuffle(shuffled)
     assert dots(siblings_of(shuffled)) == dots(siblings_of(history))
 
 

@@ -24,7 +24,9 @@ def test_batches_are_bounded_by_count_and_bytes(make_replica: ReplicaFactory) ->
     while (batch := by_count.next_batch()) is not None:
         sizes.append(len(batch.envelopes))
     assert sizes == [10, 10, 5]
-    one = len(replica.sync_session().next_batch().envelopes[0])  # type: ignore[union-attr]
+    first = replica.sync_session().next_batch()
+    assert first is not None
+    one = len(first.envelopes[0])
     by_bytes = replica.sync_session(max_batch_bytes=one * 3)
     batch = by_bytes.next_batch()
     assert batch is not None and len(batch.envelopes) == 3
@@ -95,7 +97,9 @@ def test_a_page_merges_atomically_and_advances_the_cursor(make_replica: ReplicaF
     writer, reader = make_replica("w"), make_replica("r")
     for i in range(4):
         writer.put("notes", f"n{i}", {"i": i})
-    envelopes = writer.sync_session().next_batch().envelopes  # type: ignore[union-attr]
+    written = writer.sync_session().next_batch()
+    assert written is not None
+    envelopes = written.envelopes
     session = reader.sync_session()
     applied = session.apply_page(page_of(envelopes[:2]))
     assert applied.cursor_advanced and session.cursor == 2 and applied.merged == 2
@@ -186,7 +190,8 @@ def test_acknowledged_identities_match_the_pushed_envelopes(make_replica: Replic
     result = relay.push(ACCOUNT, batch)
     session.acknowledge(batch, result)
     header = parse_header(batch.envelopes[0])
-    assert replica.get("notes", "n").hlc == header.hlc  # type: ignore[union-attr]
+    record = replica.get("notes", "n")
+    assert record is not None and record.hlc == header.hlc
     assert replica.status().dirty == 0
 
 

@@ -121,7 +121,7 @@ def test_bad_profile_names_are_refused_on_creation(
     replica = make_replica()
     before = file_rows(replica)
     with pytest.raises(InvalidArgumentError) as refused:
-        replica.create_profile(bad)  # type: ignore[arg-type]
+        replica.create_profile(bad)  # type: ignore[arg-type]  # BAD_IDS holds a non-str on purpose
     assert shown(bad) in str(refused.value) and bound in str(refused.value)
     assert file_rows(replica) == before
 
@@ -158,7 +158,7 @@ def test_a_batch_that_fails_writes_nothing(make_replica: ReplicaFactory) -> None
 
 def test_schema_values_are_checked() -> None:
     with pytest.raises(InvalidArgumentError, match="unknown policy"):
-        Collection("c", "bogus")  # type: ignore[arg-type]
+        Collection("c", "bogus")  # type: ignore[arg-type]  # a policy outside the Literal on purpose
     with pytest.raises(InvalidArgumentError, match="max_items"):
         Collection("c", "lww", max_items=3)
     with pytest.raises(InvalidArgumentError, match="twice"):
@@ -200,7 +200,7 @@ def test_options_out_of_bounds_are_refused(values: dict[str, object]) -> None:
     from replica import ReplicaOptions
 
     with pytest.raises(InvalidArgumentError):
-        ReplicaOptions(**values)  # type: ignore[arg-type]
+        ReplicaOptions(**values)  # type: ignore[arg-type]  # e.g. synchronous="off", refused on purpose
 
 
 def test_lock_durations_out_of_bounds_are_refused(make_replica: ReplicaFactory) -> None:
@@ -217,18 +217,19 @@ def test_lock_durations_out_of_bounds_are_refused(make_replica: ReplicaFactory) 
 def test_a_malformed_context_is_refused(make_replica: ReplicaFactory, context: object) -> None:
     replica = make_replica()
     with pytest.raises(InvalidArgumentError, match="context must be"):
-        replica.put("notes", "n", {}, context=context)  # type: ignore[arg-type]
+        replica.put("notes", "n", {}, context=context)  # type: ignore[arg-type]  # malformed on purpose
     assert_nothing_written(replica)
 
 
 def test_wrong_types_raise_the_typed_error_not_a_type_error(make_replica: ReplicaFactory) -> None:
     replica = make_replica()
-    calls = [
-        lambda: replica.lock_scope(collection="notes", duration_s="soon"),  # type: ignore[arg-type]
-        lambda: replica.sync_session(max_batch_count="many"),  # type: ignore[arg-type]
-        lambda: replica.unlock(12345),  # type: ignore[arg-type]
-        lambda: replica.scan(7),  # type: ignore[arg-type]
-        lambda: replica.create_profile(None),  # type: ignore[arg-type]
+    # Each call passes a wrong type on purpose: the runtime check, not mypy, is the subject.
+    calls: list[Callable[[], object]] = [
+        lambda: replica.lock_scope(collection="notes", duration_s="soon"),  # type: ignore[arg-type]  # wrong type on purpose
+        lambda: replica.sync_session(max_batch_count="many"),  # type: ignore[arg-type]  # wrong type on purpose
+        lambda: replica.unlock(12345),  # type: ignore[arg-type]  # wrong type on purpose
+        lambda: replica.scan(7),  # type: ignore[arg-type]  # wrong type on purpose
+        lambda: replica.create_profile(None),  # type: ignore[arg-type]  # wrong type on purpose
     ]
     for call in calls:
         with pytest.raises(InvalidArgumentError):

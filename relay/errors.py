@@ -6,12 +6,14 @@ bug. Messages name the bound that was broken, never a token, key or another acco
 
 from __future__ import annotations
 
+from replica.wire import ErrorCode
+
 
 class RelayError(Exception):
     """A request the relay refuses; `status` is the HTTP status, `code` the stable code."""
 
     status = 400
-    code = "bad_request"
+    code: ErrorCode = ErrorCode.BAD_REQUEST
 
     def __init__(self, message: str, *, retry_after_s: int | None = None) -> None:
         super().__init__(message)
@@ -22,21 +24,21 @@ class RelayError(Exception):
 class MalformedError(RelayError):
     """The body is not a well-formed message of the endpoint's type."""
 
-    code = "malformed"
+    code = ErrorCode.MALFORMED
 
 
 class InvalidError(RelayError):
     """A well-formed message breaks a documented bound (a name too long, a NUL)."""
 
     status = 422
-    code = "invalid"
+    code = ErrorCode.INVALID
 
 
 class UnauthorizedError(RelayError):
     """No valid token: missing, malformed, unknown, expired or revoked — one answer for all."""
 
     status = 401
-    code = "unauthorized"
+    code = ErrorCode.UNAUTHORIZED
 
     def __init__(self) -> None:
         super().__init__("a valid bearer token is required")
@@ -46,7 +48,7 @@ class BadCredentialsError(RelayError):
     """Login failed; the same answer whether the account exists or not."""
 
     status = 401
-    code = "bad_credentials"
+    code = ErrorCode.BAD_CREDENTIALS
 
     def __init__(self) -> None:
         super().__init__("account or key not recognised")
@@ -54,49 +56,49 @@ class BadCredentialsError(RelayError):
 
 class ForbiddenError(RelayError):
     status = 403
-    code = "forbidden"
+    code = ErrorCode.FORBIDDEN
 
 
 class NotFoundError(RelayError):
     status = 404
-    code = "not_found"
+    code = ErrorCode.NOT_FOUND
 
 
 class ConflictError(RelayError):
     """A compare-and-set lost, or a name is taken."""
 
     status = 409
-    code = "conflict"
+    code = ErrorCode.CONFLICT
 
 
 class AccountExistsError(ConflictError):
-    code = "account_exists"
+    code = ErrorCode.ACCOUNT_EXISTS
 
 
 class VersionConflictError(ConflictError):
-    code = "version_conflict"
+    code = ErrorCode.VERSION_CONFLICT
 
 
 class TooLargeError(RelayError):
     status = 413
-    code = "too_large"
+    code = ErrorCode.TOO_LARGE
 
 
 class QuotaExceededError(RelayError):
     """The batch would take the account past its storage quota: all of it rolled back."""
 
     status = 413
-    code = "quota_exceeded"
+    code = ErrorCode.QUOTA_EXCEEDED
 
 
 class UnsupportedMediaError(RelayError):
     status = 415
-    code = "unsupported_media_type"
+    code = ErrorCode.UNSUPPORTED_MEDIA_TYPE
 
 
 class RateLimitedError(RelayError):
     status = 429
-    code = "rate_limited"
+    code = ErrorCode.RATE_LIMITED
 
 
 class StoreFailedError(Exception):

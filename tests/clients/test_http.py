@@ -21,9 +21,9 @@ from clients.errors import (
     RelayRefusedError,
     UnknownOutcomeError,
 )
-from clients.http import RelayClient, check_relay_url
+from clients.http import HINT_BY_CODE, RelayClient, check_relay_url
 from replica.errors import InvalidArgumentError
-from replica.wire import PROTOCOL_VERSION, PushBatch
+from replica.wire import PROTOCOL_VERSION, ErrorCode, PushBatch
 from tests.clients.chaos import FirstReplyLost
 from tests.clients.conftest import Fleet
 from tests.relay.server import RelayProcess, free_port
@@ -90,6 +90,39 @@ def test_a_relay_of_another_protocol_version_is_refused(
         pytest.raises(ProtocolMismatchError),
     ):
         client.info()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"<html>429 Too Many Requests</html>",
+        msgspec.msgpack.encode({"code": "new", "message": "m"}),
+    ],
+    ids=["a proxy's page", "a code outside ErrorCode"],
+)
+def test_a_4xx_without_the_relays_error_body_is_a_protocol_mismatch(
+    foreign_server: Callable[[bytes, int], str], answer: bytes
+) -> None:
+    """Not the relay's word: a proxy answered, or a relay of another protocol version (a new
+    code comes with a new version). Never a guess at what the code would have meant."""
+    with (
+        RelayClient(foreign_server(answer, 429)) as client,
+        pytest.raises(ProtocolMismatchError) as e,
+    ):
+        client.info()
+    assert "HTTP 429 without the relay's error body" in str(e.value)
+    assert e.value.hint and "proxy" in e.value.hint and not e.value.retryable
+
+
+def test_a_known_code_is_a_typed_refusal_with_its_hint(
+    foreign_server: Callable[[bytes, int], str],
+) -> None:
+    answer = msgspec.msgpack.encode({"code": "rate_limited", "message": "slow down"})
+    with RelayClient(foreign_server(answer, 429)) as client, pytest.raises(RelayRefusedError) as e:
+        client.info()
+    assert e.value.code is ErrorCode.RATE_LIMITED and e.value.retryable
+    assert e.value.hint == HINT_BY_CODE[ErrorCode.RATE_LIMITED]
+    assert str(e.value) == "relay refused (429 rate_limited): slow down"
 
 
 def test_an_unreachable_relay_is_an_unknown_outcome() -> None:

@@ -17,6 +17,7 @@ from relay.sqlite import SQLiteStorage
 from replica.wire import (
     DeleteAccount,
     DeviceList,
+    ErrorCode,
     KdfParams,
     KeyBundleValue,
     LoginRequest,
@@ -342,3 +343,11 @@ def test_the_debug_request_log_has_status_and_request_id_and_no_token(
         ("/v1/nowhere", 404, None),
     ]
     assert session.access_token not in caplog.text and "x=1" not in caplog.text
+
+
+def test_the_openapi_document_lists_every_error_code(client: TestClient) -> None:
+    """An error body's code is one of `ErrorCode` in the published schema, so a generated
+    client (or schemathesis) knows every code and nothing else."""
+    schemas = client.get("/v1/openapi.json").json()["components"]["schemas"]
+    assert schemas["ErrorBody"]["properties"]["code"] == {"$ref": "#/components/schemas/ErrorCode"}
+    assert schemas["ErrorCode"]["enum"] == sorted(code.value for code in ErrorCode)

@@ -2,21 +2,30 @@
 
 The app turns a `RelayError` into `{"code", "message"}` with its status; anything else is a
 bug. Messages name the bound that was broken, never a token, key or another account's data.
+Refusals and `StoreFailedError` (storage failed: a 500) are `SealsyncError`s, so the command
+line prints them as every other error: an `error:` line, and a `hint:` line where the operator
+can act.
 """
 
 from __future__ import annotations
 
+from replica.errors import SealsyncError
 from replica.wire import ErrorCode
 
 
-class RelayError(Exception):
-    """A request the relay refuses; `status` is the HTTP status, `code` the stable code."""
+class RelayError(SealsyncError):
+    """A request the relay refuses; `status` is the HTTP status, `code` the stable code.
+
+    The `hint` stays on this side: the answer carries only code and message, and a client
+    keeps its own hints by code (they speak of its commands, not of the relay's)."""
 
     status = 400
     code: ErrorCode = ErrorCode.BAD_REQUEST
 
-    def __init__(self, message: str, *, retry_after_s: int | None = None) -> None:
-        super().__init__(message)
+    def __init__(
+        self, message: str, *, retry_after_s: int | None = None, hint: str | None = None
+    ) -> None:
+        super().__init__(message, hint=hint)
         self.message = message
         self.retry_after_s = retry_after_s
 
@@ -101,5 +110,20 @@ class RateLimitedError(RelayError):
     code = ErrorCode.RATE_LIMITED
 
 
-class StoreFailedError(Exception):
-    """Storage failed under the relay (a disk error, a lost database): a 500, not a refusal."""
+STORE_FAILED_HINT = (
+    "check the relay's storage: free disk space and the permissions of its SQLite file, or "
+    "its PostgreSQL server; nothing of the failed commit was stored, and devices send it again"
+)
+
+
+class StoreFailedError(SealsyncError):
+    """Storage failed under the relay (a disk error, a lost database): a 500, not a refusal.
+
+    Not a `RelayError` on purpose: the app maps only refusals to a 4xx, so this one reaches
+    Starlette's error middleware, which logs it and answers 500 (the client's "unknown
+    outcome", retried)."""
+
+    code = "store_failed"
+
+    def __init__(self, message: str, *, hint: str | None = STORE_FAILED_HINT) -> None:
+        super().__init__(message, hint=hint)

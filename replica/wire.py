@@ -31,7 +31,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
 
-from replica.errors import KdfParametersError, ProtocolError
+from replica.errors import InvalidArgumentError, KdfParametersError, ProtocolError
 
 PROTOCOL_VERSION = 1
 FORMAT_VERSION = 1
@@ -304,9 +304,9 @@ class Receipt(msgspec.Struct, frozen=True):
 
     def __post_init__(self) -> None:
         if (self.status == "stored") != (self.seq is not None):
-            raise ValueError("a stored receipt carries a seq, and only a stored one")
+            raise InvalidArgumentError("a stored receipt carries a seq, and only a stored one")
         if (self.status == "refused") != (self.code is not None):
-            raise ValueError("a refused receipt carries a code, and only a refused one")
+            raise InvalidArgumentError("a refused receipt carries a code, and only a refused one")
 
 
 class PushResult(msgspec.Struct, frozen=True):

@@ -26,7 +26,7 @@ from clients.errors import AccessLostError, NoSessionError, RelayClientError, Re
 from clients.http import RelayClient, check_relay_url
 from replica import Replica, RollbackError, passphrase_login_keys, recovery_login_keys
 from replica.errors import InvalidArgumentError
-from replica.wire import RegisterRequest, Session, auth_key_hash
+from replica.wire import ErrorCode, RegisterRequest, Session, auth_key_hash
 
 Regained = Literal["logged_in", "registered"]
 RESEED_HINT = (
@@ -35,11 +35,11 @@ RESEED_HINT = (
     "(with --invite if the relay takes new accounts by invite only); if the passphrase was "
     "changed on another device, `sealsync login --recovery-key` logs this device in again"
 )
-HINT_BY_REGISTER_REFUSAL = {
-    "account_exists": "the relay has the account, with another passphrase: it was changed on "
-    "another device. Nothing was changed here; `sealsync login --recovery-key` logs this "
-    "device in again",
-    "forbidden": "the relay takes new accounts by invite only: give --invite (or "
+HINT_BY_REGISTER_REFUSAL: dict[ErrorCode, str] = {
+    ErrorCode.ACCOUNT_EXISTS: "the relay has the account, with another passphrase: it was "
+    "changed on another device. Nothing was changed here; `sealsync login --recovery-key` "
+    "logs this device in again",
+    ErrorCode.FORBIDDEN: "the relay takes new accounts by invite only: give --invite (or "
     "SEALSYNC_INVITE); its operator makes one with `sealsync relay invite`",
 }
 LOGIN_HINT = (
@@ -53,7 +53,7 @@ def is_session_refused(exc: RelayClientError) -> bool:
     revoked or lost with the relay's data — the relay gives one answer for all of them."""
     if isinstance(exc, NoSessionError):
         return True
-    return isinstance(exc, RelayRefusedError) and exc.code == "unauthorized"
+    return isinstance(exc, RelayRefusedError) and exc.code == ErrorCode.UNAUTHORIZED
 
 
 def has_account(client: RelayClient, replica: Replica, account: str) -> bool:
@@ -173,7 +173,7 @@ def login_again(
     try:
         return log_in(client, account, keys, device_name)
     except RelayRefusedError as exc:
-        if exc.code != "bad_credentials":
+        if exc.code != ErrorCode.BAD_CREDENTIALS:
             raise
         raise AccessLostError(
             f"the relay does not take this device's secret for account {account!r}: it lost "

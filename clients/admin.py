@@ -21,13 +21,13 @@ from clients.http import RelayClient
 from clients.settings import CliSettings
 from replica import Replica, passphrase_login_keys
 from replica.errors import InvalidArgumentError
-from replica.wire import DeviceInfo, PutKeyBundle
+from replica.wire import DeviceInfo, ErrorCode, PutKeyBundle
 
-HINT_BY_PASSWD_REFUSAL = {
-    "version_conflict": "the account's key bundle changed on another device meanwhile; "
+HINT_BY_PASSWD_REFUSAL: dict[ErrorCode, str] = {
+    ErrorCode.VERSION_CONFLICT: "the account's key bundle changed on another device meanwhile; "
     "nothing was changed here: run `sealsync passwd` again",
-    "forbidden": "the relay does not take this device's passphrase: it was changed on another "
-    "device; nothing was changed here",
+    ErrorCode.FORBIDDEN: "the relay does not take this device's passphrase: it was changed on "
+    "another device; nothing was changed here",
 }
 
 

@@ -43,21 +43,10 @@ from clients.settings import (
 from relay import tokens
 from relay.app import create_app
 from relay.config import RelayConfig, load_config
-from relay.errors import RelayError
 from relay.serve import configure_logging, open_storage, serve
 from relay.storage import Storage
 
 DEFAULT_PORT = 8787
-
-
-@contextmanager
-def user_errors() -> Iterator[None]:
-    """`console.user_errors`, and the relay's own errors for the `relay` commands."""
-    try:
-        with console.user_errors():
-            yield
-    except RelayError as exc:
-        fail(exc.message)
 
 
 def default_relay_db() -> Path:
@@ -224,7 +213,7 @@ def relay_serve(
     log_level: str,
 ) -> None:
     """Serve the relay (SQLite by default, PostgreSQL with --database-url)."""
-    with user_errors():
+    with console.user_errors():
         flags: dict[str, object] = {**_settings(pairs), "open_signup": open_signup}
         if trusted_proxy:
             flags["trusted_proxies"] = trusted_proxy
@@ -238,7 +227,7 @@ def relay_serve(
 @click.option("--days", type=int, help="Days the invite stays valid (default: invite_s).")
 def relay_invite(where: RelayStorage, days: int | None) -> None:
     """Print a single-use invite token for a new account."""
-    with user_errors():
+    with console.user_errors():
         if days is not None and days < 1:
             fail(f"--days {days} must be at least 1")
         valid_ms = days * 86_400_000 if days is not None else where.config().invite_s * 1000
@@ -253,7 +242,7 @@ def relay_invite(where: RelayStorage, days: int | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON array.")
 def relay_accounts(where: RelayStorage, as_json: bool) -> None:
     """List accounts: devices, stored versions and bytes (never what they hold)."""
-    with user_errors():
+    with console.user_errors():
         with where.opened() as storage:
             accounts = storage.accounts()
         if as_json:
@@ -270,7 +259,7 @@ def relay_accounts(where: RelayStorage, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def relay_stats(where: RelayStorage, as_json: bool) -> None:
     """Totals of the relay's database."""
-    with user_errors():
+    with console.user_errors():
         with where.opened() as storage:
             accounts = storage.accounts()
             stats = {

@@ -49,7 +49,7 @@ from clients.retry import Backoff
 from clients.schema import CHAT_SCHEMA
 from clients.settings import CliSettings
 from clients.sync import SyncDriver, SyncReport
-from replica import Replica, RollbackError
+from replica import ErrorCode, Replica, RollbackError
 from replica.errors import StoreError
 
 DEFAULT_RETRY_FOR_S = 30.0
@@ -316,12 +316,13 @@ def run_sync(
             fail(f"{exc}", ROLLBACK_HINT)
 
 
-REFUSAL_HINTS = {
-    "clock_ahead": "this device's clock is ahead of the relay's: set it right (NTP), then sync",
-    "too_large": "a record is over the relay's max_envelope_bytes: make it smaller",
-    "identity_conflict": "another copy of this replica wrote as this device: `sealsync restore` "
-    "a backup (it takes a new node id), or sync from a fresh `sealsync join`",
-    "malformed": "the relay could not read them: report it with `sealsync status --json`",
+REFUSAL_HINTS: dict[ErrorCode, str] = {
+    ErrorCode.CLOCK_AHEAD: "this device's clock is ahead of the relay's: set it right (NTP), "
+    "then sync",
+    ErrorCode.TOO_LARGE: "a record is over the relay's max_envelope_bytes: make it smaller",
+    ErrorCode.IDENTITY_CONFLICT: "another copy of this replica wrote as this device: "
+    "`sealsync restore` a backup (it takes a new node id), or sync from a fresh `sealsync join`",
+    ErrorCode.MALFORMED: "the relay could not read them: report it with `sealsync status --json`",
 }
 
 

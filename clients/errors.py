@@ -9,6 +9,7 @@ definitive word, with its stable `code`. No message ever holds a token or a key.
 from __future__ import annotations
 
 from replica.errors import SealsyncError
+from replica.wire import ErrorCode
 
 
 class RelayClientError(SealsyncError):
@@ -28,13 +29,16 @@ class UnknownOutcomeError(RelayClientError):
 class RelayRefusedError(RelayClientError):
     """A definitive 4xx from the relay, with its machine-readable `code` and `status`.
 
-    Only `rate_limited` (429) is worth sending again, after `retry_after_s`.
+    Only `rate_limited` (429) is worth sending again, after `retry_after_s`. `code` is one
+    the relay can send (`ErrorCode`); a 4xx without one is a `ProtocolMismatchError`.
     """
+
+    code: ErrorCode  # per instance: the relay's code, not the library's class code
 
     def __init__(
         self,
         status: int,
-        code: str,
+        code: ErrorCode,
         message: str,
         *,
         retry_after_s: float | None = None,
@@ -48,7 +52,9 @@ class RelayRefusedError(RelayClientError):
 
 
 class ProtocolMismatchError(RelayClientError):
-    """The relay speaks another protocol version, or is not a sealsync relay at all."""
+    """The relay speaks another protocol version, or is not a sealsync relay at all: also a
+    4xx whose body is not the relay's error body of this protocol (a proxy's page, or a code
+    outside `ErrorCode`)."""
 
     code = "protocol_mismatch"
 

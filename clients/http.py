@@ -3,9 +3,11 @@
 One `httpx2.Client` with keep-alive and explicit timeouts; MessagePack both ways; answers
 decoded by msgspec into `replica.wire` types. Foreign exceptions are translated once, here:
 no complete answer is an `UnknownOutcomeError` (retryable), a 4xx a `RelayRefusedError` with
-the relay's code. The client holds the device's `Session`; an access token the relay no longer
-takes is refreshed once and the request sent again, and `on_session` hears every new session
-so the caller can store it. Retrying is the sync driver's job, not this module's.
+the relay's code — or a `ProtocolMismatchError` when its body is not the relay's error body
+with a code of `ErrorCode` (a proxy answered, or a relay of another protocol). The client
+holds the device's `Session`; an access token the relay no longer takes is refreshed once
+and the request sent again, and `on_session` hears every new session so the caller can
+store it. Retrying is the sync driver's job, not this module's.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from replica.wire import (
     DeleteAccount,
     DeviceList,
     ErrorBody,
+    ErrorCode,
     KeyBundleValue,
     LoginRequest,
     Page,
@@ -57,16 +60,16 @@ log = logging.getLogger(f"sealsync.{__name__}")
 T = TypeVar("T")
 MSGPACK = "application/msgpack"
 
-HINT_BY_CODE = {
-    "unauthorized": "this device's session ended (revoked, expired, or the relay was wiped): "
-    "log in again",
-    "bad_credentials": "check the account name and the passphrase or recovery key",
-    "forbidden": "this takes an invite, or the account's current passphrase",
-    "account_exists": "choose another account name, or join the existing account",
-    "version_conflict": "the key bundle changed on another device: read it again and retry",
-    "quota_exceeded": "the account is at its storage quota on this relay: ask the operator",
-    "too_large": "the request is over the relay's limits (GET /v1/info)",
-    "rate_limited": "wait a little and try again",
+HINT_BY_CODE: dict[ErrorCode, str] = {
+    ErrorCode.UNAUTHORIZED: "this device's session ended (revoked, expired, or the relay was "
+    "wiped): log in again",
+    ErrorCode.BAD_CREDENTIALS: "check the account name and the passphrase or recovery key",
+    ErrorCode.FORBIDDEN: "this takes an invite, or the account's current passphrase",
+    ErrorCode.ACCOUNT_EXISTS: "choose another account name, or join the existing account",
+    ErrorCode.VERSION_CONFLICT: "the key bundle changed on another device: read it again and retry",
+    ErrorCode.QUOTA_EXCEEDED: "the account is at its storage quota on this relay: ask the operator",
+    ErrorCode.TOO_LARGE: "the request is over the relay's limits (GET /v1/info)",
+    ErrorCode.RATE_LIMITED: "wait a little and try again",
 }
 UNKNOWN_OUTCOME_HINT = "the relay may or may not have acted; sending the same request is safe"
 
@@ -413,10 +416,7 @@ def _raise_for(response: httpx2.Response) -> None:
     if status >= 500:
         raise UnknownOutcomeError(f"{path}: relay answered {status}", hint=UNKNOWN_OUTCOME_HINT)
     if 400 <= status < 500:
-        try:
-            error = msgspec.msgpack.decode(response.content, type=ErrorBody)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            error = ErrorBody(f"http_{status}", "an answer that is not the relay's error body")
+        error = _error_body(response)
         retry_after = response.headers.get("retry-after", "")
         raise RelayRefusedError(
             status,
@@ -426,6 +426,24 @@ def _raise_for(response: httpx2.Response) -> None:
             hint=HINT_BY_CODE.get(error.code),
         )
     raise ProtocolMismatchError(f"{path}: unexpected HTTP status {status} from the relay")
+
+
+def _error_body(response: httpx2.Response) -> ErrorBody:
+    """The relay's error body of a 4xx. Anything else did not come from a relay of this
+    protocol: a proxy's own page, or a code outside `ErrorCode`, which only a relay of
+    another protocol version sends (a new code comes with a new version) — except a 429,
+    which says what it means in any body (a proxy's rate limit is retried like the relay's)."""
+    path, status = response.request.url.path, response.status_code
+    try:
+        return msgspec.msgpack.decode(response.content, type=ErrorBody)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        if status == 429:  # HTTP's own word, whoever said it: wait as told, then send again
+            return ErrorBody(ErrorCode.RATE_LIMITED, "too many requests (not the relay's answer)")
+        raise ProtocolMismatchError(
+            f"{path}: HTTP {status} without the relay's error body ({exc})",
+            hint="a proxy in front of the relay may have answered, or the relay speaks a "
+            "newer protocol: check the relay URL, then upgrade whichever side is older",
+        ) from exc
 
 
 def _heads(response: httpx2.Response) -> Iterator[int]:

@@ -33,6 +33,7 @@ from replica import (
     DEFAULT_BATCH_BYTES,
     DEFAULT_BATCH_COUNT,
     ChangeEvent,
+    ErrorCode,
     Replica,
     RollbackError,
     SyncSession,
@@ -94,7 +95,7 @@ class SyncReport:
     pushed: int
     stored: int
     superseded: int
-    refused_by_code: dict[str, int]
+    refused_by_code: dict[ErrorCode, int]
     pulled: int
     merged: int
     rounds: int
@@ -110,7 +111,7 @@ class _Tally:
     pushed: int = 0
     stored: int = 0
     superseded: int = 0
-    refused_by_code: Counter[str] = field(default_factory=Counter)
+    refused_by_code: Counter[ErrorCode] = field(default_factory=Counter)
     pulled: int = 0
     merged: int = 0
     rounds: int = 0

@@ -51,6 +51,7 @@ from replica.wire import (
     DeviceInfo,
     DeviceList,
     ErrorBody,
+    ErrorCode,
     Health,
     KeyBundleValue,
     LoginRequest,
@@ -352,7 +353,7 @@ class RelayApi:
         result = await self.call(self.storage.push, caller.account, PushBatch(fitting))
         if len(fitting) < len(batch.envelopes):  # one oversized envelope blocks nothing else
             stored = iter(result.receipts)
-            too_large = Receipt("refused", code="too_large")
+            too_large = Receipt("refused", code=ErrorCode.TOO_LARGE)
             receipts = [next(stored) if len(e) <= limit else too_large for e in batch.envelopes]
             result = PushResult(receipts, result.state)
         return codec.respond(request, result)
@@ -527,10 +528,13 @@ def _error_response(request: Request, exc: Exception) -> Response:
     return codec.respond(request, ErrorBody(exc.code, exc.message), exc.status, headers)
 
 
+_CODE_BY_HTTP_STATUS = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}
+
+
 def _http_error(request: Request, exc: Exception) -> Response:
     """Starlette's own 404/405 in the relay's error shape."""
     assert isinstance(exc, HTTPException)
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "bad_request")
+    code = _CODE_BY_HTTP_STATUS.get(exc.status_code, ErrorCode.BAD_REQUEST)
     return codec.respond(request, ErrorBody(code, str(exc.detail)), exc.status_code)
 
 

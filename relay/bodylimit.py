@@ -11,11 +11,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relay import codec
 from relay.errors import TooLargeError
-from replica.wire import ErrorBody
+from replica.wire import ErrorBody, ErrorCode
 
 
 class BodyTooLargeError(TooLargeError):
-    code = "body_too_large"
+    code = ErrorCode.BODY_TOO_LARGE
 
 
 class BodyLimit:

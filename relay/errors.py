@@ -2,19 +2,30 @@
 
 The app turns a `RelayError` into `{"code", "message"}` with its status; anything else is a
 bug. Messages name the bound that was broken, never a token, key or another account's data.
+Refusals and `StoreFailedError` (storage failed: a 500) are `SealsyncError`s, so the command
+line prints them as every other error: an `error:` line, and a `hint:` line where the operator
+can act.
 """
 
 from __future__ import annotations
 
+from replica.errors import SealsyncError
+from replica.wire import ErrorCode
 
-class RelayError(Exception):
-    """A request the relay refuses; `status` is the HTTP status, `code` the stable code."""
+
+class RelayError(SealsyncError):
+    """A request the relay refuses; `status` is the HTTP status, `code` the stable code.
+
+    The `hint` stays on this side: the answer carries only code and message, and a client
+    keeps its own hints by code (they speak of its commands, not of the relay's)."""
 
     status = 400
-    code = "bad_request"
+    code: ErrorCode = ErrorCode.BAD_REQUEST
 
-    def __init__(self, message: str, *, retry_after_s: int | None = None) -> None:
-        super().__init__(message)
+    def __init__(
+        self, message: str, *, retry_after_s: int | None = None, hint: str | None = None
+    ) -> None:
+        super().__init__(message, hint=hint)
         self.message = message
         self.retry_after_s = retry_after_s
 
@@ -22,21 +33,21 @@ class RelayError(Exception):
 class MalformedError(RelayError):
     """The body is not a well-formed message of the endpoint's type."""
 
-    code = "malformed"
+    code = ErrorCode.MALFORMED
 
 
 class InvalidError(RelayError):
     """A well-formed message breaks a documented bound (a name too long, a NUL)."""
 
     status = 422
-    code = "invalid"
+    code = ErrorCode.INVALID
 
 
 class UnauthorizedError(RelayError):
     """No valid token: missing, malformed, unknown, expired or revoked — one answer for all."""
 
     status = 401
-    code = "unauthorized"
+    code = ErrorCode.UNAUTHORIZED
 
     def __init__(self) -> None:
         super().__init__("a valid bearer token is required")
@@ -46,7 +57,7 @@ class BadCredentialsError(RelayError):
     """Login failed; the same answer whether the account exists or not."""
 
     status = 401
-    code = "bad_credentials"
+    code = ErrorCode.BAD_CREDENTIALS
 
     def __init__(self) -> None:
         super().__init__("account or key not recognised")
@@ -54,50 +65,65 @@ class BadCredentialsError(RelayError):
 
 class ForbiddenError(RelayError):
     status = 403
-    code = "forbidden"
+    code = ErrorCode.FORBIDDEN
 
 
 class NotFoundError(RelayError):
     status = 404
-    code = "not_found"
+    code = ErrorCode.NOT_FOUND
 
 
 class ConflictError(RelayError):
     """A compare-and-set lost, or a name is taken."""
 
     status = 409
-    code = "conflict"
+    code = ErrorCode.CONFLICT
 
 
 class AccountExistsError(ConflictError):
-    code = "account_exists"
+    code = ErrorCode.ACCOUNT_EXISTS
 
 
 class VersionConflictError(ConflictError):
-    code = "version_conflict"
+    code = ErrorCode.VERSION_CONFLICT
 
 
 class TooLargeError(RelayError):
     status = 413
-    code = "too_large"
+    code = ErrorCode.TOO_LARGE
 
 
 class QuotaExceededError(RelayError):
     """The batch would take the account past its storage quota: all of it rolled back."""
 
     status = 413
-    code = "quota_exceeded"
+    code = ErrorCode.QUOTA_EXCEEDED
 
 
 class UnsupportedMediaError(RelayError):
     status = 415
-    code = "unsupported_media_type"
+    code = ErrorCode.UNSUPPORTED_MEDIA_TYPE
 
 
 class RateLimitedError(RelayError):
     status = 429
-    code = "rate_limited"
+    code = ErrorCode.RATE_LIMITED
 
 
-class StoreFailedError(Exception):
-    """Storage failed under the relay (a disk error, a lost database): a 500, not a refusal."""
+STORE_FAILED_HINT = (
+    "check the relay's storage: free disk space and the permissions of its SQLite file, or "
+    "its PostgreSQL server; nothing of the failed commit was stored, and devices send it again"
+)
+
+
+class StoreFailedError(SealsyncError):
+    """Storage failed under the relay (a disk error, a lost database): a 500, not a refusal.
+
+    Not a `RelayError` on purpose: the app maps only refusals to a 4xx, so this one reaches
+    Starlette's error middleware, which logs it and answers 500 (the client's "unknown
+    outcome", retried)."""
+
+    code = "store_failed"
+
+    def __init__(self, message: str, *, hint: str | None = STORE_FAILED_HINT) -> None:
+        super().__init__(message, hint=hint)

@@ -18,9 +18,9 @@ _REF = "#/components/schemas/{name}"
 _ERRORS = {
     "400": "malformed body",
     "401": "missing, malformed, unknown, expired or revoked token",
-    "403": "forbidden",
+    "403": "no valid invite, or not the current auth key",
     "404": "not found",
-    "409": "conflict",
+    "409": "the name is taken, or the key bundle changed (compare-and-set lost)",
     "413": "too large",
     "415": "unsupported media type",
     "422": "invalid value",

@@ -21,6 +21,7 @@ from relay.app import create_app
 from relay.config import RelayConfig
 from relay.sqlite import SQLiteStorage
 from relay.storage import Storage
+from replica.errors import InvalidArgumentError
 from replica.wire import system_clock_ms
 
 _STANDARD = {*vars(logging.makeLogRecord({})), "message", "color_message"}
@@ -73,7 +74,7 @@ def open_storage(
 
         return PostgresStorage(database_url, rules, schema=schema)
     if db is None:
-        raise ValueError("open_storage needs a SQLite path or a PostgreSQL URL")
+        raise InvalidArgumentError("open_storage needs a SQLite path or a PostgreSQL URL")
     db.parent.mkdir(parents=True, exist_ok=True)
     return SQLiteStorage(db, rules)
 

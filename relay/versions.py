@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from replica.errors import InvalidArgumentError, ProtocolError
-from replica.wire import Header, Receipt, VersionVector, dominates, hlc_ms, parse_header
+from replica.wire import ErrorCode, Header, Receipt, VersionVector, dominates, hlc_ms, parse_header
 
 
 class StoredVersion(NamedTuple):
@@ -38,9 +38,9 @@ class Store(NamedTuple):
 Decision = Receipt | Store
 """Either the receipt to answer at once (nothing written) or a write to carry out."""
 
-MALFORMED = Receipt("refused", code="malformed")
-CLOCK_AHEAD = Receipt("refused", code="clock_ahead")
-IDENTITY_CONFLICT = Receipt("refused", code="identity_conflict")
+MALFORMED = Receipt("refused", code=ErrorCode.MALFORMED)
+CLOCK_AHEAD = Receipt("refused", code=ErrorCode.CLOCK_AHEAD)
+IDENTITY_CONFLICT = Receipt("refused", code=ErrorCode.IDENTITY_CONFLICT)
 SUPERSEDED = Receipt("superseded")
 
 

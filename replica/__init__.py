@@ -36,7 +36,16 @@ from replica.sync import (
     Applied,
     SyncSession,
 )
-from replica.wire import KdfParams, Page, PageEntry, PushBatch, PushResult, Receipt, RelayState
+from replica.wire import (
+    ErrorCode,
+    KdfParams,
+    Page,
+    PageEntry,
+    PushBatch,
+    PushResult,
+    Receipt,
+    RelayState,
+)
 
 __all__ = [
     "DEFAULT_BATCH_BYTES",
@@ -51,6 +60,7 @@ __all__ = [
     "DegradedError",
     "Diagnosis",
     "EnvelopeError",
+    "ErrorCode",
     "Finding",
     "InvalidArgumentError",
     "ItemLimitError",

@@ -1,8 +1,11 @@
 """The one exception tree of sealsync.
 
 Every error names what failed, the offending value (never a secret) and the bound, and carries
-an operator `hint` where the user can act. The relay maps `code` to a 4xx answer; the CLI prints
-`error:` and `hint:` lines. No message ever holds plaintext, keys or tokens.
+an operator `hint` where the user can act; the CLI prints `error:` and `hint:` lines. `code`
+names the kind of error for machines (logs, scripts). The relay's and the client's errors join
+this tree too (relay.errors, clients.errors); a relay refusal's `code` is instead the one it
+answers with, a `replica.wire.ErrorCode` — the wire's codes are that enum, not these strings.
+No message ever holds plaintext, keys or tokens.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import msgspec
 from replica import clock
 from replica.errors import InvalidArgumentError, ProtocolError, RollbackError
 from replica.store import Row
-from replica.wire import Page, PushBatch, PushResult, RelayState, parse_header
+from replica.wire import ErrorCode, Page, PushBatch, PushResult, RelayState, parse_header
 
 if TYPE_CHECKING:
     from replica.core import Core
@@ -37,7 +37,7 @@ class Acknowledged:
 
     stored: int
     superseded: int
-    refused_by_code: dict[str, int] = field(default_factory=dict)
+    refused_by_code: dict[ErrorCode, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -127,11 +127,10 @@ class SyncSession:
         with self._core.mutex, self._store.transaction():
             self._check_state(result.state, max(seqs, default=0))
             confirmed: list[tuple[bytes, int, int]] = []
-            refused: dict[str, int] = {}
+            refused: dict[ErrorCode, int] = {}
             for envelope, receipt in zip(batch.envelopes, result.receipts, strict=True):
-                if receipt.status == "refused":
-                    code = receipt.code or "unknown"
-                    refused[code] = refused.get(code, 0) + 1
+                if receipt.code is not None:  # refused: only a refused receipt has a code
+                    refused[receipt.code] = refused.get(receipt.code, 0) + 1
                     continue
                 header = parse_header(envelope)
                 confirmed.append((header.key, header.node, header.hlc))

@@ -24,6 +24,7 @@ A's vector covers B's dot: ``A.vv[B.node] >= B.hlc`` (specs/merge.md).
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import struct
 import time
@@ -31,7 +32,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
 
-from replica.errors import KdfParametersError, ProtocolError
+from replica.errors import InvalidArgumentError, KdfParametersError, ProtocolError
 
 PROTOCOL_VERSION = 1
 FORMAT_VERSION = 1
@@ -271,6 +272,37 @@ class RelayState(msgspec.Struct, frozen=True):
     head: Seq
 
 
+class ErrorCode(enum.StrEnum):
+    """Every machine-readable code the relay sends: in an `ErrorBody` with a 4xx status, or in
+    a refused `Receipt`. One type for both sides, so a client's hint tables and comparisons
+    are checked by mypy against the codes the relay can actually send.
+
+    A code travels as its string (msgspec encodes a StrEnum as its value), and a device decodes
+    only these: a code outside them fails to decode. So a new member is a protocol change —
+    `PROTOCOL_VERSION` goes up with it, and a device of the older version is refused at
+    `/v1/info` instead of meeting a code it cannot name. specs/protocol.md §3 and §6.1 say
+    when each is sent."""
+
+    BAD_REQUEST = "bad_request"
+    MALFORMED = "malformed"
+    INVALID = "invalid"
+    UNAUTHORIZED = "unauthorized"
+    BAD_CREDENTIALS = "bad_credentials"
+    FORBIDDEN = "forbidden"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    CONFLICT = "conflict"
+    ACCOUNT_EXISTS = "account_exists"
+    VERSION_CONFLICT = "version_conflict"
+    BODY_TOO_LARGE = "body_too_large"
+    TOO_LARGE = "too_large"
+    QUOTA_EXCEEDED = "quota_exceeded"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+    RATE_LIMITED = "rate_limited"
+    CLOCK_AHEAD = "clock_ahead"
+    IDENTITY_CONFLICT = "identity_conflict"
+
+
 class PushBatch(msgspec.Struct, frozen=True):
     """Envelopes a device pushes; the relay answers one receipt per envelope, in order."""
 
@@ -285,13 +317,13 @@ class Receipt(msgspec.Struct, frozen=True):
 
     status: ReceiptStatus
     seq: Seq | None = None
-    code: str | None = None
+    code: ErrorCode | None = None
 
     def __post_init__(self) -> None:
         if (self.status == "stored") != (self.seq is not None):
-            raise ValueError("a stored receipt carries a seq, and only a stored one")
+            raise InvalidArgumentError("a stored receipt carries a seq, and only a stored one")
         if (self.status == "refused") != (self.code is not None):
-            raise ValueError("a refused receipt carries a code, and only a refused one")
+            raise InvalidArgumentError("a refused receipt carries a code, and only a refused one")
 
 
 class PushResult(msgspec.Struct, frozen=True):
@@ -468,7 +500,7 @@ class Health(msgspec.Struct, frozen=True):
 class ErrorBody(msgspec.Struct, frozen=True):
     """Every refusal: a stable machine-readable code and a message naming the bound."""
 
-    code: str
+    code: ErrorCode
     message: str
 
 

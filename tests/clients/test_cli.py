@@ -19,9 +19,11 @@ import pytest
 from click.testing import CliRunner, Result
 
 from clients.cli import main
+from clients.console import user_errors
 from clients.device import device_client, load_settings
 from clients.records import written_at
 from clients.schema import CHAT_SCHEMA
+from relay.errors import QuotaExceededError, RelayError, StoreFailedError
 from replica import Replica, Status
 from tests.relay.server import RelayProcess, free_port
 
@@ -218,6 +220,28 @@ def test_user_mistakes_are_one_error_line_and_change_nothing(
     relay.kill()
     assert_user_error(cli(a, "sync", "--retry-for", "0.5"), "ConnectError")
     assert dump(a) == before
+
+
+@pytest.mark.parametrize(
+    ("error", "hint"),
+    [
+        (StoreFailedError("the commit this push joined failed"), "check the relay's storage"),
+        (QuotaExceededError("over 4000 bytes", hint="raise max_account_bytes"), "max_account"),
+        (RelayError("no hint here"), None),
+    ],
+    ids=["storage failed", "refused with a hint", "refused"],
+)
+def test_a_relay_error_is_an_error_line_and_its_hint(
+    capsys: pytest.CaptureFixture[str], error: Exception, hint: str | None
+) -> None:
+    """The relay's errors are `SealsyncError`s: the `relay` commands print them as every other
+    error, through the same `user_errors`, with a `hint:` line where the operator can act."""
+    with pytest.raises(SystemExit) as exited, user_errors():
+        raise error
+    stderr = capsys.readouterr().err
+    assert exited.value.code == 1 and "Traceback" not in stderr
+    assert stderr.startswith(f"error: {error}\n")
+    assert ("hint:" in stderr) == (hint is not None) and (hint or "") in stderr
 
 
 def test_versions_the_relay_refuses_are_named_by_code_and_stay_to_be_pushed(

@@ -21,9 +21,9 @@ from clients.errors import (
     RelayRefusedError,
     UnknownOutcomeError,
 )
-from clients.http import RelayClient, check_relay_url
+from clients.http import HINT_BY_CODE, RelayClient, check_relay_url
 from replica.errors import InvalidArgumentError
-from replica.wire import PROTOCOL_VERSION, PushBatch
+from replica.wire import PROTOCOL_VERSION, ErrorCode, PushBatch
 from tests.clients.chaos import FirstReplyLost
 from tests.clients.conftest import Fleet
 from tests.relay.server import RelayProcess, free_port
@@ -48,16 +48,18 @@ def test_plain_http_to_another_host_is_refused_unless_insecure(url: str) -> None
 
 @pytest.fixture
 def foreign_server() -> Iterator[Callable[[bytes, int], str]]:
-    """A real HTTP server on loopback answering /v1/info with the bytes a test gives."""
+    """A real HTTP server on loopback answering every request with the bytes a test gives."""
     servers: list[tuple[uvicorn.Server, threading.Thread]] = []
 
     def serve(info: bytes, status: int = 200) -> str:
         async def answer(request: Request) -> Response:
-            return Response(info, status, media_type="application/msgpack")
+            headers = {"retry-after": "7"}  # read only with a 429
+            return Response(info, status, headers=headers, media_type="application/msgpack")
 
         port = free_port()
         config = uvicorn.Config(
-            Starlette(routes=[Route("/v1/info", answer)]), host="127.0.0.1", port=port,
+            Starlette(routes=[Route("/{path:path}", answer, methods=["GET", "POST"])]),
+            host="127.0.0.1", port=port,
             log_config=None, lifespan="off",
         )  # fmt: skip
         server = uvicorn.Server(config)
@@ -90,6 +92,58 @@ def test_a_relay_of_another_protocol_version_is_refused(
         pytest.raises(ProtocolMismatchError),
     ):
         client.info()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"<html>403 Forbidden</html>",
+        msgspec.msgpack.encode({"code": "new", "message": "m"}),
+    ],
+    ids=["a proxy's page", "a code outside ErrorCode"],
+)
+def test_a_4xx_without_the_relays_error_body_is_a_protocol_mismatch(
+    foreign_server: Callable[[bytes, int], str], answer: bytes
+) -> None:
+    """Not the relay's word: a proxy answered, or a relay of another protocol version (a new
+    code comes with a new version). Never a guess at what the code would have meant."""
+    with (
+        RelayClient(foreign_server(answer, 403)) as client,
+        pytest.raises(ProtocolMismatchError) as e,
+    ):
+        client.prelogin("ann")
+    assert "/v1/prelogin: HTTP 403 without the relay's error body" in str(e.value)
+    assert e.value.hint and "proxy" in e.value.hint and not e.value.retryable
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"<html>429 Too Many Requests</html>",
+        msgspec.msgpack.encode({"code": "new", "message": "m"}),
+    ],
+    ids=["a proxy's page", "a code outside ErrorCode"],
+)
+def test_a_429_without_the_relays_error_body_is_still_a_rate_limit(
+    foreign_server: Callable[[bytes, int], str], answer: bytes
+) -> None:
+    """A proxy in front of the relay that rate-limits says so with the status itself: the
+    request waits for its Retry-After and is sent again, as with the relay's own 429."""
+    with RelayClient(foreign_server(answer, 429)) as client, pytest.raises(RelayRefusedError) as e:
+        client.info()
+    assert e.value.code is ErrorCode.RATE_LIMITED and e.value.retryable
+    assert e.value.retry_after_s == 7 and "not the relay's answer" in str(e.value)
+
+
+def test_a_known_code_is_a_typed_refusal_with_its_hint(
+    foreign_server: Callable[[bytes, int], str],
+) -> None:
+    answer = msgspec.msgpack.encode({"code": "rate_limited", "message": "slow down"})
+    with RelayClient(foreign_server(answer, 429)) as client, pytest.raises(RelayRefusedError) as e:
+        client.info()
+    assert e.value.code is ErrorCode.RATE_LIMITED and e.value.retryable
+    assert e.value.hint == HINT_BY_CODE[ErrorCode.RATE_LIMITED]
+    assert str(e.value) == "relay refused (429 rate_limited): slow down"
 
 
 def test_an_unreachable_relay_is_an_unknown_outcome() -> None:

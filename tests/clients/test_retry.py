@@ -8,6 +8,7 @@ import pytest
 
 from clients.errors import RelayRefusedError, UnknownOutcomeError
 from clients.retry import Backoff, Retrier
+from replica.wire import ErrorCode
 
 
 class Recorder:
@@ -64,8 +65,8 @@ def test_refusals_are_not_retried_but_rate_limits_wait_as_told() -> None:
     recorder = Recorder()
     r = retrier(Backoff(), recorder)
     with pytest.raises(RelayRefusedError):
-        r.call(failing([RelayRefusedError(401, "unauthorized", "no")]))
+        r.call(failing([RelayRefusedError(401, ErrorCode.UNAUTHORIZED, "no")]))
     assert recorder.slept == []
-    limited = RelayRefusedError(429, "rate_limited", "slow down", retry_after_s=3)
+    limited = RelayRefusedError(429, ErrorCode.RATE_LIMITED, "slow down", retry_after_s=3)
     assert r.call(failing([limited])) == "answer"
     assert recorder.slept == [3]

@@ -15,11 +15,14 @@ from starlette.testclient import TestClient
 from relay import tokens
 from relay.app import create_app
 from relay.config import RelayConfig
+from relay.errors import StoreFailedError
+from relay.memory import MemoryRelay
 from relay.sqlite import SQLiteStorage
 from relay.storage import Storage
 from replica.wire import (
     DeleteAccount,
     DeviceList,
+    ErrorCode,
     KdfParams,
     KeyBundleValue,
     LoginRequest,
@@ -347,3 +350,31 @@ def test_the_debug_request_log_has_status_and_request_id_and_no_token(
         ("/v1/nowhere", 404, None),
     ]
     assert session.access_token not in caplog.text and "x=1" not in caplog.text
+
+
+def test_the_openapi_document_lists_every_error_code(client: TestClient) -> None:
+    """An error body's code is one of `ErrorCode` in the published schema, so a generated
+    client (or schemathesis) knows every code and nothing else."""
+    schemas = client.get("/v1/openapi.json").json()["components"]["schemas"]
+    assert schemas["ErrorBody"]["properties"]["code"] == {"$ref": "#/components/schemas/ErrorCode"}
+    assert schemas["ErrorCode"]["enum"] == sorted(code.value for code in ErrorCode)
+
+
+class FailingDiskRelay(MemoryRelay):
+    """The reference storage over a disk that fails every push's commit."""
+
+    def push(self, name: str, batch: PushBatch) -> PushResult:
+        raise StoreFailedError("the commit this push joined failed")
+
+
+def test_a_storage_failure_is_a_500_not_a_refusal(clock: FakeClock) -> None:
+    """`StoreFailedError` joined the one exception tree but is no refusal: the app answers it
+    with a 500 (a device's unknown outcome, retried), never with an error code."""
+    app = create_app(
+        FailingDiskRelay(clock_ms=clock), RelayConfig(open_signup=True), clock_ms=clock
+    )
+    with TestClient(app, raise_server_exceptions=False) as client:
+        session = register(client, "alice", new_keys())
+        batch = PushBatch([envelope(b"k" * 16, 1, HLC, {1: HLC})])
+        pushed = client.post("/v1/push", content=body(batch), headers=bearer(session))
+    assert (pushed.status_code, pushed.text) == (500, "Internal Server Error")

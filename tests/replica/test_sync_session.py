@@ -7,7 +7,7 @@ import pytest
 
 from relay.memory import MemoryRelay
 from replica import Page, ProtocolError, PushResult, Receipt, RelayState, RollbackError
-from replica.wire import parse_header
+from replica.wire import ErrorCode, parse_header
 from tests.conftest import FakeClock, ReplicaFactory
 from tests.replica.helpers import STATE, page_of
 
@@ -42,7 +42,7 @@ def test_only_confirmed_versions_stop_being_dirty(make_replica: ReplicaFactory) 
     receipts = [
         Receipt("stored", seq=1),
         Receipt("superseded"),
-        Receipt("refused", code="clock_ahead"),
+        Receipt("refused", code=ErrorCode.CLOCK_AHEAD),
     ]
     result = session.acknowledge(batch, PushResult(receipts, STATE))
     assert (result.stored, result.superseded, result.refused_by_code) == (1, 1, {"clock_ahead": 1})

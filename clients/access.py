@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -90,46 +91,40 @@ def explained_refusals(client: RelayClient, replica: Replica, account: str) -> I
         raise access_lost_error(client, replica, account) from exc
 
 
-def regain_access(
-    client: RelayClient,
-    replica: Replica,
-    account: str,
-    passphrase: str,
-    device_name: str,
-    invite: str | None,
-    recovery_key: Callable[[], str],
-) -> Regained | None:
+@dataclass(frozen=True)
+class Reentry:
+    """What a device brings to get back onto its account on a relay: the account's name, the
+    passphrase (the replica is unlocked with it), the name it registers under, how to ask for
+    the recovery key (asked only to register an account whose bundle does not carry the
+    recovery auth key: made before it was kept), and an invite for a relay that takes new
+    accounts by invite only."""
+
+    account: str
+    passphrase: str = field(repr=False)
+    device_name: str
+    recovery_key: Callable[[], str] = field(repr=False)
+    invite: str | None = field(default=None, repr=False)
+
+
+def regain_access(client: RelayClient, replica: Replica, reentry: Reentry) -> Regained | None:
     """Before a reseed: make sure the device has a working session. Log in again if the relay
     still has the account, register the account again if not; None if the session works.
-    The client adopts (and its `on_session` saves) the new session.
-
-    `replica` is unlocked with `passphrase`; `recovery_key` is asked only to register an
-    account whose bundle does not carry the recovery auth key (made before it was kept).
-    """
+    The client adopts (and its `on_session` saves) the new session."""
     try:
         client.state()
         return None
     except RelayClientError as exc:
         if not is_session_refused(exc):
             raise
-    if has_account(client, replica, account):  # so the replica's KDF parameters are the relay's
-        log_in(
-            client, account, passphrase_login_keys(passphrase, replica.kdf_params()), device_name
-        )
+    if has_account(client, replica, reentry.account):  # the replica's KDF is the relay's
+        keys = passphrase_login_keys(reentry.passphrase, replica.kdf_params())
+        log_in(client, reentry.account, keys, reentry.device_name)
         return "logged_in"
-    register_again(client, replica, account, passphrase, device_name, invite, recovery_key)
+    register_again(client, replica, reentry)
     return "registered"
 
 
-def register_again(
-    client: RelayClient,
-    replica: Replica,
-    account: str,
-    passphrase: str,
-    device_name: str,
-    invite: str | None,
-    recovery_key: Callable[[], str],
-) -> Session:
+def register_again(client: RelayClient, replica: Replica, reentry: Reentry) -> Session:
     """Register the account the relay lost, with this device's key bundle, the passphrase's
     auth key and the recovery key's auth key hash (sealed in the bundle), as at `init`; the
     client adopts the new session.
@@ -139,18 +134,18 @@ def register_again(
     """
     recovery_auth_hash = replica.recovery_auth_hash()
     if recovery_auth_hash is None:
-        key = recovery_key()
+        key = reentry.recovery_key()
         replica.unlock_with_recovery_key(key)  # a key of another account stops here
         recovery_auth_hash = auth_key_hash(recovery_login_keys(key).auth_key)
     kdf = replica.kdf_params()
     request = RegisterRequest(
-        account=account,
-        auth_key=passphrase_login_keys(passphrase, kdf).auth_key,
+        account=reentry.account,
+        auth_key=passphrase_login_keys(reentry.passphrase, kdf).auth_key,
         recovery_auth_hash=recovery_auth_hash,
         kdf=kdf,
         bundle=replica.key_bundle(),
-        device_name=device_name,
-        invite=invite,
+        device_name=reentry.device_name,
+        invite=reentry.invite,
     )
     try:
         return client.register(request)

@@ -1,4 +1,4 @@
-"""`backup` and `restore`: a replica file copied whole, as ciphertext, and put back.
+"""A replica file copied whole, as ciphertext, into a folder of backups, and put back.
 
 A backup is one consistent snapshot taken through SQLite's online backup API, so it is whole
 even while another process writes; it needs no passphrase (the file holds only ciphertext and
@@ -15,19 +15,17 @@ from __future__ import annotations
 import datetime
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import click
-
-from clients.console import copy_progress, out, user_errors
 from clients.device import FILE_MODE, fsync_folder
-from clients.settings import CliSettings
 from replica import Replica, backup_replica_file, copy_replica_file
 from replica.errors import StoreError
 
 SIDE_FILES = ("-wal", "-shm", "-journal")
+OnCopied = Callable[[int, int], None]
+"""Told (pages copied, pages in all) as a copy goes."""
 
 
 @contextmanager
@@ -49,7 +47,9 @@ def backup_name(replica_path: Path, now: datetime.datetime) -> str:
     return f"{replica_path.stem}-{now:%Y%m%dT%H%M%S%fZ}.db"
 
 
-def backup_replica(replica_path: Path, folder: Path, now: datetime.datetime) -> Path:
+def backup_replica(
+    replica_path: Path, folder: Path, now: datetime.datetime, progress: OnCopied | None = None
+) -> Path:
     """Snapshot the replica into `folder` under a new timestamped name; returns its path."""
     Replica.open(replica_path).close()  # a replica, or a clear error before anything is made
     folder.mkdir(parents=True, exist_ok=True)
@@ -57,14 +57,15 @@ def backup_replica(replica_path: Path, folder: Path, now: datetime.datetime) -> 
     if target.exists():
         raise StoreError(f"{target} already exists", hint="run `sealsync backup` again")
     with temp_beside(target) as temp:
-        with copy_progress("backing up") as progress:
-            backup_replica_file(replica_path, temp, progress=progress)
+        backup_replica_file(replica_path, temp, progress=progress)
         os.replace(temp, target)
     fsync_folder(folder)
     return target
 
 
-def restore_replica(backup: Path, replica_path: Path, *, force: bool) -> int:
+def restore_replica(
+    backup: Path, replica_path: Path, *, force: bool, progress: OnCopied | None = None
+) -> int:
     """Copy `backup` to `replica_path` with a new node id; returns that id."""
     if not backup.is_file():
         raise StoreError(f"no backup at {backup}", hint="give the path `sealsync backup` printed")
@@ -76,8 +77,7 @@ def restore_replica(backup: Path, replica_path: Path, *, force: bool) -> int:
         )
     replica_path.parent.mkdir(parents=True, exist_ok=True)
     with temp_beside(replica_path) as temp:
-        with copy_progress("restoring") as progress:
-            copy_replica_file(backup, temp, read_only=True, progress=progress)
+        copy_replica_file(backup, temp, read_only=True, progress=progress)
         with Replica.open(temp) as restored:  # refuses what is not a replica
             node = restored.take_new_node_id()
         for suffix in SIDE_FILES:  # a stale WAL must never be replayed into the restored file
@@ -85,34 +85,3 @@ def restore_replica(backup: Path, replica_path: Path, *, force: bool) -> int:
         os.replace(temp, replica_path)
     fsync_folder(replica_path.parent)
     return node
-
-
-@click.command("backup")
-@click.option(
-    "--to",
-    "folder",
-    required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Folder to write the snapshot into.",
-)
-@click.pass_obj
-def backup(settings: CliSettings, folder: Path) -> None:
-    """Snapshot the replica file (ciphertext; no passphrase needed)."""
-    with user_errors():
-        now = datetime.datetime.now(datetime.UTC)
-        target = backup_replica(settings.replica_path, folder, now)
-    out.print(f"backup written: {target}")
-
-
-@click.command("restore")
-@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--force", is_flag=True, help="Replace an existing replica at --replica.")
-@click.pass_obj
-def restore(settings: CliSettings, file: Path, force: bool) -> None:
-    """Put a backup in place as this device's replica, writing under a new node id."""
-    with user_errors():
-        node = restore_replica(file, settings.replica_path, force=force)
-    out.print(f"restored {file} to {settings.replica_path} (node {node:016x})")
-
-
-BACKUP_COMMANDS = (backup, restore)

@@ -550,6 +550,28 @@ def create_app(
     config = config or RelayConfig()
     api = RelayApi(storage, config, clock_ms)
     storage.listen(api.hub.publish_threadsafe)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        if on_shutdown is not None:
+            await api.call(on_shutdown)
+
+    app = Starlette(
+        routes=_routes(api, config),
+        middleware=[
+            Middleware(AccessLog),
+            Middleware(BodyLimit, max_bytes=config.max_body_bytes),
+        ],
+        exception_handlers={RelayError: _error_response, HTTPException: _http_error},
+        lifespan=lifespan,
+    )
+    app.state.api = api
+    return app
+
+
+def _routes(api: RelayApi, config: RelayConfig) -> list[Route]:
+    """A route per endpoint, bound to `api`, and the OpenAPI document describing them."""
     bounds = {"cursor": (0, MAX_HLC), "limit": (1, config.page_size)}
     document = openapi_document(ENDPOINTS, bounds)
 
@@ -562,22 +584,6 @@ def create_app(
     async def openapi(request: Request) -> Response:
         return JSONResponse(document)
 
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        yield
-        if on_shutdown is not None:
-            await api.call(on_shutdown)
-
     routes = [Route(e.path, bind(e), methods=[e.method]) for e in ENDPOINTS]
     routes.append(Route("/v1/openapi.json", openapi, methods=["GET"]))
-    app = Starlette(
-        routes=routes,
-        middleware=[
-            Middleware(AccessLog),
-            Middleware(BodyLimit, max_bytes=config.max_body_bytes),
-        ],
-        exception_handlers={RelayError: _error_response, HTTPException: _http_error},
-        lifespan=lifespan,
-    )
-    app.state.api = api
-    return app
+    return routes

@@ -37,37 +37,7 @@ def openapi_document(
     _, components = msgspec.json.schema_components(types, ref_template=_REF)
     paths: dict[str, dict[str, Any]] = {}
     for endpoint in endpoints:
-        operation: dict[str, Any] = {
-            "operationId": endpoint.handler.__name__,
-            "summary": endpoint.summary,
-            "responses": _responses(endpoint),
-        }
-        parameters = [
-            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
-            for name in re.findall(r"{(\w+)}", endpoint.path)
-        ] + [
-            {
-                "name": name,
-                "in": "query",
-                "required": False,
-                "schema": {
-                    "type": "integer",
-                    "minimum": query_bounds[name][0],
-                    "maximum": query_bounds[name][1],
-                },
-            }
-            for name in endpoint.query
-        ]
-        if parameters:
-            operation["parameters"] = parameters
-        if endpoint.body is not None:
-            schema = {"$ref": _REF.format(name=endpoint.body.__name__)}
-            operation["requestBody"] = {
-                "required": True,
-                "content": {"application/json": {"schema": schema}},
-            }
-        if endpoint.auth:
-            operation["security"] = [{"bearer": []}]
+        operation = _operation(endpoint, query_bounds)
         paths.setdefault(endpoint.path, {})[endpoint.method.lower()] = operation
     return {
         "openapi": "3.1.0",
@@ -78,6 +48,50 @@ def openapi_document(
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
     }
+
+
+def _operation(endpoint: Endpoint, query_bounds: dict[str, tuple[int, int]]) -> dict[str, Any]:
+    operation: dict[str, Any] = {
+        "operationId": endpoint.handler.__name__,
+        "summary": endpoint.summary,
+        "responses": _responses(endpoint),
+    }
+    parameters = _parameters(endpoint, query_bounds)
+    if parameters:
+        operation["parameters"] = parameters
+    if endpoint.body is not None:
+        schema = {"$ref": _REF.format(name=endpoint.body.__name__)}
+        operation["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": schema}},
+        }
+    if endpoint.auth:
+        operation["security"] = [{"bearer": []}]
+    return operation
+
+
+def _parameters(
+    endpoint: Endpoint, query_bounds: dict[str, tuple[int, int]]
+) -> list[dict[str, Any]]:
+    """The path's names (strings) and the query's integers, each with its inclusive range."""
+    in_path = [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in re.findall(r"{(\w+)}", endpoint.path)
+    ]
+    in_query = [
+        {
+            "name": name,
+            "in": "query",
+            "required": False,
+            "schema": {
+                "type": "integer",
+                "minimum": query_bounds[name][0],
+                "maximum": query_bounds[name][1],
+            },
+        }
+        for name in endpoint.query
+    ]
+    return in_path + in_query
 
 
 def _responses(endpoint: Endpoint) -> dict[str, Any]:

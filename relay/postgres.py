@@ -27,15 +27,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
-from relay.dialect import (
-    SCHEMA_VERSION,
-    VERSION_COLUMNS,
-    Transaction,
-    Types,
-    VersionRow,
-    create_tables,
-    read_meta,
-)
+from relay import dialect
 from relay.sql import SQLStorage
 from relay.storage import HeadListener, VersionRules, new_random_id
 from replica.errors import InvalidArgumentError
@@ -43,14 +35,14 @@ from replica.wire import PushBatch, PushResult
 
 log = logging.getLogger(f"sealsync.{__name__}")
 
-TYPES = Types(
+TYPES = dialect.Types(
     int="BIGINT", bytes="BYTEA", serial="BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY", strict=""
 )
 _EXTERNAL_ENVELOPES = (
     # envelopes are ciphertext: trying to compress them only costs CPU
     "ALTER TABLE versions ALTER COLUMN envelope SET STORAGE EXTERNAL"
 )
-_COPY_VERSIONS = f"COPY versions ({VERSION_COLUMNS}) FROM STDIN (FORMAT BINARY)"
+_COPY_VERSIONS = f"COPY versions ({dialect.VERSION_COLUMNS}) FROM STDIN (FORMAT BINARY)"
 _VERSION_TYPES = ["int8", "int8", "bytea", "int8", "int8", "bytea", "bytea", "bytea"]
 CHANNEL = "sealsync_head"
 """One NOTIFY channel per database; the payload names the schema, so schemas never mix."""
@@ -108,7 +100,7 @@ class _Notice(msgspec.Struct):
     head: int
 
 
-class PostgresTransaction(Transaction):
+class PostgresTransaction(dialect.Transaction):
     def __init__(self, db: Connection, storage: PostgresStorage) -> None:
         self._db = db
         self._storage = storage
@@ -126,7 +118,7 @@ class PostgresTransaction(Transaction):
         if rows:
             self._db.cursor().executemany(_rewrite(statement), rows)
 
-    def insert_versions(self, rows: list[VersionRow]) -> None:
+    def insert_versions(self, rows: list[dialect.VersionRow]) -> None:
         """Binary COPY: about twice as fast as executemany at 1,000 versions."""
         with self._db.cursor().copy(_COPY_VERSIONS) as copy:
             copy.set_types(_VERSION_TYPES)
@@ -191,34 +183,34 @@ class PostgresStorage(SQLStorage):
                 db.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(self._schema)))
             tx = PostgresTransaction(db, self)
             if db.execute("SELECT to_regclass('meta') IS NULL").fetchone() == (True,):
-                create_tables(tx, TYPES, self._new_id)
+                dialect.create_tables(tx, TYPES, self._new_id)
                 db.execute(_EXTERNAL_ENVELOPES)
                 tx.run(
                     "INSERT INTO meta (name, value) VALUES ('schema_version', ?)",
-                    (str(SCHEMA_VERSION).encode(),),
+                    (str(dialect.SCHEMA_VERSION).encode(),),
                 )
             (version,) = tx.one("SELECT value FROM meta WHERE name = 'schema_version'") or (b"",)
-            if version != str(SCHEMA_VERSION).encode():
+            if version != str(dialect.SCHEMA_VERSION).encode():
                 raise InvalidArgumentError(
                     f"schema {self._schema!r} is relay schema {version.decode()}; this relay reads "
-                    f"{SCHEMA_VERSION}"
+                    f"{dialect.SCHEMA_VERSION}"
                 )
-            return read_meta(tx)
+            return dialect.read_meta(tx)
 
     @contextmanager
-    def _write(self) -> Iterator[Transaction]:
+    def _write(self) -> Iterator[dialect.Transaction]:
         """One READ COMMITTED transaction: committed (durably) on exit, rolled back on error."""
         with self._pool.connection() as db, db.transaction():
             yield PostgresTransaction(db, self)
 
     @contextmanager
-    def _read(self) -> Iterator[Transaction]:
+    def _read(self) -> Iterator[dialect.Transaction]:
         """One statement, no transaction around it (autocommit): one round trip."""
         with self._pool.connection() as db:
             yield PostgresTransaction(db, self)
 
     @contextmanager
-    def _snapshot(self) -> Iterator[Transaction]:
+    def _snapshot(self) -> Iterator[dialect.Transaction]:
         """One REPEATABLE READ transaction: every statement inside sees the same snapshot."""
         with self._pool.connection() as db, db.transaction():
             db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")

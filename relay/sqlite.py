@@ -18,15 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relay.dialect import (
-    SCHEMA_VERSION,
-    VERSION_COLUMNS,
-    Transaction,
-    Types,
-    VersionRow,
-    create_tables,
-    read_meta,
-)
+from relay import dialect
 from relay.errors import RelayError, StoreFailedError
 from relay.sql import SQLStorage
 from relay.storage import VersionRules, new_random_id
@@ -42,9 +34,11 @@ WRITER_CACHE_KIB = 64 * 1024
 random places, and once it outgrows the cache inserts wait on reads (measured here: 200k
 envelopes into one account in batches of 4000, ~12% less time per insert than with 2 MiB).
 Readers keep the default: there is one per worker thread."""
-TYPES = Types(int="INTEGER", bytes="BLOB", serial="INTEGER PRIMARY KEY", strict=" STRICT")
+TYPES = dialect.Types(int="INTEGER", bytes="BLOB", serial="INTEGER PRIMARY KEY", strict=" STRICT")
 _ROW_LOCK = " FOR NO KEY UPDATE"
-_INSERT_VERSIONS = f"INSERT INTO versions ({VERSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+_INSERT_VERSIONS = (
+    f"INSERT INTO versions ({dialect.VERSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
 
 
 @functools.cache
@@ -53,7 +47,7 @@ def _rewrite(statement: str) -> str:
     return statement.replace(_ROW_LOCK, "")
 
 
-class SQLiteTransaction(Transaction):
+class SQLiteTransaction(dialect.Transaction):
     def __init__(self, db: sqlite3.Connection) -> None:
         self._db = db
 
@@ -71,7 +65,7 @@ class SQLiteTransaction(Transaction):
     def run_many(self, statement: str, rows: Sequence[Sequence[object]]) -> None:
         self._db.executemany(_rewrite(statement), rows)
 
-    def insert_versions(self, rows: list[VersionRow]) -> None:
+    def insert_versions(self, rows: list[dialect.VersionRow]) -> None:
         self._db.executemany(_INSERT_VERSIONS, rows)
 
     def announce(self, name: str, head: int) -> None:
@@ -133,7 +127,7 @@ class SQLiteStorage(SQLStorage):
         return db
 
     @contextmanager
-    def _write(self) -> Iterator[Transaction]:
+    def _write(self) -> Iterator[dialect.Transaction]:
         """One write transaction; `BEGIN IMMEDIATE` so it never fails half-way on a lock."""
         with self._write_lock:
             db = self._writer
@@ -146,11 +140,11 @@ class SQLiteStorage(SQLStorage):
             db.execute("COMMIT")
 
     @contextmanager
-    def _read(self) -> Iterator[Transaction]:
+    def _read(self) -> Iterator[dialect.Transaction]:
         yield SQLiteTransaction(self._reader())
 
     @contextmanager
-    def _snapshot(self) -> Iterator[Transaction]:
+    def _snapshot(self) -> Iterator[dialect.Transaction]:
         """One read transaction: every statement inside sees the same snapshot."""
         db = self._reader()
         db.execute("BEGIN")
@@ -169,13 +163,13 @@ class SQLiteStorage(SQLStorage):
         with self._write() as tx:
             (version,) = self._writer.execute("PRAGMA user_version").fetchone()
             if version == 0:
-                create_tables(tx, TYPES, self._new_id)
-                self._writer.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            elif version != SCHEMA_VERSION:
+                dialect.create_tables(tx, TYPES, self._new_id)
+                self._writer.execute(f"PRAGMA user_version={dialect.SCHEMA_VERSION}")
+            elif version != dialect.SCHEMA_VERSION:
                 raise InvalidArgumentError(
-                    f"{self._path} is relay schema {version}; this relay reads {SCHEMA_VERSION}"
+                    f"{self._path} is relay schema {version}; this relay reads {dialect.SCHEMA_VERSION}"
                 )
-            return read_meta(tx)
+            return dialect.read_meta(tx)
 
     def close(self) -> None:
         with self._write_lock:

@@ -1,4 +1,4 @@
-"""The dependency direction of DESIGN §1, checked on the import statements themselves."""
+"""The dependency direction of docs/architecture.md §1, checked on the import statements."""
 
 from __future__ import annotations
 
@@ -46,11 +46,35 @@ def test_relay_imports_only_wire_and_errors_from_replica(path: Path) -> None:
     assert "clients" not in {top(n) for n in imported_modules(path)}
 
 
+def is_command_line(path: Path) -> bool:
+    """The composition root: the `clients.cli` package, the one place that may import both
+    the client library and `relay` (architecture.md §1)."""
+    return (ROOT / "clients" / "cli") in path.parents
+
+
 @pytest.mark.parametrize("path", sources("clients"), ids=str)
 def test_only_the_cli_imports_relay(path: Path) -> None:
-    if path.name == "cli.py":
+    if is_command_line(path):
         return
     assert "relay" not in {top(n) for n in imported_modules(path)}, f"{path} imports relay"
+
+
+@pytest.mark.parametrize("path", sources("clients"), ids=str)
+def test_the_client_library_never_imports_the_command_line(path: Path) -> None:
+    """The library (transport, sync driver, account access) works without click or a console:
+    only the command line builds on it, never the other way round."""
+    if is_command_line(path):
+        return
+    names = imported_modules(path)
+    assert not {n for n in names if n.startswith("clients.cli")}, f"{path} imports clients.cli"
+    assert not {"click", "rich"} & {top(n) for n in names}, f"{path} imports click or rich"
+
+
+def test_the_command_line_is_the_cli_package_alone() -> None:
+    """The rule above exempts exactly the `clients/cli/` package: its modules, no others."""
+    exempt = {p.relative_to(ROOT).as_posix() for p in sources("clients") if is_command_line(p)}
+    assert exempt and all(p.startswith("clients/cli/") for p in exempt)
+    assert "clients/sync.py" not in exempt and "clients/cli/__init__.py" in exempt
 
 
 def test_checker_sees_a_forbidden_import(tmp_path: Path) -> None:

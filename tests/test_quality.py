@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import tomllib
@@ -42,3 +43,49 @@ def test_packages_ship_their_types() -> None:
     """A py.typed marker (PEP 561) in each package, so an installed sealsync is typed."""
     for package in ("replica", "relay", "clients"):
         assert (ROOT / package / "py.typed").is_file(), package
+
+
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 40
+"""Bounds of STYLE.md's house rules: a module under ~600 lines, a function under 40."""
+
+
+def sources() -> list[Path]:
+    return sorted(
+        p for package in ("replica", "relay", "clients") for p in (ROOT / package).rglob("*.py")
+    )
+
+
+def function_lengths(source: str) -> dict[str, int]:
+    """Each function's length in lines, from its `def` to its last line: its signature,
+    docstring and body, not its decorators (a click command's options are declarations)."""
+    lengths: dict[str, int] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            assert node.end_lineno is not None
+            lengths[f"{node.name}:{node.lineno}"] = node.end_lineno - node.lineno + 1
+    return lengths
+
+
+def test_no_source_module_is_over_600_lines() -> None:
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in sources()
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, long
+
+
+def test_no_function_is_40_lines_or_longer() -> None:
+    long = {
+        f"{p.relative_to(ROOT)}:{name}": n
+        for p in sources()
+        for name, n in function_lengths(p.read_text()).items()
+        if n >= MAX_FUNCTION_LINES
+    }
+    assert not long, long
+
+
+def test_function_lengths_count_from_def_to_the_last_line() -> None:
+    source = "@decorator\ndef f(\n    x: int,\n) -> int:\n    '''doc'''\n    return x\n"
+    assert function_lengths(source) == {"f:2": 5}

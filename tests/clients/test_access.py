@@ -13,7 +13,13 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-from clients.access import has_account, login_settings, regain_access, register_again
+from clients.access import (
+    Reentry,
+    has_account,
+    login_settings,
+    regain_access,
+    register_again,
+)
 from clients.account import log_in
 from clients.cli import main
 from clients.device import RelaySettings, save_settings
@@ -49,18 +55,17 @@ def test_reseed_access_registers_a_lost_account_then_logs_in_then_leaves_a_worki
     start_relay: Callable[..., RelayProcess], account: Account, tmp_path: Path
 ) -> None:
     relay = start_relay()
+    reentry = Reentry("ann", PASSPHRASE, "laptop", unexpected)
     with Replica.join(tmp_path / "r.db", account.bundle) as replica:
         replica.unlock_with_key(account.key)
         with RelayClient(relay.url) as client:
             assert not has_account(client, replica, "ann")
-            args = (client, replica, "ann", PASSPHRASE, "laptop", None, unexpected)
-            assert regain_access(*args) == "registered"
+            assert regain_access(client, replica, reentry) == "registered"
             assert has_account(client, replica, "ann")
-            assert regain_access(*args) is None  # the session works: nothing to do
+            assert regain_access(client, replica, reentry) is None  # the session works
             first = client.session
         with RelayClient(relay.url) as client:  # no session at all: the account is there
-            args = (client, replica, "ann", PASSPHRASE, "laptop", None, unexpected)
-            assert regain_access(*args) == "logged_in"
+            assert regain_access(client, replica, reentry) == "logged_in"
             assert client.session is not None and first is not None
             assert client.session.device_id != first.device_id
             assert client.key_bundle().bundle == account.bundle
@@ -77,11 +82,13 @@ def test_an_older_bundle_registers_again_only_with_the_accounts_recovery_key(
         assert replica.recovery_auth_hash() is None
         with RelayClient(relay.url) as client:
             another = format_recovery_key(os.urandom(32))
-            args = (client, replica, "ann", PASSPHRASE, "laptop", None)
             with pytest.raises(WrongKeyError):
-                register_again(*args, lambda: another)
+                register_again(
+                    client, replica, Reentry("ann", PASSPHRASE, "laptop", lambda: another)
+                )
             assert not has_account(client, replica, "ann")  # nothing was registered
-            register_again(*args, lambda: account.recovery_key)
+            reentry = Reentry("ann", PASSPHRASE, "laptop", lambda: account.recovery_key)
+            register_again(client, replica, reentry)
         with RelayClient(relay.url) as client:
             log_in(client, "ann", recovery_login_keys(account.recovery_key), "phone")
 
@@ -96,13 +103,13 @@ def test_a_lost_account_on_an_invite_only_relay_is_registered_again_only_with_an
         RelayClient(relay.url) as client,
     ):
         replica.unlock_with_key(account.key)
-        args = (client, replica, "ann", PASSPHRASE, "laptop")
         with pytest.raises(AccessLostError) as refused:
-            register_again(*args, None, unexpected)
+            register_again(client, replica, Reentry("ann", PASSPHRASE, "laptop", unexpected))
         assert "--invite" in str(refused.value.hint) and not has_account(client, replica, "ann")
         made = CliRunner().invoke(main, ["relay", "invite", "--db", str(db)])
         assert made.exit_code == 0, made.output
-        register_again(*args, made.stdout.strip(), unexpected)
+        invited = Reentry("ann", PASSPHRASE, "laptop", unexpected, invite=made.stdout.strip())
+        register_again(client, replica, invited)
         assert has_account(client, replica, "ann")
 
 

@@ -19,9 +19,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 from clients.cli import main
-from clients.console import user_errors
+from clients.cli.console import user_errors
+from clients.cli.records import written_at
 from clients.device import device_client, load_settings
-from clients.records import written_at
 from clients.schema import CHAT_SCHEMA
 from relay.errors import QuotaExceededError, RelayError, StoreFailedError
 from replica import Replica, Status

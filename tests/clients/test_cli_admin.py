@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import Result
 
-from clients.admin import HINT_BY_PASSWD_REFUSAL, change_passphrase
 from clients.cli import main
+from clients.cli.admin import HINT_BY_PASSWD_REFUSAL, change_passphrase
 from clients.device import load_settings
 from clients.errors import RelayRefusedError
 from clients.http import RelayClient

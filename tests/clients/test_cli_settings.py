@@ -1,4 +1,4 @@
-"""Where the command line finds its replica, passphrase and profile (clients/settings.py):
+"""Where the command line finds its replica, passphrase and profile (clients/cli/settings.py):
 flags > environment > TOML config > defaults, on real replica files; the environment is only
 what each run is given (CliRunner), with XDG folders inside the test's own."""
 

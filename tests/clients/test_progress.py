@@ -7,7 +7,7 @@ import json
 
 from rich.console import Console
 
-from clients.progress import default_mode, progress_to_json, shown_progress
+from clients.cli.progress import default_mode, progress_to_json, shown_progress
 from clients.sync import Progress
 
 STEPS = [

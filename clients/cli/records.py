@@ -15,9 +15,9 @@ from typing import Any
 import click
 from rich.table import Table
 
-from clients.console import fail, out, user_errors
+from clients.cli.console import fail, out, user_errors
+from clients.cli.settings import CliSettings
 from clients.device import opened_replica
-from clients.settings import CliSettings
 from replica import DEFAULT_PROFILE, Record, Replica, Version
 from replica.errors import InvalidArgumentError
 from replica.wire import hlc_ms

@@ -1,9 +1,10 @@
 """The command line's settings: flags > environment > TOML config > defaults.
 
-Only this module and `clients.cli` read the environment. The TOML file
-(`platformdirs.user_config_dir("sealsync")/config.toml`, or `--config`/`SEALSYNC_CONFIG`)
-may set `replica`, `passphrase_file` and `profile` at its top level; its tables (such as a
-relay's `[relay]`) are left to whoever reads them. Config values reach click as its
+Only the command line reads the environment: this module, click's envvars, and
+`relay.commands` (the relay's own settings). The TOML file
+(`platformdirs.user_config_dir("sealsync")/config.toml`, or `--config`/`SEALSYNC_CONFIG`) may
+set `replica`, `passphrase_file` and `profile` at its top level; its tables (such as a relay's
+`[relay]`) are left to whoever reads them. Config values reach click as its
 `default_map`, which click already ranks below flags and environment variables.
 """
 

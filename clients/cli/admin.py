@@ -14,11 +14,11 @@ from collections.abc import Callable
 import click
 from rich.table import Table
 
-from clients.console import err, fail, out, user_errors
+from clients.cli.console import err, fail, out, user_errors
+from clients.cli.settings import CliSettings
 from clients.device import device_client, load_settings, opened_replica
 from clients.errors import RelayRefusedError, UnknownOutcomeError
 from clients.http import RelayClient
-from clients.settings import CliSettings
 from replica import Replica, passphrase_login_keys
 from replica.errors import InvalidArgumentError
 from replica.wire import DeviceInfo, ErrorCode, PutKeyBundle

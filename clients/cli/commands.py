@@ -22,6 +22,7 @@ import click
 from rich.table import Table
 
 from clients.access import (
+    Reentry,
     explained_refusals,
     follow_relay,
     is_followed,
@@ -30,7 +31,9 @@ from clients.access import (
     regain_access,
 )
 from clients.account import Secret, join_account, register_account
-from clients.console import err, fail, out, user_errors
+from clients.cli.console import err, fail, out, user_errors
+from clients.cli.progress import PROGRESS_MODES, ProgressMode, default_mode, shown_progress
+from clients.cli.settings import CliSettings
 from clients.device import (
     CLI_OPTIONS,
     RelaySettings,
@@ -44,10 +47,8 @@ from clients.device import (
     sidecar_path,
 )
 from clients.http import RelayClient, check_relay_url
-from clients.progress import PROGRESS_MODES, ProgressMode, default_mode, shown_progress
 from clients.retry import Backoff
 from clients.schema import CHAT_SCHEMA
-from clients.settings import CliSettings
 from clients.sync import SyncDriver, SyncReport
 from replica import ErrorCode, Replica, RollbackError
 from replica.errors import StoreError
@@ -256,10 +257,10 @@ def sync(
         explained_refusals(client, replica, relay.account),
     ):
         if reseed:
-            regained = regain_access(
-                client, replica, relay.account, passphrase(), default_device_name(), invite,
-                settings.recovery_key,
-            )  # fmt: skip
+            reentry = Reentry(
+                relay.account, passphrase(), default_device_name(), settings.recovery_key, invite
+            )
+            regained = regain_access(client, replica, reentry)
             if regained is not None:
                 out.print(REGAINED_MESSAGE[regained].format(account=relay.account, url=relay.url))
         report_sync(run_sync(replica, client, retry_for_s, reseed=reseed, mode=progress_mode))

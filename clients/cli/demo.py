@@ -1,6 +1,6 @@
 """`sealsync demo`: two devices of one account edit offline, sync through a relay, converge.
 
-The relay is given (`clients.cli` starts one on loopback: only the composition root may
+The relay runs on loopback in this process (the command line is the composition root: it may
 import `relay`). The account is made once with Argon2id; the second device unlocks with the
 raw account key, as a keyring would, so the demo spends its time syncing, not hashing.
 """
@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,13 +19,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import click
+import uvicorn
 from rich.console import Console
 from rich.table import Table
 
 from clients.account import register_account
+from clients.cli.console import fail, out, user_errors
 from clients.http import RelayClient
 from clients.schema import CHAT_SCHEMA
 from clients.sync import SyncDriver
+from relay.app import create_app
+from relay.config import RelayConfig
+from relay.serve import open_storage
 from replica import Record, Replica, ReplicaOptions, Version
 from replica.wire import LoginRequest
 
@@ -178,3 +187,41 @@ def print_timings(console: Console, timings: Timings) -> None:
     for name, seconds in timings.seconds_by_step.items():
         table.add_row(name, f"{seconds * 1000:.0f}")
     console.print(table)
+
+
+@contextmanager
+def loopback_relay(folder: Path) -> Iterator[str]:
+    """A relay over a SQLite file in `folder`, served by uvicorn in a background thread on a
+    free loopback port (the socket is bound first, so no other process can take the port)."""
+    config = RelayConfig(open_signup=True)
+    storage = open_storage(config, db=folder / "relay.db")
+    app = create_app(storage, config, on_shutdown=storage.close)
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                fail("the demo relay did not start")
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+        sock.close()
+
+
+@click.command("demo")
+def demo() -> None:
+    """Two devices edit offline and converge through a relay on loopback (no setup needed)."""
+    with (
+        user_errors(),
+        tempfile.TemporaryDirectory(prefix="sealsync-demo-") as folder,
+        loopback_relay(Path(folder)) as url,
+    ):
+        out.print(f"relay on {url} (a temporary SQLite file)")
+        converged = run_demo(url, Path(folder), out)
+    if not converged:
+        fail("the two devices did not converge", "please report this as a bug")

@@ -1,0 +1,211 @@
+"""`sealsync relay …`: the operator's commands, beside the relay they administer.
+
+`serve` runs the relay; `invite`, `accounts` and `stats` open its storage directly (SQLite by
+default, PostgreSQL with --database-url) and print what an operator may see: counts and sizes,
+never what an account wrote. The command line (`clients.cli`) mounts this group under the one
+`sealsync` console script and turns the errors raised here into `error:`/`hint:` lines.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import platformdirs
+from rich.console import Console
+from rich.table import Table
+
+from relay import tokens
+from relay.config import RelayConfig, load_config
+from relay.serve import configure_logging, open_storage, serve
+from relay.storage import Storage
+from replica.errors import InvalidArgumentError
+from replica.wire import system_clock_ms
+
+DEFAULT_PORT = 8787
+DAY_MS = 86_400_000
+out = Console(highlight=False, soft_wrap=True)
+
+
+def default_relay_db() -> Path:
+    return Path(platformdirs.user_data_dir("sealsync")) / "relay.db"
+
+
+@dataclass(frozen=True)
+class RelayStorage:
+    """Where a relay command finds its storage, from --db / --database-url / --schema."""
+
+    db: Path | None
+    database_url: str | None
+    schema: str
+    config_path: Path | None
+
+    def config(self, flags: dict[str, object] | None = None) -> RelayConfig:
+        return load_config(self.config_path, os.environ, flags or {})
+
+    def open(self, config: RelayConfig) -> Storage:
+        if self.db is not None and self.database_url is not None:
+            raise InvalidArgumentError("give --db or --database-url, not both")
+        return open_storage(
+            config,
+            db=self.db or default_relay_db(),
+            database_url=self.database_url,
+            schema=self.schema,
+        )
+
+    @contextmanager
+    def opened(self) -> Iterator[Storage]:
+        storage = self.open(self.config())
+        try:
+            yield storage
+        finally:
+            storage.close()
+
+
+STORAGE_OPTIONS = (
+    click.option(
+        "--db",
+        type=click.Path(dir_okay=False, path_type=Path),
+        envvar="SEALSYNC_RELAY_DB",
+        help=f"SQLite file (default: {default_relay_db()}).",
+    ),
+    click.option(
+        "--database-url",
+        envvar="SEALSYNC_RELAY_DATABASE_URL",
+        help="PostgreSQL URL, for several relay processes sharing one database.",
+    ),
+    click.option(
+        "--schema",
+        default="public",
+        show_default=True,
+        envvar="SEALSYNC_RELAY_SCHEMA",
+        help="PostgreSQL schema of the relay's tables.",
+    ),
+    click.option(
+        "--config",
+        "config_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        envvar="SEALSYNC_RELAY_CONFIG",
+        help="TOML file of relay settings (a [relay] table).",
+    ),
+)
+
+
+def storage_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Add the storage options; the command gets them as one `where: RelayStorage`."""
+
+    @functools.wraps(command)
+    def run(
+        db: Path | None,
+        database_url: str | None,
+        schema: str,
+        config_path: Path | None,
+        **rest: Any,
+    ) -> Any:
+        return command(where=RelayStorage(db, database_url, schema, config_path), **rest)
+
+    for option in reversed(STORAGE_OPTIONS):
+        run = option(run)
+    return run
+
+
+def settings_from_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
+    """`--set NAME=VALUE` flags as settings."""
+    settings = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise InvalidArgumentError(
+                f"--set {pair!r} is not NAME=VALUE", hint="for example --set page_size=500"
+            )
+        settings[name.strip()] = value.strip()
+    return settings
+
+
+@click.group()
+def relay() -> None:
+    """Run and administer a relay."""
+
+
+@relay.command("serve")
+@storage_options
+@click.option("--host", default="127.0.0.1", show_default=True, envvar="SEALSYNC_RELAY_HOST")
+@click.option("--port", default=DEFAULT_PORT, show_default=True, envvar="SEALSYNC_RELAY_PORT")
+@click.option("--open-signup", is_flag=True, default=None, help="Anyone may register.")
+@click.option("--trusted-proxy", multiple=True, help="Believe X-Forwarded-For from this address.")
+@click.option("--set", "pairs", multiple=True, metavar="NAME=VALUE", help="Any relay setting.")
+@click.option("--log-level", default="info", show_default=True)
+def relay_serve(
+    where: RelayStorage,
+    host: str,
+    port: int,
+    open_signup: bool | None,
+    trusted_proxy: tuple[str, ...],
+    pairs: tuple[str, ...],
+    log_level: str,
+) -> None:
+    """Serve the relay (SQLite by default, PostgreSQL with --database-url)."""
+    flags: dict[str, object] = {**settings_from_pairs(pairs), "open_signup": open_signup}
+    if trusted_proxy:
+        flags["trusted_proxies"] = trusted_proxy
+    config = where.config(flags)
+    configure_logging(log_level)
+    serve(where.open(config), config, host, port)
+
+
+@relay.command("invite")
+@storage_options
+@click.option("--days", type=int, help="Days the invite stays valid (default: invite_s).")
+def relay_invite(where: RelayStorage, days: int | None) -> None:
+    """Print a single-use invite token for a new account."""
+    if days is not None and days < 1:
+        raise InvalidArgumentError(f"--days {days} must be at least 1")
+    valid_ms = days * DAY_MS if days is not None else where.config().invite_s * 1000
+    with where.opened() as storage:
+        invite, digest = tokens.new_invite()
+        storage.add_invite(digest, system_clock_ms() + valid_ms)
+    out.print(invite)
+
+
+@relay.command("accounts")
+@storage_options
+@click.option("--json", "as_json", is_flag=True, help="One JSON array.")
+def relay_accounts(where: RelayStorage, as_json: bool) -> None:
+    """List accounts: devices, stored versions and bytes (never what they hold)."""
+    with where.opened() as storage:
+        accounts = storage.accounts()
+    if as_json:
+        out.print_json(json.dumps([vars(a) for a in accounts]))
+        return
+    table = Table("account", "devices", "versions", "bytes", "head")
+    for a in accounts:
+        table.add_row(a.name, str(a.devices), str(a.versions), str(a.stored_bytes), str(a.head))
+    out.print(table)
+
+
+@relay.command("stats")
+@storage_options
+@click.option("--json", "as_json", is_flag=True)
+def relay_stats(where: RelayStorage, as_json: bool) -> None:
+    """Totals of the relay's database."""
+    with where.opened() as storage:
+        accounts = storage.accounts()
+        stats = {
+            "storage_id": storage.storage_id,
+            "accounts": len(accounts),
+            "devices": sum(a.devices for a in accounts),
+            "versions": sum(a.versions for a in accounts),
+            "stored_bytes": sum(a.stored_bytes for a in accounts),
+        }
+    if as_json:
+        out.print_json(json.dumps(stats))
+        return
+    for name, value in stats.items():
+        out.print(f"{name:>14}  {value}")

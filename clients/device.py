@@ -28,7 +28,7 @@ from replica.wire import Session
 SIDECAR_SUFFIX = ".relay.json"
 CLI_OPTIONS = ReplicaOptions(freshness_window_s=0)
 """A command's write has no screen to protect from an inbound version arriving moments later
-(what freshness locks are for, DESIGN §5): with the window off, `sync` shows a concurrent
+(what freshness locks are for, docs/architecture.md §5): with the window off, `sync` shows a concurrent
 edit as a conflict at once instead of holding it for ten seconds."""
 FILE_MODE = 0o600
 

@@ -1,6 +1,6 @@
 """The built-in chat-shaped schema: what `sealsync init` declares and `sealsync demo` uses.
 
-Chat apps are the first users (DESIGN §11), so a new account gets their collections unless an
+Chat apps are the first users (docs/architecture.md §11), so a new account gets their collections unless an
 app declares its own: threads and messages last-writer-wins (a thread's equal-hlc tie goes to
 the side that saw more messages), personas a bounded set, the active persona one value per
 profile, drafts never leaving the device.

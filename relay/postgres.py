@@ -6,7 +6,7 @@ consecutive and commit in order, while pushes to other accounts run in parallel.
 the head and the versions in one REPEATABLE READ snapshot, so it never sees a seq whose
 predecessors have not committed. A push announces its new head with `pg_notify` inside its
 transaction; every process LISTENs on its own connection and tells its listeners
-(docs/architecture.md §8, specs/protocol.md §5).
+(docs/architecture.md §8.2, specs/protocol.md §5).
 """
 
 from __future__ import annotations

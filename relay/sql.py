@@ -9,7 +9,7 @@ LISTEN/NOTIFY (`relay.postgres`).
 Every query names the account, so one account never reaches another's rows. Versions follow
 `relay.versions`: pushes of one account are serialized, sequence numbers are consecutive and
 become visible in order, and a version is dropped only when a stored version of its key
-dominates it (docs/architecture.md §8, specs/protocol.md §5).
+dominates it (docs/architecture.md §8.3, specs/protocol.md §5).
 """
 
 from __future__ import annotations

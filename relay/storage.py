@@ -179,7 +179,7 @@ DEFAULT_MAX_PAGE_BYTES = 8 * 1024 * 1024
 
 @dataclass(frozen=True)
 class VersionRules:
-    """The bounds a backend applies to pushes and pulls (DESIGN §8, specs/limits.md); their
+    """The bounds a backend applies to pushes and pulls (docs/architecture.md §8.5, specs/limits.md); their
     defaults are the relay's (`RelayConfig`) and the in-memory reference's."""
 
     clock_ms: Callable[[], int]

@@ -1,6 +1,6 @@
 """The merge decision, pure: which versions of a record survive, and which one is shown.
 
-A record's state is its siblings: the versions no other known version dominates (DESIGN §4).
+A record's state is its siblings: the versions no other known version dominates (docs/architecture.md §4).
 Folding versions in with `merge_version` is a join — any order, any grouping, any number of
 repeats gives the same siblings — because dominance follows causality: every vector is the
 maximum of the vectors its write replaced plus its own dot, and a device's writes to one record

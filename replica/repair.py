@@ -1,4 +1,4 @@
-"""Diagnose and repair a replica whose rows cannot all be opened (DESIGN §6, fail closed).
+"""Diagnose and repair a replica whose rows cannot all be opened (docs/architecture.md §6.1).
 
 Diagnosis opens every stored row and sorts each failure into *corrupt* (the bytes are not a
 well-formed envelope for that row: a damaged header, a truncated body, an envelope in another

@@ -1,4 +1,4 @@
-"""The replica: an app's encrypted, offline-first copy of its account's data (DESIGN §6).
+"""The replica: an app's encrypted, offline-first copy of its account's data (docs/architecture.md §6).
 
 Synchronous and thread-safe: one connection per `Replica`, guarded by a re-entrant mutex;
 several processes may open one file, serialized by SQLite's write lock. Reads decrypt through a

@@ -1,4 +1,4 @@
-"""One exception tree and one type for the relay's codes (DESIGN: errors), checked on the code
+"""One exception tree and one type for the relay's codes (docs/architecture.md §1), checked on the code
 itself: every exception class of the three packages descends from `SealsyncError`, every relay
 error answers with an `ErrorCode`, and no relay code is spelled as a bare string anywhere — a
 renamed or mistyped code would otherwise pass mypy and fail only on the wire."""

@@ -2,7 +2,7 @@
 
 The relay URL, account and session live in the sidecar (`clients.device`); nothing here
 prints a token. A failed `init` or `join` leaves no file behind; a failed `sync` leaves the
-replica as it was before the step that failed (every step is resumable, DESIGN §9).
+replica as it was before the step that failed (every step is resumable, docs/architecture.md §9.2).
 """
 
 from __future__ import annotations

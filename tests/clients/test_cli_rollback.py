@@ -1,4 +1,4 @@
-"""Relay rollback through the command line against a real relay process (DESIGN §8,
+"""Relay rollback through the command line against a real relay process (docs/architecture.md §8.4,
 specs/protocol.md §4.6): the relay's database wiped in one run and restored from an older copy
 in another. A device finds it and stops (`error:` + `hint:` naming `--reseed`, the replica
 unchanged); `sync --reseed` gives the relay back its full state — registering the account

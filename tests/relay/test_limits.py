@@ -1,5 +1,5 @@
 """Every relay limit at max-1, max and max+1: each refusal a 4xx with a stable code, never a
-500 (DESIGN §8 Limits), and operator settings loaded in order with bad values refused."""
+500 (docs/architecture.md §8.5), and operator settings loaded in order with bad values refused."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A reference model of the merge semantics, written from DESIGN §4 without `replica.merge`.
+"""A reference model of the merge semantics, written from docs/architecture.md §4 without `replica.merge`.
 
 It keeps every version ever written. A version's vector is computed here from the versions it
 replaced (not read back from the replica), dominance is read off the vectors, and the visible

@@ -1,4 +1,4 @@
-"""Fail closed (DESIGN §6): for every kind of damage, reads raise the typed error, nothing
+"""Fail closed (docs/architecture.md §6.1): for every kind of damage, reads raise the typed error, nothing
 returns empty or default, overwrites are refused, the rest of a page merges, and repair
 quarantines exactly the damaged rows, byte for byte, and nothing else."""
 

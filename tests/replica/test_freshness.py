@@ -1,4 +1,4 @@
-"""Freshness locks and drift holds (DESIGN §3, §5; specs/replica.md §held)."""
+"""Freshness locks and drift holds (docs/architecture.md §3, §5; specs/replica.md §held)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-log = logging.getLogger("sealsync.relay.access")
+log = logging.getLogger(f"sealsync.{__name__}")
 
 REQUEST_ID = re.compile(rb"[A-Za-z0-9._-]{1,64}")
 

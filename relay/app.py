@@ -73,7 +73,7 @@ from replica.wire import (
     system_clock_ms,
 )
 
-log = logging.getLogger("sealsync.relay")
+log = logging.getLogger(f"sealsync.{__name__}")
 T = TypeVar("T")
 Handler = Callable[["RelayApi", Request], Awaitable[Response]]
 

@@ -24,6 +24,7 @@ from relay.storage import Storage
 from replica.errors import InvalidArgumentError
 from replica.wire import system_clock_ms
 
+log = logging.getLogger(f"sealsync.{__name__}")
 _STANDARD = {*vars(logging.makeLogRecord({})), "message", "color_message"}
 """Attributes every log record has (and uvicorn's coloured copy of the message); anything
 else was passed as `extra` and is logged."""
@@ -82,7 +83,6 @@ def open_storage(
 def serve(storage: Storage, config: RelayConfig, host: str, port: int) -> None:
     """Serve until SIGINT/SIGTERM, then close the storage (from the app's shutdown: uvicorn
     re-raises the signal once it has stopped, so code after `run()` may never run)."""
-    log = logging.getLogger("sealsync.relay")
 
     def shutdown() -> None:
         storage.close()

@@ -12,7 +12,7 @@ import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from relay import tokens
+from relay import accesslog, tokens
 from relay.app import create_app
 from relay.config import RelayConfig
 from relay.errors import StoreFailedError
@@ -338,11 +338,11 @@ def test_the_debug_request_log_has_status_and_request_id_and_no_token(
     client: TestClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     session = register(client, "alice", new_keys())
-    with caplog.at_level("DEBUG", logger="sealsync.relay.access"):
+    with caplog.at_level("DEBUG", logger=accesslog.log.name):
         client.get("/v1/state?x=1", headers={**bearer(session), "X-Request-Id": "dev-1.a_b"})
         client.get("/v1/state", headers={"X-Request-Id": 'no spaces or quotes"'})
         client.get("/v1/nowhere")
-    lines = [r for r in caplog.records if r.name == "sealsync.relay.access"]
+    lines = [r for r in caplog.records if r.name == accesslog.log.name]
     seen = [(r.__dict__["path"], r.__dict__["status"], r.__dict__["request_id"]) for r in lines]
     assert seen == [
         ("/v1/state", 200, "dev-1.a_b"),

@@ -1,4 +1,5 @@
-"""Several processes on one replica file (docs/architecture.md §1): SQLite's lock serializes them, nothing lost.
+"""Several processes on one replica file (docs/architecture.md §1): SQLite's lock serializes
+them, nothing lost.
 
 Each test starts child processes (`replica_child.py`, not threads: each has its own connection,
 its own `Replica` and its own in-process locks), releases them together with `go` on stdin,

@@ -143,6 +143,7 @@ def relay() -> None:
 @click.option("--set", "pairs", multiple=True, metavar="NAME=VALUE", help="Any relay setting.")
 @click.option("--log-level", default="info", show_default=True)
 def relay_serve(
+    *,
     where: RelayStorage,
     host: str,
     port: int,
@@ -163,7 +164,7 @@ def relay_serve(
 @relay.command("invite")
 @storage_options
 @click.option("--days", type=int, help="Days the invite stays valid (default: invite_s).")
-def relay_invite(where: RelayStorage, days: int | None) -> None:
+def relay_invite(*, where: RelayStorage, days: int | None) -> None:
     """Print a single-use invite token for a new account."""
     if days is not None and days < 1:
         raise InvalidArgumentError(f"--days {days} must be at least 1")
@@ -177,7 +178,7 @@ def relay_invite(where: RelayStorage, days: int | None) -> None:
 @relay.command("accounts")
 @storage_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON array.")
-def relay_accounts(where: RelayStorage, as_json: bool) -> None:
+def relay_accounts(*, where: RelayStorage, as_json: bool) -> None:
     """List accounts: devices, stored versions and bytes (never what they hold)."""
     with where.opened() as storage:
         accounts = storage.accounts()
@@ -193,7 +194,7 @@ def relay_accounts(where: RelayStorage, as_json: bool) -> None:
 @relay.command("stats")
 @storage_options
 @click.option("--json", "as_json", is_flag=True)
-def relay_stats(where: RelayStorage, as_json: bool) -> None:
+def relay_stats(*, where: RelayStorage, as_json: bool) -> None:
     """Totals of the relay's database."""
     with where.opened() as storage:
         accounts = storage.accounts()

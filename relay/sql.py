@@ -56,8 +56,6 @@ from replica.wire import (
     node_to_i64,
 )
 
-KEYS_PER_QUERY = 500
-"""Keys per sibling query: well under SQLite's bound on parameters."""
 _INSERT_DEVICE = "INSERT INTO devices (account, id, name, created_ms) VALUES (?, ?, ?, ?)"
 _INSERT_TOKEN = (
     "INSERT INTO tokens (hash, account, device, kind, expires_ms) VALUES (?, ?, ?, ?, ?)"
@@ -68,24 +66,22 @@ _INSERT_ACCOUNT = (
 )
 
 
+STORED_VERSIONS = (
+    "SELECT key, seq, node, hlc, vector, digest, length(envelope) FROM versions"
+    " WHERE account = ? AND key = ANY(?)"
+)
+"""The stored versions of a batch's keys, without their envelopes."""
+
+
 def _stored_versions(
     tx: Transaction, account_id: int, keys: list[bytes]
 ) -> dict[bytes, list[StoredVersion]]:
     """The stored versions of each of `keys` (keys with none are absent), without envelopes."""
     found: dict[bytes, list[StoredVersion]] = {}
-    unique = list(dict.fromkeys(keys))
-    for start in range(0, len(unique), KEYS_PER_QUERY):
-        chunk = unique[start : start + KEYS_PER_QUERY]
-        rows = tx.all(
-            "SELECT key, seq, node, hlc, vector, digest, length(envelope) FROM versions"
-            f" WHERE account = ? AND key IN ({','.join('?' * len(chunk))})",
-            (account_id, *chunk),
-        )
-        for key, seq, node, hlc, vector, digest, size in rows:
-            version = StoredVersion(
-                seq, node_from_i64(node), hlc, decode_vector(vector), digest, size
-            )
-            found.setdefault(key, []).append(version)
+    rows = tx.all_in(STORED_VERSIONS, (account_id,), list(dict.fromkeys(keys)))
+    for key, seq, node, hlc, vector, digest, size in rows:
+        version = StoredVersion(seq, node_from_i64(node), hlc, decode_vector(vector), digest, size)
+        found.setdefault(key, []).append(version)
     return found
 
 
@@ -355,11 +351,11 @@ class SQLStorage(ABC):
     ) -> tuple[PushResult, bool]:
         """One push inside a write transaction: its receipts, and whether the head moved.
 
-        The stored versions of every key in the batch are read in one query (a few for a
-        long batch), the batch is decided in memory (`PushPlan`), and what stays is written
-        with one statement per table. The account's row is locked first (`FOR NO KEY
-        UPDATE`: pushes of one account take turns, without blocking the foreign-key checks
-        of a device or token added meanwhile)."""
+        The stored versions of every key in the batch are read at once (one query on
+        PostgreSQL, chunks on SQLite), the batch is decided in memory (`PushPlan`), and what
+        stays is written with one statement per table. The account's row is locked first
+        (`FOR NO KEY UPDATE`: pushes of one account take turns, without blocking the
+        foreign-key checks of a device or token added meanwhile)."""
         row = tx.one(
             "SELECT id, epoch, head, stored_bytes FROM accounts WHERE name = ? FOR NO KEY UPDATE",
             (name,),
@@ -442,9 +438,8 @@ def _locked_token(tx: Transaction, old_hash: bytes) -> tuple[int, str, TokenKind
 
 def _write_plan(tx: Transaction, account_id: int, plan: PushPlan) -> None:
     """Carry out a decided push: delete what it dominates, insert what it stores."""
-    tx.run_many(
-        "DELETE FROM versions WHERE account = ? AND seq = ?",
-        [(account_id, seq) for seq in plan.deleted],
+    tx.run_in(
+        "DELETE FROM versions WHERE account = ? AND seq = ANY(?)", (account_id,), plan.deleted
     )
     tx.insert_versions(
         [

@@ -41,10 +41,25 @@ _INSERT_VERSIONS = (
 )
 
 
+KEYS_PER_QUERY = 500
+"""Values per `IN (?, …)`: well under SQLite's bound on parameters."""
+_ANY = " = ANY(?)"
+
+
 @functools.cache
 def _rewrite(statement: str) -> str:
     """A `relay.sql` statement for SQLite: it has no row locks, and needs none (one writer)."""
     return statement.replace(_ROW_LOCK, "")
+
+
+@functools.cache
+def _expand(statement: str, count: int) -> str:
+    """`= ANY(?)` as SQLite says it for `count` values: `IN (?, …)`."""
+    return _rewrite(statement).replace(_ANY, f" IN ({','.join('?' * count)})")
+
+
+def _chunks(values: Sequence[object]) -> list[Sequence[object]]:
+    return [values[at : at + KEYS_PER_QUERY] for at in range(0, len(values), KEYS_PER_QUERY)]
 
 
 class SQLiteTransaction(dialect.Transaction):
@@ -64,6 +79,19 @@ class SQLiteTransaction(dialect.Transaction):
 
     def run_many(self, statement: str, rows: Sequence[Sequence[object]]) -> None:
         self._db.executemany(_rewrite(statement), rows)
+
+    def all_in(
+        self, statement: str, params: Sequence[object], values: Sequence[object]
+    ) -> list[tuple[Any, ...]]:
+        rows: list[tuple[Any, ...]] = []
+        for chunk in _chunks(values):
+            query = _expand(statement, len(chunk))
+            rows += self._db.execute(query, (*params, *chunk)).fetchall()
+        return rows
+
+    def run_in(self, statement: str, params: Sequence[object], values: Sequence[object]) -> None:
+        for chunk in _chunks(values):
+            self._db.execute(_expand(statement, len(chunk)), (*params, *chunk))
 
     def insert_versions(self, rows: list[dialect.VersionRow]) -> None:
         self._db.executemany(_INSERT_VERSIONS, rows)

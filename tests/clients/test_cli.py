@@ -244,6 +244,26 @@ def test_a_relay_error_is_an_error_line_and_its_hint(
     assert ("hint:" in stderr) == (hint is not None) and (hint or "") in stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "message", "hint"),
+    [
+        (["invite", "--days", "0"], "--days 0 must be at least 1", None),
+        (["serve", "--set", "page_size"], "--set 'page_size' is not NAME=VALUE", "page_size=500"),
+        (["accounts", "--database-url", "postgresql://x@127.0.0.1:1/db"], "--db or --data", None),
+    ],
+    ids=["bad --days", "bad --set", "--db and --database-url"],
+)
+def test_the_relay_commands_errors_are_error_lines_through_the_root_group(
+    tmp_path: Path, args: list[str], message: str, hint: str | None
+) -> None:
+    """`relay/commands.py` raises its errors and leaves printing them to the command line's
+    root group (it cannot import the console): each is an `error:` line, never a traceback."""
+    result = CliRunner().invoke(main, ["relay", *args, "--db", str(tmp_path / "relay.db")])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception
+    assert result.stderr.startswith("error: ") and message in result.stderr, result.stderr
+    assert ("hint:" in result.stderr) == (hint is not None) and (hint or "") in result.stderr
+
+
 def test_versions_the_relay_refuses_are_named_by_code_and_stay_to_be_pushed(
     cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
 ) -> None:

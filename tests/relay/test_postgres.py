@@ -5,6 +5,7 @@ process is heard by every other (the shared behaviour is in test_storage.py)."""
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import threading
 import time
@@ -21,7 +22,8 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import TupleRow
 
-from relay.postgres import CHANNEL, PostgresStorage
+from relay.postgres import CHANNEL, PostgresStorage, postgres_statement
+from relay.sql import STORED_VERSIONS
 from relay.storage import Device, TokenRecord, VersionRules
 from replica.errors import InvalidArgumentError
 from replica.wire import Page, PushBatch
@@ -403,3 +405,31 @@ def test_a_relay_logs_its_listen_connection_lost_and_restored_as_json(tmp_path: 
     ]
     assert "lost" in mine[0]["message"] and "restored" in mine[1]["message"]
     assert all(schema in e["message"] for e in mine)
+
+
+def test_a_pushs_lookup_of_stored_versions_searches_the_key_index_in_any_plan(
+    schema: str, make_storage: MakeStorage
+) -> None:
+    """psycopg prepares a statement it has run five times, and PostgreSQL may then plan it once
+    for any parameters, before the table has statistics (a relay under load, autovacuum not
+    there yet): the lookup of a batch's stored versions must still search the (account, key)
+    index by key. Written as a long `key IN ($2, …)` it was planned as a scan of the account's
+    every version, key as a filter (measured: pushes of 4000 envelopes went from 0.05 s to
+    2.7 s at 48k versions)."""
+    storage = make_storage()
+    register(storage, "a")
+    numbers = iter(range(1, 100))
+    lookup = re.sub("%s", lambda _: f"${next(numbers)}", postgres_statement(STORED_VERSIONS))
+    with psycopg.connect(make_conninfo(postgres_url(), options=f"-c search_path={schema}")) as db:
+        db.autocommit = True
+        db.execute("ALTER TABLE versions SET (autovacuum_enabled = false)")
+        db.execute(
+            "INSERT INTO versions (account, seq, key, node, hlc, vector, digest, envelope)"
+            " SELECT a.id, g, substr(sha256(int8send(g)), 1, 16), 1, g, '', '', ''"
+            " FROM accounts a, generate_series(1, 30000) g WHERE a.name = 'a'"
+        )
+        db.execute("SET plan_cache_mode = force_generic_plan")
+        db.execute(sql.SQL("PREPARE lookup AS {}").format(sql.SQL(lookup)))
+        plan = [row[0] for row in db.execute("EXPLAIN EXECUTE lookup(1, ARRAY[''::bytea])")]
+    searched = [line for line in plan if "Index Cond" in line]
+    assert any("key = ANY" in line for line in searched), "\n".join(plan)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import relay.sql
+import relay.sqlite
 from relay.errors import AccountExistsError, ForbiddenError, QuotaExceededError
 from relay.memory import MemoryRelay
 from relay.storage import Device, Storage, TokenRecord
@@ -395,10 +395,10 @@ def test_a_batch_decides_as_its_envelopes_pushed_one_by_one(
     make_storage: StorageFactory, monkeypatch: pytest.MonkeyPatch, batches: list[list[bytes]]
 ) -> None:
     """Backends decide a whole batch at once (one read of the stored versions of its keys,
-    in chunks of keys: one key per query here); the receipts and the pages are
+    in chunks of keys on SQLite: one key per query here); the receipts and the pages are
     those of the reference pushing the same envelopes one at a time: later envelopes see
     earlier ones of their batch."""
-    monkeypatch.setattr(relay.sql, "KEYS_PER_QUERY", 1)
+    monkeypatch.setattr(relay.sqlite, "KEYS_PER_QUERY", 1)
     reference = MemoryRelay(clock_ms=FakeClock(NOW_MS))
     s = make_storage()
     try:

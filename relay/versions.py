@@ -56,12 +56,18 @@ def new_version(seq: int, header: Header, envelope: bytes) -> StoredVersion:
 
 
 def check_envelope(envelope: bytes, now_ms: int, max_drift_ms: int) -> Header | Receipt:
-    """The header of a pushed envelope, or the refusal it earns before any storage is read."""
+    """The header of a pushed envelope, or the refusal it earns before any storage is read.
+
+    The drift bound covers the whole vector, not only the version's own hlc: the relay
+    compacts by the vector of a header it cannot authenticate, so an entry far in the future
+    would let one push cover (and delete) every stored version of the key and the owner's
+    next writes. A genuine version's entries are never above its own hlc (a device's clock
+    ticks past everything it merged), so only a forged or broken one is refused for it."""
     try:
         header = parse_header(envelope)
     except ProtocolError:
         return MALFORMED
-    if hlc_ms(header.hlc) > now_ms + max_drift_ms:
+    if hlc_ms(max(header.hlc, *header.vector.values())) > now_ms + max_drift_ms:
         return CLOCK_AHEAD
     return header
 

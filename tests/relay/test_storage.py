@@ -17,7 +17,7 @@ import relay.sqlite
 from relay.errors import AccountExistsError, ForbiddenError, QuotaExceededError
 from relay.memory import MemoryRelay
 from relay.storage import Device, Storage, TokenRecord
-from replica.wire import KdfParams, PushBatch, parse_header
+from replica.wire import MAX_HLC, KdfParams, PushBatch, parse_header
 from tests.conftest import FakeClock
 from tests.relay.conftest import (
     HLC,
@@ -107,6 +107,21 @@ def test_one_bad_envelope_never_blocks_the_rest(storage: Storage) -> None:
         ("refused", "clock_ahead"),
         ("stored", None),
     ]
+
+
+@pytest.mark.parametrize("entry", [MAX_HLC, (NOW_MS + 6 * 60_000) << 16], ids=["MAX_HLC", "6 min"])
+def test_a_vector_entry_ahead_of_the_relay_clock_is_refused_and_compacts_nothing(
+    storage: Storage, entry: int
+) -> None:
+    """A forged header, its own dot in bounds, whose vector covers every stored version of
+    the key from far in the future: stored, it would make the relay delete them all and
+    supersede the owner's next writes. Refused like a future hlc; nothing stored changes."""
+    storage.push("a", PushBatch([envelope(KEY, 1, HLC, {1: HLC}), envelope(KEY, 2, HLC, {2: HLC})]))
+    before = (pull_all(storage, "a"), storage.state("a"), storage.accounts())
+    forged = envelope(KEY, 3, HLC + 1, {1: entry, 2: entry, 3: HLC + 1})
+    receipts = storage.push("a", PushBatch([forged])).receipts
+    assert [(r.status, r.code) for r in receipts] == [("refused", "clock_ahead")]
+    assert (pull_all(storage, "a"), storage.state("a"), storage.accounts()) == before
 
 
 def test_pages_come_in_seq_order_with_a_cursor_that_resumes(storage: Storage) -> None:

@@ -90,7 +90,8 @@ class Progress:
 class SyncReport:
     """One `sync()`: receipts by status (refusals by their code), pulled entries, merged
     versions; `rounds` is 2 when an epoch change made the device reseed and run again;
-    `retries` counts resent requests."""
+    `retries` counts resent requests; `unconfirmed` counts versions the relay called
+    superseded that nothing here supersedes after the pull (they stay to be pushed)."""
 
     pushed: int
     stored: int
@@ -100,6 +101,7 @@ class SyncReport:
     merged: int
     rounds: int
     retries: int
+    unconfirmed: int = 0
 
     @property
     def refused(self) -> int:
@@ -115,6 +117,7 @@ class _Tally:
     pulled: int = 0
     merged: int = 0
     rounds: int = 0
+    unconfirmed: int = 0
 
     def report(self, retries: int) -> SyncReport:
         return SyncReport(
@@ -126,6 +129,7 @@ class _Tally:
             self.merged,
             self.rounds,
             retries,
+            self.unconfirmed,
         )
 
 
@@ -325,6 +329,7 @@ class SyncDriver:
         report = _Reporter(self._progress, session, tally, session.cursor)
         self._push_all(session, tally, report)
         self._pull_all(session, tally, report)
+        tally.unconfirmed = session.settle_superseded()
 
     def _push_all(self, session: SyncSession, tally: _Tally, report: _Reporter) -> None:
         """Pipelined: while the relay stores one batch, the device reads the next and saves

@@ -370,6 +370,20 @@ class Store:
                 "UPDATE held SET repush = 0 WHERE key = ? AND node = ? AND hlc = ?", args
             )
 
+    def still_marked(self, identities: Iterable[tuple[bytes, int, int]]) -> int:
+        """How many of `identities` still carry a push mark (dirty, or held for a repush)."""
+        args = [(_blob(k), node_to_i64(n), h) for k, n, h in identities]
+        return sum(
+            self.db.execute(
+                "SELECT (SELECT count(*) FROM versions WHERE key = ?1 AND node = ?2 AND hlc = ?3"
+                " AND dirty = 1) + (SELECT count(*) FROM held WHERE key = ?1 AND node = ?2"
+                " AND hlc = ?3 AND repush = 1)",
+                arg,
+            ).fetchone()[0]
+            > 0
+            for arg in args
+        )
+
     def count_dirty(self) -> int:
         """Versions not yet acknowledged by a relay (the partial index counts them, in time
         proportional to their number, not to the file's)."""

@@ -5,6 +5,7 @@ A driver (clients/) moves the values; this module decides. One round:
     batch = session.next_batch()          # dirty versions, bounded by count and bytes
     session.acknowledge(batch, result)    # clears dirty only for confirmed versions
     session.apply_page(page)              # merges a page and advances the cursor atomically
+    session.settle_superseded()           # what the relay called superseded, proven or not
 
 Every relay answer carries its `RelayState`. The first one is adopted; after that a new
 storage id, a new account epoch, or a head below the highest sequence number seen means the
@@ -14,6 +15,7 @@ deletion. `reseed()` then marks every version for pushing again and resets the c
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -22,10 +24,22 @@ import msgspec
 from replica import clock
 from replica.errors import InvalidArgumentError, ProtocolError, RollbackError
 from replica.store import Row
-from replica.wire import ErrorCode, Page, PushBatch, PushResult, RelayState, parse_header
+from replica.wire import (
+    ErrorCode,
+    Page,
+    PushBatch,
+    PushResult,
+    RelayState,
+    decode_vector,
+    dominates,
+    parse_header,
+)
 
 if TYPE_CHECKING:
     from replica.core import Core
+
+Identity = tuple[bytes, int, int]
+"""A version's (opaque key, node, hlc)."""
 
 DEFAULT_BATCH_COUNT = 4000
 DEFAULT_BATCH_BYTES = 4 * 1024 * 1024
@@ -74,6 +88,8 @@ class SyncSession:
         self._max_bytes = max_batch_bytes
         self._after = {"versions": 0, "held": 0}
         """Per table, the row id of the last version offered in this pass."""
+        self._superseded: set[Identity] = set()
+        """Versions the relay called superseded in this pass, not yet proven so here."""
 
     # -- push -----------------------------------------------------------------------------------
 
@@ -119,28 +135,63 @@ class SyncSession:
     def restart(self) -> None:
         """Start a new pass over the dirty versions (after a failed or refused push)."""
         self._after = {"versions": 0, "held": 0}
+        self._superseded = set()
 
     def acknowledge(self, batch: PushBatch, result: PushResult) -> Acknowledged:
-        """Clear dirty for versions the relay stored or already covered; refused stay dirty."""
+        """Clear dirty for versions the relay stored; refused stay dirty, and so do those it
+        called superseded until this device holds what supersedes them (`settle_superseded`):
+        a relay's word alone must never make a write vanish."""
         _check_receipt_count(batch, result)
         seqs = [r.seq for r in result.receipts if r.seq is not None]
         with self._core.mutex, self._store.transaction():
             self._check_state(result.state, max(seqs, default=0))
-            confirmed: list[tuple[bytes, int, int]] = []
+            stored: list[Identity] = []
+            superseded: list[Identity] = []
             refused: dict[ErrorCode, int] = {}
             for envelope, receipt in zip(batch.envelopes, result.receipts, strict=True):
                 if receipt.code is not None:  # refused: only a refused receipt has a code
                     refused[receipt.code] = refused.get(receipt.code, 0) + 1
                     continue
                 header = parse_header(envelope)
-                confirmed.append((header.key, header.node, header.hlc))
-            self._store.clear_dirty(confirmed)
+                identity = (header.key, header.node, header.hlc)
+                (stored if receipt.status == "stored" else superseded).append(identity)
+            proven = self._dominated_here(superseded)
+            self._superseded.update(set(superseded) - set(proven))
+            self._store.clear_dirty(stored + proven)
             self._pass_own_versions(seqs)
         return Acknowledged(
             stored=sum(r.status == "stored" for r in result.receipts),
             superseded=sum(r.status == "superseded" for r in result.receipts),
             refused_by_code=refused,
         )
+
+    def settle_superseded(self) -> int:
+        """After a pass's pull: a version the relay called superseded stops being pushed once
+        this device holds, authenticated and merged, a version that dominates it (the pull
+        normally brings it); the others stay marked, to be pushed again next pass. Returns
+        how many stay: a relay that keeps saying superseded and never sends what supersedes
+        them is dropping writes, and the user should hear of it."""
+        with self._core.mutex, self._store.transaction():
+            proven = self._dominated_here(self._superseded)
+            self._store.clear_dirty(proven)
+            self._superseded.difference_update(proven)
+            return self._store.still_marked(self._superseded)
+
+    def _dominated_here(self, identities: Iterable[Identity]) -> list[Identity]:
+        """Those of `identities` that a merged sibling of their record dominates (merged
+        versions were authenticated; held ones prove nothing)."""
+        wanted = list(identities)
+        vectors: dict[bytes, list[tuple[tuple[int, int], bytes]]] = {}
+        for _, key, node, hlc, vector in self._store.sibling_rows([k for k, _, _ in wanted]):
+            vectors.setdefault(key, []).append(((node, hlc), vector))
+        return [
+            (key, node, hlc)
+            for key, node, hlc in wanted
+            if any(
+                dot != (node, hlc) and dominates(decode_vector(vector), (node, hlc))
+                for dot, vector in vectors.get(key, [])
+            )
+        ]
 
     def _pass_own_versions(self, seqs: list[int]) -> None:
         """Move the cursor over this push's own versions when their seqs directly follow it.

@@ -315,6 +315,8 @@ def report_round(report: SyncReport) -> None:
         f"{moment} synced: {report.pushed} pushed, {report.pulled} pulled, "
         f"{report.merged} merged" + (f", {report.refused} refused" if report.refused else "")
     )
+    if report.unconfirmed:
+        err.print(UNCONFIRMED_WARNING.format(n=report.unconfirmed), markup=True)
 
 
 def run_sync(
@@ -346,12 +348,21 @@ REFUSAL_HINTS: dict[ErrorCode, str] = {
 }
 
 
+UNCONFIRMED_WARNING = (
+    "[yellow]warning:[/yellow] the relay called {n} version(s) superseded but has not sent "
+    "what supersedes them; they stay to be pushed (a relay that drops writes, or a newer "
+    "version held here)"
+)
+
+
 def report_sync(report: SyncReport) -> None:
     refused = f", {report.refused} refused" if report.refused else ""
     out.print(
         f"synced: {report.pushed} pushed ({report.stored} stored{refused}), "
         f"{report.pulled} pulled, {report.merged} merged"
     )
+    if report.unconfirmed:
+        err.print(UNCONFIRMED_WARNING.format(n=report.unconfirmed), markup=True)
     if report.refused:
         codes = sorted(report.refused_by_code.items())
         hints = [REFUSAL_HINTS[code] for code, _ in codes if code in REFUSAL_HINTS]

@@ -4,6 +4,7 @@ non-zero exit, no traceback and an unchanged replica."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import threading
@@ -19,10 +20,12 @@ import pytest
 from click.testing import CliRunner, Result
 
 from clients.cli import main
+from clients.cli.commands import report_sync
 from clients.cli.console import user_errors
 from clients.cli.records import written_at
 from clients.device import device_client, load_settings
 from clients.schema import CHAT_SCHEMA
+from clients.sync import SyncReport
 from relay.errors import QuotaExceededError, RelayError, StoreFailedError
 from replica import Replica, Status
 from tests.relay.server import RelayProcess, free_port
@@ -262,6 +265,19 @@ def test_the_relay_commands_errors_are_error_lines_through_the_root_group(
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception
     assert result.stderr.startswith("error: ") and message in result.stderr, result.stderr
     assert ("hint:" in result.stderr) == (hint is not None) and (hint or "") in result.stderr
+
+
+def test_a_sync_tells_of_writes_the_relay_called_superseded_without_proof(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Versions left unconfirmed after the pull are named on stderr; the line is silent when
+    every `superseded` was proven by what the pull brought."""
+    report = SyncReport(1, 0, 1, {}, 0, 0, 1, 0, unconfirmed=1)
+    report_sync(report)
+    captured = capsys.readouterr()
+    assert "called 1 version(s) superseded" in captured.err and "stay to be pushed" in captured.err
+    report_sync(dataclasses.replace(report, unconfirmed=0))
+    assert "superseded" not in capsys.readouterr().err
 
 
 def test_versions_the_relay_refuses_are_named_by_code_and_stay_to_be_pushed(

@@ -6,7 +6,16 @@ from __future__ import annotations
 import pytest
 
 from relay.memory import MemoryRelay
-from replica import Page, ProtocolError, PushResult, Receipt, RelayState, RollbackError
+from replica import (
+    Page,
+    ProtocolError,
+    PushBatch,
+    PushResult,
+    Receipt,
+    RelayState,
+    Replica,
+    RollbackError,
+)
 from replica.wire import ErrorCode, parse_header
 from tests.conftest import FakeClock, ReplicaFactory
 from tests.replica.helpers import STATE, page_of
@@ -46,11 +55,12 @@ def test_only_confirmed_versions_stop_being_dirty(make_replica: ReplicaFactory) 
     ]
     result = session.acknowledge(batch, PushResult(receipts, STATE))
     assert (result.stored, result.superseded, result.refused_by_code) == (1, 1, {"clock_ahead": 1})
-    assert replica.status().dirty == session.count_dirty() == 1
-    assert session.next_batch() is None  # a refused version is offered once per pass
+    # superseded on the relay's word alone: nothing here supersedes it, so it stays dirty
+    assert replica.status().dirty == session.count_dirty() == 2
+    assert session.next_batch() is None  # a version is offered once per pass
     session.restart()
     again = session.next_batch()
-    assert again is not None and again.envelopes == [batch.envelopes[2]]
+    assert again is not None and again.envelopes == batch.envelopes[1:]
 
 
 def test_receipts_must_match_the_batch(make_replica: ReplicaFactory) -> None:
@@ -256,3 +266,69 @@ def test_a_reseed_pushes_held_versions_even_after_they_are_released(
     sync(c, relay)
     got = c.get("notes", "only-on-b")
     assert got is not None and got.document == {"v": 1}
+
+
+class DroppingRelay(MemoryRelay):
+    """While `dropping`, a relay that drops every write it is sent and answers each one
+    `superseded`; then an honest one."""
+
+    dropping = True
+
+    def push(self, name: str, batch: PushBatch) -> PushResult:
+        if not self.dropping:
+            return super().push(name, batch)
+        return PushResult([Receipt("superseded") for _ in batch.envelopes], self.state(name))
+
+
+def sync_round(replica: Replica, relay: MemoryRelay) -> int:
+    """One pass, as the driver runs it; how many versions the relay's `superseded` left
+    unconfirmed."""
+    session = replica.sync_session()
+    while (batch := session.next_batch()) is not None:
+        session.acknowledge(batch, relay.push(ACCOUNT, batch))
+    while True:
+        page = relay.pull(ACCOUNT, session.cursor)
+        session.apply_page(page)
+        if not page.has_more:
+            return session.settle_superseded()
+
+
+def test_a_relay_that_calls_every_write_superseded_loses_none_of_them(
+    make_replica: ReplicaFactory,
+) -> None:
+    """A lying relay cannot make a write vanish: without a version here that supersedes it,
+    the write stays dirty, is pushed again every pass and counted unconfirmed, and reaches
+    the other devices once the relay stores it."""
+    laptop, phone = make_replica("laptop"), make_replica("phone")
+    relay = DroppingRelay(clock_ms=FakeClock())
+    laptop.put("notes", "n", {"text": "kept"})
+    for _ in range(3):
+        assert sync_round(laptop, relay) == 1
+        assert laptop.status().dirty == 1
+    relay.dropping = False
+    assert sync_round(laptop, relay) == 0 and laptop.status().dirty == 0
+    sync_round(phone, relay)
+    record = phone.get("notes", "n")
+    assert record is not None and record.document == {"text": "kept"}
+
+
+def test_a_write_superseded_by_a_version_it_then_pulls_stops_being_pushed(
+    make_replica: ReplicaFactory,
+) -> None:
+    """The honest case: the laptop's reply was lost, the phone edited over its write, and the
+    laptop's retry is `superseded`. The pull brings the phone's version, which supersedes the
+    write here too: it leaves the dirty set, and nothing is counted unconfirmed."""
+    laptop, phone = make_replica("laptop"), make_replica("phone")
+    relay = MemoryRelay(clock_ms=FakeClock())
+    laptop.put("notes", "n", {"v": 1})
+    batch = laptop.sync_session().next_batch()
+    assert batch is not None
+    relay.push(ACCOUNT, batch)  # stored; the answer never reached the laptop
+    sync_round(phone, relay)
+    seen = phone.get("notes", "n")
+    assert seen is not None
+    phone.put("notes", "n", {"v": 2}, context=seen.context)
+    sync_round(phone, relay)
+    assert sync_round(laptop, relay) == 0
+    record = laptop.get("notes", "n")
+    assert laptop.status().dirty == 0 and record is not None and record.document == {"v": 2}

@@ -52,7 +52,7 @@ def backup_replica(
 ) -> Path:
     """Snapshot the replica into `folder` under a new timestamped name; returns its path."""
     Replica.open(replica_path).close()  # a replica, or a clear error before anything is made
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     target = folder / backup_name(replica_path, now)
     if target.exists():
         raise StoreError(f"{target} already exists", hint="run `sealsync backup` again")
@@ -75,7 +75,7 @@ def restore_replica(
             hint="give --force to replace it (changes not synced yet are lost), or another "
             "--replica path",
         )
-    replica_path.parent.mkdir(parents=True, exist_ok=True)
+    replica_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with temp_beside(replica_path) as temp:
         copy_replica_file(backup, temp, read_only=True, progress=progress)
         with Replica.open(temp) as restored:  # refuses what is not a replica

@@ -76,7 +76,7 @@ def open_storage(
         return PostgresStorage(database_url, rules, schema=schema)
     if db is None:
         raise InvalidArgumentError("open_storage needs a SQLite path or a PostgreSQL URL")
-    db.parent.mkdir(parents=True, exist_ok=True)
+    db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     return SQLiteStorage(db, rules)
 
 

@@ -10,6 +10,7 @@ transaction.
 from __future__ import annotations
 
 import functools
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -34,6 +35,9 @@ WRITER_CACHE_KIB = 64 * 1024
 random places, and once it outgrows the cache inserts wait on reads (measured here: 200k
 envelopes into one account in batches of 4000, ~12% less time per insert than with 2 MiB).
 Readers keep the default: there is one per worker thread."""
+FILE_MODE = 0o600
+"""A new relay database, and the WAL and shared memory SQLite makes with its mode: owner only
+(they hold every account's ciphertext and auth-key hashes)."""
 TYPES = dialect.Types(int="INTEGER", bytes="BLOB", serial="INTEGER PRIMARY KEY", strict=" STRICT")
 _ROW_LOCK = " FOR NO KEY UPDATE"
 _INSERT_VERSIONS = (
@@ -130,6 +134,7 @@ class SQLiteStorage(SQLStorage):
         self._readers_lock = threading.Lock()
         self._queue: list[_Push] = []
         self._queue_lock = threading.Lock()
+        os.close(os.open(self._path, os.O_CREAT | os.O_WRONLY, FILE_MODE))  # new: 0600
         self._writer = self._connect()
         self._writer.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
         self._storage_id, self._secret = self._initialise()

@@ -51,7 +51,7 @@ from replica.schema import (
     schema_to_bytes,
 )
 from replica.status import Status, read_status
-from replica.store import Store
+from replica.store import Store, create_private_file
 from replica.sync import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_COUNT, SyncSession
 from replica.wire import KdfParams, check_kdf_params
 
@@ -122,6 +122,7 @@ class Replica:
     ) -> Replica:
         if path.exists() and path.stat().st_size > 0:
             raise StoreError(f"{path} already exists", hint="open it with Replica.open")
+        create_private_file(path)
         store = Store(path, synchronous=options.synchronous, busy_timeout_s=options.busy_timeout_s)
         with store.transaction():  # one transaction: a crash leaves no half-made replica
             store.migrate()

@@ -154,7 +154,7 @@ def init(
         with RelayClient(relay.url, insecure=insecure) as client:
             client.info()  # unreachable, or another protocol: said before a file exists
             passphrase = settings.passphrase(confirm=True)
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             with removed_on_failure(path):
                 replica, new = Replica.create(path, CHAT_SCHEMA, passphrase, options=CLI_OPTIONS)
                 with closing(replica):
@@ -194,7 +194,7 @@ def join(
                 if recovery_key
                 else Secret(settings.passphrase())
             )
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             with removed_on_failure(path):
                 replica = join_account(client, path, account, secret, device_name, CLI_OPTIONS)
             with closing(replica):

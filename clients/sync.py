@@ -91,7 +91,9 @@ class SyncReport:
     """One `sync()`: receipts by status (refusals by their code), pulled entries, merged
     versions; `rounds` is 2 when an epoch change made the device reseed and run again;
     `retries` counts resent requests; `unconfirmed` counts versions the relay called
-    superseded that nothing here supersedes after the pull (they stay to be pushed)."""
+    superseded that nothing here supersedes after the pull (they stay to be pushed); `held`
+    and `quarantined` count pulled versions set aside (to merge later) and those that could
+    not be opened (kept verbatim in quarantine, their records degraded)."""
 
     pushed: int
     stored: int
@@ -102,6 +104,8 @@ class SyncReport:
     rounds: int
     retries: int
     unconfirmed: int = 0
+    held: int = 0
+    quarantined: int = 0
 
     @property
     def refused(self) -> int:
@@ -118,6 +122,8 @@ class _Tally:
     merged: int = 0
     rounds: int = 0
     unconfirmed: int = 0
+    held: int = 0
+    quarantined: int = 0
 
     def report(self, retries: int) -> SyncReport:
         return SyncReport(
@@ -130,6 +136,8 @@ class _Tally:
             self.rounds,
             retries,
             self.unconfirmed,
+            self.held,
+            self.quarantined,
         )
 
 
@@ -378,6 +386,8 @@ class SyncDriver:
             applied = session.apply_page(page)
             tally.pulled += len(page.entries)
             tally.merged += applied.merged
+            tally.held += sum(applied.held.values())
+            tally.quarantined += applied.quarantined
             report.moved_to(applied.cursor)
             report.step("merged", len(page.entries))
             if not page.has_more:

@@ -20,6 +20,7 @@ from clients.cli.backup import BACKUP_COMMANDS
 from clients.cli.commands import DEVICE_COMMANDS
 from clients.cli.demo import demo
 from clients.cli.records import RECORD_COMMANDS
+from clients.cli.repair import REPAIR_COMMANDS
 from clients.cli.settings import (
     ENV_CONFIG,
     ENV_REPLICA,
@@ -89,6 +90,7 @@ for _command in (
     *RECORD_COMMANDS,
     *ADMIN_COMMANDS,
     *BACKUP_COMMANDS,
+    *REPAIR_COMMANDS,
     demo,
     relay_commands.relay,
 ):

@@ -32,7 +32,7 @@ from clients.access import (
     regain_access,
 )
 from clients.account import Secret, join_account, register_account
-from clients.cli.console import err, fail, out, user_errors
+from clients.cli.console import ExitCode, err, fail, out, user_errors
 from clients.cli.progress import PROGRESS_MODES, ProgressMode, default_mode, shown_progress
 from clients.cli.settings import CliSettings
 from clients.device import (
@@ -317,6 +317,12 @@ def report_round(report: SyncReport) -> None:
     )
     if report.unconfirmed:
         err.print(UNCONFIRMED_WARNING.format(n=report.unconfirmed), markup=True)
+    if report.quarantined:
+        err.print(
+            f"[yellow]warning:[/yellow] {report.quarantined} pulled version(s) could not be "
+            f"opened and are in quarantine; {QUARANTINED_HINT}",
+            markup=True,
+        )
 
 
 def run_sync(
@@ -355,21 +361,42 @@ UNCONFIRMED_WARNING = (
 )
 
 
+QUARANTINED_HINT = (
+    "`sealsync diagnose` shows what cannot be opened; `sealsync repair` keeps it in quarantine "
+    "and lets its records be read and written again"
+)
+
+
 def report_sync(report: SyncReport) -> None:
+    """The round's line; then, on stderr, what needs the user, and the exit code it earns."""
     refused = f", {report.refused} refused" if report.refused else ""
+    set_aside = "".join(
+        f", {n} {what}"
+        for n, what in ((report.held, "held"), (report.quarantined, "quarantined"))
+        if n
+    )
     out.print(
         f"synced: {report.pushed} pushed ({report.stored} stored{refused}), "
-        f"{report.pulled} pulled, {report.merged} merged"
+        f"{report.pulled} pulled, {report.merged} merged{set_aside}"
     )
     if report.unconfirmed:
         err.print(UNCONFIRMED_WARNING.format(n=report.unconfirmed), markup=True)
     if report.refused:
         codes = sorted(report.refused_by_code.items())
         hints = [REFUSAL_HINTS[code] for code, _ in codes if code in REFUSAL_HINTS]
-        fail(
+        message = (
             f"the relay refused {report.refused} version(s) "
-            f"({', '.join(f'{n} {code}' for code, n in codes)}); they stay to be pushed again",
-            "; ".join(hints) or None,
+            f"({', '.join(f'{n} {code}' for code, n in codes)}); they stay to be pushed again"
+        )
+        if not report.quarantined:
+            fail(message, "; ".join(hints) or None)
+        err.print(f"[red]error:[/red] {message}", markup=True)
+    if report.quarantined:
+        fail(
+            f"{report.quarantined} pulled version(s) could not be opened: kept verbatim in "
+            "quarantine, and their records refuse reads and writes",
+            QUARANTINED_HINT,
+            code=ExitCode.DAMAGED,
         )
 
 

@@ -8,6 +8,7 @@ of API calls, these speak of commands and options.
 
 from __future__ import annotations
 
+import enum
 import sqlite3
 import sys
 from collections.abc import Callable, Iterator
@@ -37,7 +38,19 @@ UNREACHABLE_HINT = (
 )
 
 
-def fail(message: str, hint: str | None = None, code: int = 1) -> NoReturn:
+class ExitCode(enum.IntEnum):
+    """How a command ended, for scripts (specs/cli.md)."""
+
+    OK = 0
+    ERROR = 1
+    """Nothing, or not all, was done: a refusal, a bad input, an unreachable relay."""
+    USAGE = 2
+    """The command line itself is wrong (click's own code for usage errors)."""
+    DAMAGED = 3
+    """Done, but data that cannot be opened was found (and kept, in quarantine)."""
+
+
+def fail(message: str, hint: str | None = None, code: int = ExitCode.ERROR) -> NoReturn:
     """Print `error:` (and `hint:`) on stderr and exit with `code`."""
     err.print(f"[red]error:[/red] {message}", markup=True)
     if hint:

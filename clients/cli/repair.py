@@ -1,0 +1,97 @@
+"""`diagnose` and `repair`: the replica's unreadable rows, shown and then set aside.
+
+`diagnose` opens every stored version with the account's keys and names what cannot be opened
+(corrupt: malformed or in the wrong row; undecryptable: it does not authenticate), changing
+nothing. `repair` moves those rows, byte for byte, into the quarantine table and lifts the
+degraded latch, so the rest of their records can be read and written again; it refuses when
+most rows are undecryptable (a wrong key, not damage) unless `--force` (specs/replica.md §7).
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.table import Table
+
+from clients.cli.console import ExitCode, fail, out, user_errors
+from clients.cli.settings import CliSettings
+from clients.device import opened_replica
+from replica import Diagnosis
+
+SHOWN_FINDINGS = 50
+"""Findings listed in the table; `--json` lists them all."""
+
+
+def diagnosis_to_json(diagnosis: Diagnosis) -> str:
+    findings = [
+        {
+            "table": f.table,
+            "key": f.row.key.hex(),
+            "node": f"{f.row.node:016x}",
+            "hlc": f.row.hlc,
+            "damage": f.damage,
+            "reason": f.reason,
+        }
+        for f in diagnosis.findings
+    ]
+    fields = {
+        "healthy": diagnosis.healthy,
+        "rows": diagnosis.rows,
+        "corrupt": diagnosis.corrupt,
+        "undecryptable": diagnosis.undecryptable,
+        "degraded_records": diagnosis.degraded_records,
+        "findings": findings,
+    }
+    return json.dumps(fields, sort_keys=True)
+
+
+def print_diagnosis(diagnosis: Diagnosis) -> None:
+    out.print(
+        f"{diagnosis.rows} rows: {diagnosis.corrupt} corrupt, {diagnosis.undecryptable} "
+        f"undecryptable; {diagnosis.degraded_records} degraded record(s)"
+    )
+    if not diagnosis.findings:
+        return
+    table = Table("table", "opaque key", "damage", "reason")
+    for finding in diagnosis.findings[:SHOWN_FINDINGS]:
+        table.add_row(finding.table, finding.row.key.hex(), finding.damage, finding.reason)
+    out.print(table)
+    if len(diagnosis.findings) > SHOWN_FINDINGS:
+        out.print(f"… and {len(diagnosis.findings) - SHOWN_FINDINGS} more (--json lists all)")
+
+
+@click.command("diagnose")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.pass_obj
+def diagnose(settings: CliSettings, as_json: bool) -> None:
+    """Open every stored version and name those that cannot be opened (changes nothing).
+    Exits 3 when it finds any."""
+    with user_errors(), opened_replica(settings.replica_path, settings.passphrase) as replica:
+        diagnosis = replica.diagnose()
+    if as_json:
+        click.echo(diagnosis_to_json(diagnosis))
+    else:
+        print_diagnosis(diagnosis)
+    if not diagnosis.healthy:
+        fail(
+            "the replica holds data that cannot be opened",
+            "`sealsync repair` keeps it in quarantine and lets its records be used again",
+            code=ExitCode.DAMAGED,
+        )
+
+
+@click.command("repair")
+@click.option("--force", is_flag=True, help="Repair even when most rows are undecryptable.")
+@click.pass_obj
+def repair(settings: CliSettings, force: bool) -> None:
+    """Move unreadable rows, verbatim, to quarantine and let their records be used again."""
+    with user_errors(), opened_replica(settings.replica_path, settings.passphrase) as replica:
+        report = replica.repair(force=force)
+    out.print(
+        f"repaired: {report.quarantined} row(s) quarantined, "
+        f"{report.unlatched_records} record(s) readable again"
+    )
+
+
+REPAIR_COMMANDS = (diagnose, repair)

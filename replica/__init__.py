@@ -18,6 +18,7 @@ from replica.errors import (
     StaleContextError,
     StoreError,
     UnknownEpochError,
+    WeakPassphraseError,
     WrongKeyError,
 )
 from replica.events import ChangeEvent
@@ -91,6 +92,7 @@ __all__ = [
     "SyncSession",
     "UnknownEpochError",
     "Version",
+    "WeakPassphraseError",
     "WrongKeyError",
     "backup_replica_file",
     "copy_replica_file",

@@ -50,6 +50,12 @@ class UnknownEpochError(SealsyncError):
     code = "unknown_epoch"
 
 
+class WeakPassphraseError(InvalidArgumentError):
+    """A new passphrase too easy to guess to protect an account (`replica.passphrase`)."""
+
+    code = "weak_passphrase"
+
+
 class KdfParametersError(SealsyncError):
     """Argon2id parameters outside the floors and ceilings, stored or served."""
 

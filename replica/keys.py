@@ -35,6 +35,7 @@ from replica.errors import (
     UnknownEpochError,
     WrongKeyError,
 )
+from replica.passphrase import check_new_passphrase
 from replica.wire import SALT_BYTES, KdfParams, auth_key_hash, check_kdf_params
 
 KEY_BYTES = 32
@@ -302,6 +303,7 @@ def new_account(
     schema: bytes | None = None,
 ) -> NewAccount:
     """Make an account id, an account key and a recovery key, and wrap the key twice."""
+    check_new_passphrase(passphrase)
     params = params or default_kdf_params(random_bytes)
     account_key = random_bytes(KEY_BYTES)
     recovery_key = format_recovery_key(random_bytes(KEY_BYTES))
@@ -354,6 +356,7 @@ def change_passphrase(
     bundle: KeyBundle, keys: AccountKeys, new_passphrase: str, random_bytes: RandomBytes
 ) -> tuple[KeyBundle, LoginKeys]:
     """Re-wrap the account key under a new passphrase and salt; records stay as they are."""
+    check_new_passphrase(new_passphrase)
     params = KdfParams(
         salt=random_bytes(SALT_BYTES),
         memory_kib=bundle.kdf.memory_kib,

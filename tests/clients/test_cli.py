@@ -225,6 +225,26 @@ def test_user_mistakes_are_one_error_line_and_change_nothing(
     assert dump(a) == before
 
 
+def relay_db(tmp_path: Path) -> Path:
+    """The database of the first relay `start_relay` made in this test's folder."""
+    return tmp_path / "relay0.db"
+
+
+def test_init_refuses_a_passphrase_too_easy_to_guess_and_makes_nothing(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    """`SEALSYNC_PASSPHRASE=a sealsync init` made an account (issue 12)."""
+    relay = start_relay()
+    a = tmp_path / "a.db"
+    made = cli(a, "init", "--relay", relay.url, "--account", "ann", passphrase="a")
+    assert_user_error(made, "too easy to guess", "unrelated words")
+    assert list(tmp_path.glob("a.db*")) == []
+    listed = CliRunner().invoke(
+        main, ["relay", "accounts", "--db", str(relay_db(tmp_path)), "--json"]
+    )
+    assert listed.exit_code == 0 and json.loads(listed.stdout) == []  # nothing registered
+
+
 @pytest.mark.parametrize(
     ("error", "hint"),
     [

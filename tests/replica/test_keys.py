@@ -21,7 +21,7 @@ import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.argon2 import Argon2id
 
-from replica import KdfParametersError, Replica, WrongKeyError
+from replica import KdfParametersError, Replica, WeakPassphraseError, WrongKeyError
 from replica.errors import ProtocolError, ReplicaLockedError, SealsyncError
 from replica.keys import (
     ACCOUNT_ID_BYTES,
@@ -33,6 +33,7 @@ from replica.keys import (
     bundle_to_bytes,
     format_recovery_key,
     hkdf,
+    new_account,
     open_info,
     parse_recovery_key,
     passphrase_login_keys,
@@ -537,3 +538,29 @@ def test_no_key_material_in_wrong_key_errors(
         with pytest.raises(WrongKeyError) as raised:
             attempt()
         assert_no_leak(error_text(raised.value), secrets)
+
+
+@pytest.mark.parametrize("weak", ["a", "hunter2", "password123456", "sealsync2026", "qwerty123"])
+def test_a_new_passphrase_too_easy_to_guess_is_refused_with_why_and_how(
+    make_replica: ReplicaFactory, weak: str
+) -> None:
+    """An account, or a passphrase change, never takes a passphrase an offline guesser would
+    find soon; the error says why and how to do better, never the passphrase."""
+    with pytest.raises(WeakPassphraseError) as refused:
+        new_account(weak, os.urandom)
+    message = f"{refused.value} {refused.value.hint}"
+    assert "too easy to guess" in message and refused.value.hint
+    assert len(weak) < 4 or weak not in message
+    replica = make_replica()
+    bundle = replica.key_bundle()
+    with pytest.raises(WeakPassphraseError):
+        replica.change_passphrase(weak)
+    assert replica.key_bundle() == bundle  # nothing changed
+
+
+def test_a_passphrase_long_enough_to_be_judged_by_its_start_is_judged_not_refused() -> None:
+    """zxcvbn judges 72 characters at most: a longer passphrase is judged by its start,
+    not refused for its length."""
+    floor = KdfParams(SALT, MIN_MEMORY_KIB, MIN_ITERATIONS, 1)
+    account = new_account("correct horse battery staple " * 4, os.urandom, floor)
+    assert account.recovery_key

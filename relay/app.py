@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio.to_thread
@@ -33,16 +33,15 @@ from relay.errors import (
     ForbiddenError,
     InvalidError,
     NotFoundError,
-    RateLimitedError,
     RelayError,
     TooLargeError,
     UnauthorizedError,
     VersionConflictError,
 )
 from relay.feed import HeadHub
+from relay.gate import Gate
 from relay.openapi import openapi_document
 from relay.storage import AccountRecord, Device, Storage, TokenRecord
-from relay.throttle import LoginFailures, TokenBuckets
 from replica.errors import KdfParametersError
 from replica.wire import (
     MAX_HLC,
@@ -93,16 +92,6 @@ class Endpoint:
     query: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class Caller:
-    """Who sent a request, from its access token."""
-
-    account: str
-    device_id: str
-    token_hash: bytes = field(repr=False)
-    expires_ms: int
-
-
 class RelayApi:
     """The handlers, bound to one storage, configuration and clock."""
 
@@ -111,48 +100,11 @@ class RelayApi:
         self.config = config
         self.clock_ms = clock_ms
         self.hub = HeadHub()
-        self.token_buckets = TokenBuckets(config.requests_per_second, config.burst, clock_ms)
-        self.address_buckets = TokenBuckets(config.requests_per_second, config.burst, clock_ms)
-        self.login_failures = LoginFailures(
-            config.max_login_failures, config.login_window_s, clock_ms
-        )
+        self.gate = Gate(storage, config, clock_ms)
 
     async def call(self, function: Callable[..., T], *args: Any) -> T:
         """Run a storage call in a worker thread: storage is synchronous."""
         return await anyio.to_thread.run_sync(function, *args)
-
-    # -- callers ----------------------------------------------------------------------------
-
-    def limit_address(self, request: Request) -> None:
-        """Per-address limits apply only behind a trusted proxy: elsewhere every client of a
-        NAT or a proxy would share one address and one bucket."""
-        peer = request.client.host if request.client else ""
-        if peer not in self.config.trusted_proxies:
-            return
-        forwarded = [
-            part.strip()
-            for part in request.headers.get("x-forwarded-for", "").split(",")
-            if part.strip()
-        ]
-        untrusted = [a for a in forwarded if a not in self.config.trusted_proxies]
-        address = untrusted[-1] if untrusted else peer
-        wait = self.address_buckets.take(address)
-        if wait is not None:
-            raise RateLimitedError("too many requests from this address", retry_after_s=wait)
-
-    async def caller(self, request: Request) -> Caller:
-        """The account and device of the request's access token; one answer for every way a
-        token can be wrong, so none of them can be told apart."""
-        self.limit_address(request)
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        digest = tokens.token_hash(token.strip()) if scheme.lower() == "bearer" else None
-        record = await self.call(self.storage.token, digest) if digest else None
-        if record is None or record.kind != "access" or record.expires_ms <= self.clock_ms():
-            raise UnauthorizedError()
-        wait = self.token_buckets.take(record.device_id + "/" + record.account)
-        if wait is not None:
-            raise RateLimitedError("too many requests with this token", retry_after_s=wait)
-        return Caller(record.account, record.device_id, record.hash, record.expires_ms)
 
     def new_session(
         self, account: str, device_id: str, state: RelayState
@@ -168,7 +120,7 @@ class RelayApi:
     # -- unauthenticated --------------------------------------------------------------------
 
     async def info(self, request: Request) -> Response:
-        self.limit_address(request)
+        self.gate.limit_address(request)
         info = RelayInfo(PROTOCOL_VERSION, self.config.limits(), self.config.open_signup)
         return codec.respond(request, info)
 
@@ -177,7 +129,7 @@ class RelayApi:
         return codec.respond(request, Health("ok"))
 
     async def prelogin(self, request: Request) -> Response:
-        self.limit_address(request)
+        self.gate.limit_unauthenticated(request)
         body = await codec.read(request, PreloginRequest)
         name = codec.check_name(body.account, "account name")
         record = await self.call(self.storage.account, name)
@@ -185,7 +137,7 @@ class RelayApi:
         return codec.respond(request, PreloginResponse(kdf))
 
     async def register(self, request: Request) -> Response:
-        self.limit_address(request)
+        self.gate.limit_unauthenticated(request)
         body = await codec.read(request, RegisterRequest)
         name = codec.check_name(body.account, "account name")
         device_name = codec.check_name(body.device_name, "device name")
@@ -223,19 +175,17 @@ class RelayApi:
         return codec.respond(request, msgspec.structs.replace(session, state=state), 201)
 
     async def login(self, request: Request) -> Response:
-        self.limit_address(request)
+        address = self.gate.limit_unauthenticated(request)
         body = await codec.read(request, LoginRequest)
         name = codec.check_name(body.account, "account name")
         device_name = codec.check_name(body.device_name, "device name")
-        wait = self.login_failures.wait_s(name)
-        if wait is not None:
-            raise RateLimitedError("too many failed logins; wait", retry_after_s=wait)
+        await self.gate.throttle_login(name, address)
         record = await self.call(self.storage.account, name)
         known = (record.auth_hash, record.recovery_hash) if record else (None, None)
         if not tokens.key_matches(body.auth_key, *known) or record is None:
-            self.login_failures.failed(name)
+            await self.gate.login_failed(name, address)
             raise BadCredentialsError()
-        self.login_failures.succeeded(name)
+        await self.call(self.storage.clear_login_failures, name, address)
         device_id = tokens.new_device_id()
         state = await self.call(self.storage.state, name)
         session, records = self.new_session(name, device_id, state)
@@ -246,7 +196,7 @@ class RelayApi:
         return codec.respond(request, session)
 
     async def refresh(self, request: Request) -> Response:
-        self.limit_address(request)
+        self.gate.limit_unauthenticated(request)
         body = await codec.read(request, RefreshRequest)
         digest = tokens.token_hash(body.refresh_token)
         record = await self.call(self.storage.token, digest) if digest else None
@@ -263,13 +213,13 @@ class RelayApi:
     # -- account and devices ----------------------------------------------------------------
 
     async def devices(self, request: Request) -> Response:
-        caller = await self.caller(request)
+        caller = await self.gate.caller(request)
         devices = await self.call(self.storage.devices, caller.account)
         listed = [DeviceInfo(d.id, d.name, d.created_ms, d.id == caller.device_id) for d in devices]
         return codec.respond(request, DeviceList(listed))
 
     async def rename_device(self, request: Request) -> Response:
-        caller = await self.caller(request)
+        caller = await self.gate.caller(request)
         body = await codec.read(request, RenameDevice)
         new_name = codec.check_name(body.name, "device name")
         device_id = _device_id(request)
@@ -278,7 +228,7 @@ class RelayApi:
         return Response(status_code=204)
 
     async def revoke_device(self, request: Request) -> Response:
-        caller = await self.caller(request)
+        caller = await self.gate.caller(request)
         device_id = _device_id(request)
         if not await self.call(self.storage.revoke_device, caller.account, device_id):
             raise NotFoundError("no such device")
@@ -286,14 +236,14 @@ class RelayApi:
         return Response(status_code=204)
 
     async def get_keys(self, request: Request) -> Response:
-        caller = await self.caller(request)
+        caller = await self.gate.caller(request)
         record = await self.call(self.storage.account, caller.account)
         if record is None:
             raise UnauthorizedError()
         return codec.respond(request, KeyBundleValue(record.bundle, record.bundle_version))
 
     async def put_keys(self, request: Request) -> Response:
-        caller = await self.caller(request)
+        caller = await self.gate.caller(request)
         body = await codec.read(request, PutKeyBundle)
         try:
             check_kdf_params(body.kdf)
@@ -318,7 +268,7 @@ class RelayApi:
         return codec.respond(request, KeyBundleValue(body.bundle, version))
 
     async def delete_account(self, request: Request) -> Response:
-        caller = await self.caller(request)
+        caller = await self.gate.caller(request)
         body = await codec.read(request, DeleteAccount)
         record = await self.call(self.storage.account, caller.account)
         known = (record.auth_hash, record.recovery_hash) if record else (None, None)
@@ -331,17 +281,17 @@ class RelayApi:
     # -- versions ---------------------------------------------------------------------------
 
     async def state(self, request: Request) -> Response:
-        caller = await self.caller(request)
+        caller = await self.gate.caller(request)
         return codec.respond(request, await self.call(self.storage.state, caller.account))
 
     async def reseed(self, request: Request) -> Response:
-        caller = await self.caller(request)
+        caller = await self.gate.caller(request)
         state = await self.call(self.storage.reseed, caller.account)
         log.info("account reseeded", extra={"device": caller.device_id})
         return codec.respond(request, state)
 
     async def push(self, request: Request) -> Response:
-        caller = await self.caller(request)
+        caller = await self.gate.caller(request)
         batch = await codec.read(request, PushBatch)
         if len(batch.envelopes) > self.config.max_push_envelopes:
             raise TooLargeError(
@@ -359,14 +309,14 @@ class RelayApi:
         return codec.respond(request, result)
 
     async def pull(self, request: Request) -> Response:
-        caller = await self.caller(request)
+        caller = await self.gate.caller(request)
         cursor = _query_int(request, "cursor", 0, 0, MAX_HLC)
         limit = _query_int(request, "limit", self.config.page_size, 1, self.config.page_size)
         page = await self.call(self.storage.pull, caller.account, cursor, limit)
         return codec.respond(request, page)
 
     async def events(self, request: Request) -> Response:
-        caller = await self.caller(request)
+        caller = await self.gate.caller(request)
         seen = _last_event_id(request)
         self.hub.bind(asyncio.get_running_loop())
 

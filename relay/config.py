@@ -43,7 +43,13 @@ class RelayConfig:
     """Per token, and per client address behind a trusted proxy (token bucket)."""
     burst: int = 200
     max_login_failures: int = 10
-    """Failed logins per account name within `login_window_s` before logins wait."""
+    """Failed logins per account name from one client address within `login_window_s`
+    before that address's logins for it wait (other addresses are not affected)."""
+    account_login_failures: int = 100
+    """Failed logins per account name from every address within `login_window_s` beyond
+    which each login for it is slowed by `slow_login_ms`: slowed, never refused, so no one
+    can lock a person out of their account by failing on purpose."""
+    slow_login_ms: int = 2000
     login_window_s: int = 15 * 60
     access_token_s: int = 60 * 60
     refresh_token_s: int = 180 * 24 * 60 * 60

@@ -15,7 +15,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-SCHEMA_VERSION = 1
 SCHEMA = """
 CREATE TABLE meta (name TEXT PRIMARY KEY, value {bytes} NOT NULL){strict};
 CREATE TABLE accounts (
@@ -63,7 +62,21 @@ CREATE TABLE versions (
 ){strict};
 CREATE INDEX versions_by_key ON versions (account, key)
 """
-"""The tables of both databases; a backend fills in its column types (`Types`)."""
+"""The tables of both databases as first made; a backend fills in its column types (`Types`)."""
+LOGIN_FAILURES = """
+-- failed logins per (account name, client address), for names that exist or not alike: in
+-- the database, so that no relay process forgets them and no flood of names evicts one
+CREATE TABLE login_failures (
+    name TEXT NOT NULL,
+    address TEXT NOT NULL,
+    at_ms {int} NOT NULL
+){strict};
+CREATE INDEX login_failures_by_name ON login_failures (name, at_ms);
+CREATE INDEX login_failures_by_time ON login_failures (at_ms)
+"""
+SCHEMA_STEPS = (SCHEMA, LOGIN_FAILURES)
+"""Step n makes a database of schema n - 1 one of schema n; a new one runs them all."""
+SCHEMA_VERSION = len(SCHEMA_STEPS)
 
 VERSION_COLUMNS = "account, seq, key, node, hlc, vector, digest, envelope"
 
@@ -122,11 +135,17 @@ class Transaction(ABC):
         """Tell other relay processes of a new head, as part of this transaction."""
 
 
+def upgrade_tables(tx: Transaction, types: Types, version: int) -> None:
+    """Bring the tables of a database of schema `version` to `SCHEMA_VERSION`."""
+    for step in SCHEMA_STEPS[version:]:
+        for statement in step.format(**types._asdict()).split(";"):
+            if statement.strip():
+                tx.run(statement)
+
+
 def create_tables(tx: Transaction, types: Types, new_id: Callable[[], str]) -> None:
     """Make the tables and the meta rows of a new database."""
-    for statement in SCHEMA.format(**types._asdict()).split(";"):
-        if statement.strip():
-            tx.run(statement)
+    upgrade_tables(tx, types, 0)
     tx.run(
         "INSERT INTO meta (name, value) VALUES ('storage_id', ?), ('secret', ?)",
         (new_id().encode(), secrets.token_bytes(32)),

@@ -27,6 +27,7 @@ from relay.storage import (
     AccountSummary,
     Device,
     HeadListener,
+    LoginFailures,
     TokenRecord,
     VersionRules,
     new_random_id,
@@ -93,6 +94,8 @@ class MemoryRelay:
         self._accounts: dict[str, _Account] = {}
         self._tokens: dict[bytes, TokenRecord] = {}
         self._invites: dict[bytes, int] = {}
+        self._login_failures: dict[str, list[tuple[str, int]]] = {}
+        """name → (address, at_ms) of each failed login still remembered."""
         self._listeners: list[HeadListener] = []
         self._mutex = threading.RLock()
 
@@ -181,6 +184,23 @@ class MemoryRelay:
                 for name, entry in sorted(self._accounts.items())
                 if entry.record is not None
             ]
+
+    def login_failures(self, name: str, address: str, since_ms: int) -> LoginFailures:
+        with self._mutex:
+            recent = [(a, at) for a, at in self._login_failures.get(name, []) if at > since_ms]
+        mine = [at for a, at in recent if a == address]
+        return LoginFailures(len(mine), len(recent), min(mine, default=None))
+
+    def add_login_failure(self, name: str, address: str, at_ms: int, forget_before_ms: int) -> None:
+        with self._mutex:
+            for failures in self._login_failures.values():
+                failures[:] = [(a, at) for a, at in failures if at > forget_before_ms]
+            self._login_failures.setdefault(name, []).append((address, at_ms))
+
+    def clear_login_failures(self, name: str, address: str) -> None:
+        with self._mutex:
+            failures = self._login_failures.get(name, [])
+            failures[:] = [(a, at) for a, at in failures if a != address]
 
     # -- devices and tokens -----------------------------------------------------------------
 

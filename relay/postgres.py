@@ -202,13 +202,25 @@ class PostgresStorage(SQLStorage):
                     "INSERT INTO meta (name, value) VALUES ('schema_version', ?)",
                     (str(dialect.SCHEMA_VERSION).encode(),),
                 )
-            (version,) = tx.one("SELECT value FROM meta WHERE name = 'schema_version'") or (b"",)
-            if version != str(dialect.SCHEMA_VERSION).encode():
-                raise InvalidArgumentError(
-                    f"schema {self._schema!r} is relay schema {version.decode()}; this relay reads "
-                    f"{dialect.SCHEMA_VERSION}"
-                )
+            else:
+                self._upgrade(tx)
             return dialect.read_meta(tx)
+
+    def _upgrade(self, tx: PostgresTransaction) -> None:
+        """Bring an existing schema's tables to `SCHEMA_VERSION`, one step at a time."""
+        (value,) = tx.one("SELECT value FROM meta WHERE name = 'schema_version'") or (b"",)
+        version = int(value) if value.isdigit() else -1
+        if not 1 <= version <= dialect.SCHEMA_VERSION:
+            raise InvalidArgumentError(
+                f"schema {self._schema!r} is relay schema {value.decode(errors='replace')}; "
+                f"this relay reads up to {dialect.SCHEMA_VERSION}",
+                hint="upgrade sealsync",
+            )
+        dialect.upgrade_tables(tx, TYPES, version)
+        tx.run(
+            "UPDATE meta SET value = ? WHERE name = 'schema_version'",
+            (str(dialect.SCHEMA_VERSION).encode(),),
+        )
 
     @contextmanager
     def _write(self) -> Iterator[dialect.Transaction]:

@@ -25,6 +25,7 @@ from relay.storage import (
     AccountSummary,
     Device,
     HeadListener,
+    LoginFailures,
     TokenKind,
     TokenRecord,
     VersionRules,
@@ -200,6 +201,29 @@ class SQLStorage(ABC):
                 " a.stored_bytes, a.head FROM accounts a ORDER BY a.name"
             )
         return [AccountSummary(*row) for row in rows]
+
+    def login_failures(self, name: str, address: str, since_ms: int) -> LoginFailures:
+        with self._read() as tx:
+            row = tx.one(
+                "SELECT count(CASE WHEN address = ? THEN 1 END), count(*),"
+                " min(CASE WHEN address = ? THEN at_ms END)"
+                " FROM login_failures WHERE name = ? AND at_ms > ?",
+                (address, address, name, since_ms),
+            )
+        from_address, from_anywhere, oldest = row or (0, 0, None)
+        return LoginFailures(from_address, from_anywhere, oldest)
+
+    def add_login_failure(self, name: str, address: str, at_ms: int, forget_before_ms: int) -> None:
+        with self._write() as tx:
+            tx.run("DELETE FROM login_failures WHERE at_ms <= ?", (forget_before_ms,))
+            tx.run(
+                "INSERT INTO login_failures (name, address, at_ms) VALUES (?, ?, ?)",
+                (name, address, at_ms),
+            )
+
+    def clear_login_failures(self, name: str, address: str) -> None:
+        with self._write() as tx:
+            tx.run("DELETE FROM login_failures WHERE name = ? AND address = ?", (name, address))
 
     # -- devices and tokens -----------------------------------------------------------------
 

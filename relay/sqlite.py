@@ -195,13 +195,17 @@ class SQLiteStorage(SQLStorage):
     def _initialise(self) -> tuple[str, bytes]:
         with self._write() as tx:
             (version,) = self._writer.execute("PRAGMA user_version").fetchone()
+            if version > dialect.SCHEMA_VERSION:
+                raise InvalidArgumentError(
+                    f"{self._path} is relay schema {version}; this relay reads up to "
+                    f"{dialect.SCHEMA_VERSION}",
+                    hint="upgrade sealsync",
+                )
             if version == 0:
                 dialect.create_tables(tx, TYPES, self._new_id)
-                self._writer.execute(f"PRAGMA user_version={dialect.SCHEMA_VERSION}")
-            elif version != dialect.SCHEMA_VERSION:
-                raise InvalidArgumentError(
-                    f"{self._path} is relay schema {version}; this relay reads {dialect.SCHEMA_VERSION}"
-                )
+            else:
+                dialect.upgrade_tables(tx, TYPES, version)
+            self._writer.execute(f"PRAGMA user_version={dialect.SCHEMA_VERSION}")
             return dialect.read_meta(tx)
 
     def close(self) -> None:

@@ -65,6 +65,16 @@ class AccountSummary:
     head: int
 
 
+@dataclass(frozen=True)
+class LoginFailures:
+    """Failed logins for one account name within a window: from one client address, from
+    every address, and when the oldest one from that address was (its wait ends with it)."""
+
+    from_address: int
+    from_anywhere: int
+    oldest_from_address_ms: int | None
+
+
 class Storage(Protocol):
     """A relay's durable state. Methods are synchronous; the app calls them off its loop."""
 
@@ -109,6 +119,19 @@ class Storage(Protocol):
     def add_invite(self, invite_hash: bytes, expires_ms: int) -> None: ...
 
     def accounts(self) -> list[AccountSummary]: ...
+
+    def login_failures(self, name: str, address: str, since_ms: int) -> LoginFailures:
+        """The failed logins for `name` after `since_ms`, known account or not."""
+        ...
+
+    def add_login_failure(self, name: str, address: str, at_ms: int, forget_before_ms: int) -> None:
+        """Count one failed login; every failure at or before `forget_before_ms` (past every
+        window) is forgotten on the way."""
+        ...
+
+    def clear_login_failures(self, name: str, address: str) -> None:
+        """A correct login from `address` forgives that address's failures for `name`."""
+        ...
 
     # -- devices and tokens -----------------------------------------------------------------
 

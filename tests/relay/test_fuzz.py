@@ -51,12 +51,14 @@ class Limits(TypedDict):
     requests_per_second: float
     burst: int
     max_login_failures: int
+    account_login_failures: int
 
 
 UNLIMITED: Limits = {
     "requests_per_second": 1e9,
     "burst": 1_000_000_000,
     "max_login_failures": 1_000_000_000,
+    "account_login_failures": 1_000_000_000,
 }
 """Rate limits out of the way (the fake clock never moves), so every example reaches a handler."""
 

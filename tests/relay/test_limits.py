@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2
 import msgspec
 import pytest
+from starlette.testclient import TestClient
 
+from relay.app import create_app
 from relay.config import RelayConfig, load_config
 from replica.errors import InvalidArgumentError
 from replica.wire import (
@@ -18,6 +21,7 @@ from replica.wire import (
     MAX_ENVELOPE_BYTES,
     LoginRequest,
     Page,
+    PreloginRequest,
     PushBatch,
     PushResult,
 )
@@ -340,6 +344,77 @@ def test_failed_logins(relays: Relays, failures: int, status: int) -> None:
     assert right.status_code == status
     if status == 429:
         assert code_of(right) == "rate_limited" and 1 <= int(right.headers["retry-after"]) <= 60
+
+
+def login(client: TestClient, name: str, auth_key: bytes) -> int:
+    answer = client.post(
+        "/v1/login", content=body(LoginRequest(name, auth_key, "x")), headers=MSGPACK
+    )
+    return answer.status_code
+
+
+def test_bad_logins_from_one_address_never_lock_out_another(relays: Relays) -> None:
+    """Failing on purpose from one address (anyone who knows the name can) makes that
+    address wait, never the person logging in from elsewhere with the right key."""
+    relay = relays(max_login_failures=3, login_window_s=60)
+    keys = new_keys()
+    register(relay.client, "bob", keys)
+    attacker = TestClient(relay.app, client=("203.0.113.66", 40000))
+    assert [login(attacker, "bob", b"w" * 32) for _ in range(4)] == [401, 401, 401, 429]
+    assert login(attacker, "bob", keys.auth_key) == 429  # this address waits out the window
+    assert login(relay.client, "bob", keys.auth_key) == 200  # bob, from his own address
+
+
+def test_failed_logins_from_every_address_slow_logins_but_never_refuse_them(
+    relays: Relays,
+) -> None:
+    relay = relays(max_login_failures=3, account_login_failures=4, slow_login_ms=300)
+    keys = new_keys()
+    register(relay.client, "bob", keys)
+    for n in range(4):  # a few from each of many addresses: none alone reaches its bound
+        guesser = TestClient(relay.app, client=(f"198.51.100.{n}", 40000))
+        assert login(guesser, "bob", b"w" * 32) == 401
+    started = time.monotonic()
+    assert login(relay.client, "bob", keys.auth_key) == 200  # slowed, still let in
+    assert time.monotonic() - started >= 0.3
+
+
+def test_failed_logins_outlive_the_relay_process_that_counted_them(relays: Relays) -> None:
+    """Counted in the storage: a restarted relay process (or another one of a fleet) knows
+    them, and no flood of other names can push one out."""
+    relay = relays(max_login_failures=3, login_window_s=60, requests_per_second=1e6, burst=10**6)
+    keys = new_keys()
+    register(relay.client, "bob", keys)
+    assert [login(relay.client, "bob", b"w" * 32) for _ in range(3)] == [401] * 3
+    for n in range(300):
+        login(relay.client, f"junk{n}", b"w" * 32)
+    restarted = create_app(relay.storage, relay.config, clock_ms=relay.clock)
+    with TestClient(restarted, client=("testclient", 50000)) as client:
+        assert login(client, "bob", keys.auth_key) == 429
+        relay.clock.advance(61_000)  # the window passes
+        assert login(client, "bob", keys.auth_key) == 200
+
+
+def test_unauthenticated_requests_are_limited_per_address_even_without_a_proxy(
+    relays: Relays, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Prelogin, register, login and refresh need no token, so a flood of them is limited
+    per address: the peer's when no trusted proxy is set, whatever X-Forwarded-For claims
+    (ignored, and said once in the log)."""
+    relay = relays(requests_per_second=1.0, burst=3)
+
+    def prelogin(client: TestClient, forwarded: str = "") -> int:
+        headers = {**MSGPACK, **({"x-forwarded-for": forwarded} if forwarded else {})}
+        content = body(PreloginRequest("bob"))
+        return client.post("/v1/prelogin", content=content, headers=headers).status_code
+
+    with caplog.at_level("WARNING", logger="sealsync.relay.gate"):
+        statuses = [prelogin(relay.client, f"192.0.2.{n}") for n in range(4)]
+    assert statuses == [200, 200, 200, 429]
+    warned = [r for r in caplog.records if "X-Forwarded-For" in r.getMessage()]
+    assert len(warned) == 1
+    assert prelogin(TestClient(relay.app, client=("198.51.100.9", 40000))) == 200
+    assert relay.client.get("/v1/info").status_code == 200  # info and health stay open
 
 
 # -- settings -------------------------------------------------------------------------------

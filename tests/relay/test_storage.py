@@ -6,17 +6,25 @@ from __future__ import annotations
 
 import hashlib
 import random
+import sqlite3
 import threading
 from dataclasses import replace
+from pathlib import Path
 
+import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
+import relay.postgres
 import relay.sqlite
+from relay import dialect
+from relay.dialect import Types
 from relay.errors import AccountExistsError, ForbiddenError, QuotaExceededError
 from relay.memory import MemoryRelay
-from relay.storage import Device, Storage, TokenRecord
+from relay.storage import Device, LoginFailures, Storage, TokenRecord, VersionRules
 from replica.wire import MAX_HLC, KdfParams, PushBatch, parse_header
 from tests.conftest import FakeClock
 from tests.relay.conftest import (
@@ -25,6 +33,8 @@ from tests.relay.conftest import (
     StorageFactory,
     account_record,
     envelope,
+    fresh_schema,
+    postgres_url,
     register,
 )
 
@@ -521,3 +531,69 @@ def test_a_refresh_clears_the_devices_expired_tokens(storage: Storage) -> None:
     assert storage.token(expired.hash) is None  # expired, of the refreshing device: gone
     assert storage.token(live.hash) == live and storage.token(new.hash) == new
     assert storage.token(other.hash) == other  # another device's tokens are its own business
+
+
+def test_failed_logins_are_counted_per_name_and_address_and_forgotten_after_the_window(
+    storage: Storage,
+) -> None:
+    for name, address, at_ms in [("bob", "a", 1000), ("bob", "a", 2000), ("bob", "b", 3000)]:
+        storage.add_login_failure(name, address, at_ms, forget_before_ms=0)
+    storage.add_login_failure("eve", "a", 3000, forget_before_ms=0)
+    assert storage.login_failures("bob", "a", 0) == LoginFailures(2, 3, 1000)
+    assert storage.login_failures("bob", "a", 1000) == LoginFailures(1, 2, 2000)  # after since
+    assert storage.login_failures("bob", "c", 0) == LoginFailures(0, 3, None)
+    storage.clear_login_failures("bob", "a")
+    assert storage.login_failures("bob", "a", 0) == LoginFailures(0, 1, None)
+    storage.add_login_failure("carol", "a", 5000, forget_before_ms=3000)  # past every window
+    assert storage.login_failures("bob", "b", 0) == LoginFailures(0, 0, None)
+    assert storage.login_failures("eve", "a", 0) == LoginFailures(0, 0, None)
+    assert storage.login_failures("carol", "a", 0) == LoginFailures(1, 1, 5000)
+
+
+def first_schema_statements(types: Types) -> list[str]:
+    """The DDL of the first relay schema, as a database made then holds it."""
+    return [st for st in dialect.SCHEMA.format(**types._asdict()).split(";") if st.strip()]
+
+
+def test_a_sqlite_relay_of_the_first_schema_opens_and_counts_failed_logins(
+    tmp_path: Path,
+) -> None:
+    """A relay file made before failed logins were stored is brought up to date on open."""
+    path = tmp_path / "relay.db"
+    with sqlite3.connect(path) as db:
+        for statement in first_schema_statements(relay.sqlite.TYPES):
+            db.execute(statement)
+        db.execute("INSERT INTO meta VALUES ('storage_id', ?), ('secret', ?)", (b"s" * 32, b"k"))
+        db.execute("PRAGMA user_version=1")
+    storage = relay.sqlite.SQLiteStorage(path, VersionRules(FakeClock(NOW_MS)))
+    try:
+        storage.add_login_failure("bob", "a", NOW_MS, forget_before_ms=0)
+        assert storage.login_failures("bob", "a", 0).from_address == 1
+        assert storage.storage_id == "s" * 32
+    finally:
+        storage.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone() == (dialect.SCHEMA_VERSION,)
+
+
+def test_a_postgres_relay_of_the_first_schema_opens_and_counts_failed_logins() -> None:
+    url = postgres_url()
+    with fresh_schema() as schema:
+        with psycopg.connect(make_conninfo(url, options=f"-c search_path={schema}")) as db:
+            db.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+            for statement in first_schema_statements(relay.postgres.TYPES):
+                db.execute(sql.SQL(statement))
+            db.execute(
+                "INSERT INTO meta VALUES ('schema_version', '1'), ('storage_id', %s),"
+                " ('secret', %s)",
+                (b"s" * 32, b"k"),
+            )
+        storage = relay.postgres.PostgresStorage(
+            url, VersionRules(FakeClock(NOW_MS)), schema=schema
+        )
+        try:
+            storage.add_login_failure("bob", "a", NOW_MS, forget_before_ms=0)
+            assert storage.login_failures("bob", "a", 0).from_address == 1
+            assert storage.storage_id == "s" * 32
+        finally:
+            storage.close()

@@ -89,7 +89,7 @@ def join_account(
     """
     keys = secret.login_keys(client.prelogin(account).kdf)  # the relay's KDF parameters
     log_in(client, account, keys, device_name)
-    replica = Replica.join(path, client.key_bundle().bundle, options=options)
+    replica = Replica.join(path, client.key_bundle(keys.auth_key).bundle, options=options)
     try:
         secret.unlock(replica, keys)
     except BaseException:

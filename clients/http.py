@@ -38,6 +38,7 @@ from replica.wire import (
     ErrorBody,
     ErrorCode,
     KeyBundleValue,
+    KeyProof,
     LoginRequest,
     Page,
     PreloginRequest,
@@ -240,11 +241,15 @@ class RelayClient:
         path = f"/v1/devices/{device_id}"
         self._expect_empty(self._send("PATCH", path, body=RenameDevice(name)))
 
-    def revoke_device(self, device_id: str) -> None:
-        self._expect_empty(self._send("DELETE", f"/v1/devices/{device_id}"))
+    def revoke_device(self, device_id: str, auth_key: bytes) -> None:
+        """End another device's access; takes the account's current auth key."""
+        path = f"/v1/devices/{device_id}"
+        self._expect_empty(self._send("DELETE", path, body=KeyProof(auth_key)))
 
-    def key_bundle(self) -> KeyBundleValue:
-        return self._decode(self._send("GET", "/v1/keys"), KeyBundleValue)
+    def key_bundle(self, auth_key: bytes) -> KeyBundleValue:
+        """The account's key bundle and its version; takes the current auth key."""
+        answer = self._send("POST", "/v1/keys/read", body=KeyProof(auth_key))
+        return self._decode(answer, KeyBundleValue)
 
     def put_key_bundle(self, request: PutKeyBundle) -> KeyBundleValue:
         return self._decode(self._send("PUT", "/v1/keys", body=request), KeyBundleValue)
@@ -257,9 +262,11 @@ class RelayClient:
     def state(self) -> RelayState:
         return self._decode(self._send("GET", "/v1/state"), RelayState)
 
-    def reseed(self) -> RelayState:
-        """A new account epoch (specs/protocol.md §4.5): every other device will reseed."""
-        return self._decode(self._send("POST", "/v1/reseed"), RelayState)
+    def reseed(self, auth_key: bytes) -> RelayState:
+        """A new account epoch (specs/protocol.md §4.5): every other device will reseed.
+        Takes the account's current auth key."""
+        answer = self._send("POST", "/v1/reseed", body=KeyProof(auth_key))
+        return self._decode(answer, RelayState)
 
     def push(self, batch: PushBatch) -> PushResult:
         return self._decode(self._send("POST", "/v1/push", body=batch), PushResult)

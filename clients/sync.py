@@ -262,20 +262,22 @@ class SyncDriver:
             self._round(session, tally)
         return tally.report(self._retrier.retries - retries)
 
-    def reseed(self, cause: RollbackError | None = None) -> SyncReport:
+    def reseed(self, auth_key: bytes, cause: RollbackError | None = None) -> SyncReport:
         """Push every version this device holds again and pull everything (protocol §4.5).
 
         The relay is asked for a new account epoch — so that every other device reseeds too —
         unless `cause` is an epoch change: that was another device's reseed, and asking again
-        would make the devices reseed each other forever. A relay that lost the account
-        answers `unauthorized`: `clients.access.regain_access` registers it again first.
+        would make the devices reseed each other forever. Asking takes the account's current
+        `auth_key`: a token alone cannot make every device reseed. A relay that lost the
+        account answers `unauthorized`: `clients.access.regain_access` registers it again
+        first.
         """
         if cause is None or not is_epoch_change(cause):
-            self._ask_for_new_epoch()
+            self._ask_for_new_epoch(auth_key)
         self._session().reseed()
         return self.sync()
 
-    def _ask_for_new_epoch(self) -> None:
+    def _ask_for_new_epoch(self, auth_key: bytes) -> None:
         """POST /v1/reseed draws a new epoch each time, so it is not sent again blindly after
         an unknown outcome: each try first reads the relay's state, and stops once the epoch
         has changed (an earlier try landed, or another device reseeded meanwhile)."""
@@ -283,7 +285,7 @@ class SyncDriver:
 
         def ask() -> None:
             if self._client.state().account_epoch == before:
-                self._client.reseed()
+                self._client.reseed(auth_key)
 
         self._retrier.call(ask)
 

@@ -39,7 +39,7 @@ from relay.errors import (
     VersionConflictError,
 )
 from relay.feed import HeadHub
-from relay.gate import Gate
+from relay.gate import Caller, Gate
 from relay.openapi import openapi_document
 from relay.storage import AccountRecord, Device, Storage, TokenRecord
 from replica.errors import KdfParametersError
@@ -53,6 +53,7 @@ from replica.wire import (
     ErrorCode,
     Health,
     KeyBundleValue,
+    KeyProof,
     LoginRequest,
     Page,
     PreloginRequest,
@@ -229,17 +230,18 @@ class RelayApi:
 
     async def revoke_device(self, request: Request) -> Response:
         caller = await self.gate.caller(request)
+        body = await codec.read(request, KeyProof)
+        await self.prove(caller, body.auth_key, "revoking a device")
         device_id = _device_id(request)
         if not await self.call(self.storage.revoke_device, caller.account, device_id):
             raise NotFoundError("no such device")
         log.info("device revoked", extra={"device": device_id})
         return Response(status_code=204)
 
-    async def get_keys(self, request: Request) -> Response:
+    async def read_keys(self, request: Request) -> Response:
         caller = await self.gate.caller(request)
-        record = await self.call(self.storage.account, caller.account)
-        if record is None:
-            raise UnauthorizedError()
+        body = await codec.read(request, KeyProof)
+        record = await self.prove(caller, body.auth_key, "reading the key bundle")
         return codec.respond(request, KeyBundleValue(record.bundle, record.bundle_version))
 
     async def put_keys(self, request: Request) -> Response:
@@ -249,10 +251,7 @@ class RelayApi:
             check_kdf_params(body.kdf)
         except KdfParametersError as exc:
             raise InvalidError(str(exc)) from exc
-        record = await self.call(self.storage.account, caller.account)
-        known = (record.auth_hash, record.recovery_hash) if record else (None, None)
-        if not tokens.key_matches(body.current_auth_key, *known):
-            raise ForbiddenError("replacing the key bundle takes the current auth key")
+        await self.prove(caller, body.current_auth_key, "replacing the key bundle")
         version = await self.call(
             self.storage.put_key_bundle,
             caller.account,
@@ -263,20 +262,26 @@ class RelayApi:
         )
         if version is None:
             raise VersionConflictError(
-                f"the key bundle is no longer version {body.expected_version}; read it again"
+                f"the key bundle is no longer at version {body.expected_version}"
             )
         return codec.respond(request, KeyBundleValue(body.bundle, version))
 
     async def delete_account(self, request: Request) -> Response:
         caller = await self.gate.caller(request)
         body = await codec.read(request, DeleteAccount)
-        record = await self.call(self.storage.account, caller.account)
-        known = (record.auth_hash, record.recovery_hash) if record else (None, None)
-        if not tokens.key_matches(body.auth_key, *known):
-            raise ForbiddenError("deleting the account takes its auth key")
+        await self.prove(caller, body.auth_key, "deleting the account")
         await self.call(self.storage.delete_account, caller.account)
         log.info("account deleted", extra={"device": caller.device_id})
         return Response(status_code=204)
+
+    async def prove(self, caller: Caller, auth_key: bytes, what: str) -> AccountRecord:
+        """The caller's account, once `auth_key` proves the caller holds one of its secrets
+        now (the passphrase's or the recovery key's): a token alone is not enough for `what`."""
+        record = await self.call(self.storage.account, caller.account)
+        known = (record.auth_hash, record.recovery_hash) if record else (None, None)
+        if record is None or not tokens.key_matches(auth_key, *known):
+            raise ForbiddenError(f"{what} takes the account's current auth key")
+        return record
 
     # -- versions ---------------------------------------------------------------------------
 
@@ -286,6 +291,8 @@ class RelayApi:
 
     async def reseed(self, request: Request) -> Response:
         caller = await self.gate.caller(request)
+        body = await codec.read(request, KeyProof)
+        await self.prove(caller, body.auth_key, "a reseed")
         state = await self.call(self.storage.reseed, caller.account)
         log.info("account reseeded", extra={"device": caller.device_id})
         return codec.respond(request, state)
@@ -430,10 +437,18 @@ ENDPOINTS = (
         "DELETE",
         "/v1/devices/{device_id}",
         RelayApi.revoke_device,
-        "revoke a device and its tokens",
+        "revoke a device and its tokens (takes the current auth key)",
+        KeyProof,
         status=204,
     ),
-    Endpoint("GET", "/v1/keys", RelayApi.get_keys, "the key bundle", answer=KeyBundleValue),
+    Endpoint(
+        "POST",
+        "/v1/keys/read",
+        RelayApi.read_keys,
+        "the key bundle (takes the current auth key)",
+        KeyProof,
+        KeyBundleValue,
+    ),
     Endpoint(
         "PUT",
         "/v1/keys",
@@ -451,7 +466,14 @@ ENDPOINTS = (
         status=204,
     ),
     Endpoint("GET", "/v1/state", RelayApi.state, "relay state of the account", answer=RelayState),
-    Endpoint("POST", "/v1/reseed", RelayApi.reseed, "a new account epoch", answer=RelayState),
+    Endpoint(
+        "POST",
+        "/v1/reseed",
+        RelayApi.reseed,
+        "a new account epoch (takes the current auth key)",
+        KeyProof,
+        RelayState,
+    ),
     Endpoint(
         "POST",
         "/v1/push",

@@ -34,7 +34,7 @@ import msgspec
 
 from replica.errors import InvalidArgumentError, KdfParametersError, ProtocolError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 FORMAT_VERSION = 1
 ALGORITHM_AES_256_GCM = 1
 KEY_BYTES = 16
@@ -443,6 +443,14 @@ class DeviceList(msgspec.Struct, frozen=True):
 
 class RenameDevice(msgspec.Struct, frozen=True):
     name: DeviceName
+
+
+class KeyProof(Redacted, frozen=True):
+    """The account's current auth key, sent again with what a token alone must not do:
+    revoke a device, ask for a reseed, read the key bundle. A stolen access token then
+    changes nothing of the account and learns nothing of its keys."""
+
+    auth_key: AuthKey
 
 
 class DeleteAccount(Redacted, frozen=True):

@@ -36,8 +36,11 @@ def created_to_text(created_ms: int) -> str:
     return moment.strftime("%Y-%m-%d %H:%M UTC")
 
 
-def revoke(client: RelayClient, listed: list[DeviceInfo], device_id: str) -> None:
-    """Revoke another device of the account; this one and unknown ids are refused first."""
+def revoke(
+    client: RelayClient, listed: list[DeviceInfo], device_id: str, auth_key: Callable[[], bytes]
+) -> None:
+    """Revoke another device of the account; this one and unknown ids are refused first,
+    before the passphrase is asked for (`auth_key`)."""
     found = next((d for d in listed if d.id == device_id), None)
     if found is None:
         raise InvalidArgumentError(
@@ -47,7 +50,15 @@ def revoke(client: RelayClient, listed: list[DeviceInfo], device_id: str) -> Non
         raise InvalidArgumentError(
             f"{device_id!r} is this device", hint="revoke it from another device of the account"
         )
-    client.revoke_device(device_id)
+    client.revoke_device(device_id, auth_key())
+
+
+def current_auth_key(settings: CliSettings) -> bytes:
+    """The auth key of the passphrase (asked for), under this replica's KDF parameters: what
+    the relay takes to revoke a device, besides the token."""
+    with opened_replica(settings.replica_path) as replica:
+        kdf = replica.kdf_params()
+    return passphrase_login_keys(settings.passphrase(), kdf).auth_key
 
 
 @click.command("devices")
@@ -60,7 +71,7 @@ def devices(settings: CliSettings, revoke_id: str | None, as_json: bool) -> None
     with user_errors(), device_client(path, load_settings(path)) as client:
         listed = client.devices().devices
         if revoke_id is not None:
-            revoke(client, listed, revoke_id)
+            revoke(client, listed, revoke_id, lambda: current_auth_key(settings))
             (err if as_json else out).print(f"revoked device {revoke_id}")  # stdout: JSON only
             listed = client.devices().devices
     if as_json:
@@ -124,14 +135,24 @@ def change_passphrase(
     alone must not take the account over). The local change commits only after the relay's
     answer.
     """
-    expected_version = client.key_bundle().version
+    expected_version = client.key_bundle(current_auth_key).version
     with replica.batch():
         login = replica.change_passphrase(new)
         bundle = replica.key_bundle()
         request = PutKeyBundle(
             bundle, replica.kdf_params(), login.auth_key, expected_version, current_auth_key
         )
-        put_key_bundle(client, request, is_stored=lambda: client.key_bundle().bundle == bundle)
+
+        def stored() -> bool:
+            """After a lost answer: the relay took the bundle if it takes the new key now."""
+            try:
+                return client.key_bundle(login.auth_key).bundle == bundle
+            except RelayRefusedError as exc:
+                if exc.code is not ErrorCode.FORBIDDEN:
+                    raise
+                return False
+
+        put_key_bundle(client, request, is_stored=stored)
 
 
 def put_key_bundle(

@@ -51,7 +51,7 @@ from clients.http import RelayClient, check_relay_url
 from clients.retry import Backoff
 from clients.schema import CHAT_SCHEMA
 from clients.sync import SyncDriver, SyncReport
-from replica import ErrorCode, Replica, RollbackError
+from replica import ErrorCode, Replica, RollbackError, passphrase_login_keys
 from replica.errors import StoreError
 
 DEFAULT_RETRY_FOR_S = 30.0
@@ -199,7 +199,7 @@ def join(
                 replica = join_account(client, path, account, secret, device_name, CLI_OPTIONS)
             with closing(replica):
                 out.print(f"joined account {account!r} on {relay.url}; replica: {path}")
-                report_sync(run_sync(replica, client, retry_for_s, reseed=False))
+                report_sync(run_sync(replica, client, retry_for_s))
 
 
 @click.command("login")
@@ -270,7 +270,10 @@ def sync(
             regained = regain_access(client, replica, reentry)
             if regained is not None:
                 out.print(REGAINED_MESSAGE[regained].format(account=relay.account, url=relay.url))
-        report_sync(run_sync(replica, client, retry_for_s, reseed=reseed, mode=progress_mode))
+        proof = (
+            passphrase_login_keys(passphrase(), replica.kdf_params()).auth_key if reseed else None
+        )
+        report_sync(run_sync(replica, client, retry_for_s, reseed_with=proof, mode=progress_mode))
         if watch:
             backoff = Backoff(max_elapsed_s=retry_for_s)
             watch_live(SyncDriver(replica, client, backoff=backoff), idle_sync_s)
@@ -330,16 +333,17 @@ def run_sync(
     client: RelayClient,
     retry_for_s: float,
     *,
-    reseed: bool,
+    reseed_with: bytes | None = None,
     mode: ProgressMode | None = None,
 ) -> SyncReport:
-    """One sync round (or a reseed), showing progress as `mode` says (by default: bars on a
-    terminal); a rollback stops with its finding."""
+    """One sync round, or a reseed asked for with the auth key `reseed_with`, showing
+    progress as `mode` says (by default: bars on a terminal); a rollback stops with its
+    finding."""
     backoff = Backoff(max_elapsed_s=retry_for_s)
     with shown_progress(mode or default_mode(err), err) as on_progress:
         driver = SyncDriver(replica, client, progress=on_progress, backoff=backoff)
         try:
-            return driver.reseed() if reseed else driver.sync()
+            return driver.sync() if reseed_with is None else driver.reseed(reseed_with)
         except RollbackError as exc:
             fail(f"{exc}", ROLLBACK_HINT)
 

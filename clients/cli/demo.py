@@ -74,7 +74,8 @@ def make_devices(url: str, folder: Path) -> tuple[Device, Device]:
     register_account(phone.client, account, new, replica.key_bundle(), "phone", None)
     client = RelayClient(url)
     client.login(LoginRequest(account, new.auth_key, "laptop"))
-    laptop_replica = Replica.join(folder / "laptop.db", client.key_bundle().bundle, options=OPTIONS)
+    bundle = client.key_bundle(new.auth_key).bundle
+    laptop_replica = Replica.join(folder / "laptop.db", bundle, options=OPTIONS)
     laptop_replica.unlock_with_key(replica.account_key())
     return phone, Device("laptop", laptop_replica, client)
 

@@ -25,7 +25,7 @@ from clients.cli import main
 from clients.device import RelaySettings, save_settings
 from clients.errors import AccessLostError, InsecureRelayError
 from clients.http import RelayClient
-from replica import Replica, WrongKeyError, recovery_login_keys
+from replica import Replica, WrongKeyError, passphrase_login_keys, recovery_login_keys
 from replica.keys import (
     AccountKeys,
     bundle_from_bytes,
@@ -68,7 +68,8 @@ def test_reseed_access_registers_a_lost_account_then_logs_in_then_leaves_a_worki
             assert regain_access(client, replica, reentry) == "logged_in"
             assert client.session is not None and first is not None
             assert client.session.device_id != first.device_id
-            assert client.key_bundle().bundle == account.bundle
+            auth_key = passphrase_login_keys(PASSPHRASE, replica.kdf_params()).auth_key
+            assert client.key_bundle(auth_key).bundle == account.bundle
         with RelayClient(relay.url) as client:  # registered with the sealed recovery auth hash
             log_in(client, "ann", recovery_login_keys(account.recovery_key), "phone")
 

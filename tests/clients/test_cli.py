@@ -27,7 +27,8 @@ from clients.device import device_client, load_settings
 from clients.schema import CHAT_SCHEMA
 from clients.sync import SyncReport
 from relay.errors import QuotaExceededError, RelayError, StoreFailedError
-from replica import Replica, Status
+from replica import Replica, Status, passphrase_login_keys
+from replica.wire import PROTOCOL_VERSION
 from tests.relay.server import RelayProcess, free_port
 
 PASSPHRASE = "correct horse battery staple"
@@ -148,17 +149,19 @@ def test_two_devices_sync_and_a_put_resolves_a_concurrent_edit(
     settings_b = load_settings(b)
     with device_client(a, load_settings(a)) as client:
         assert settings_b.session is not None
-        client.revoke_device(settings_b.session.device_id)
+        with Replica.open(a) as replica:
+            auth_key = passphrase_login_keys(PASSPHRASE, replica.kdf_params()).auth_key
+        client.revoke_device(settings_b.session.device_id, auth_key)
     before = dump(b)
     assert_user_error(cli(b, "sync", "--retry-for", "1"), "unauthorized", "sealsync login")
     assert dump(b) == before
 
 
 class OtherVersion(BaseHTTPRequestHandler):
-    """A server whose /v1/info says protocol 2."""
+    """A server whose /v1/info says the protocol after this one."""
 
     def do_GET(self) -> None:
-        body = msgspec.msgpack.encode({"protocol_version": 2})
+        body = msgspec.msgpack.encode({"protocol_version": PROTOCOL_VERSION + 1})
         self.send_response(200)
         self.send_header("content-type", "application/msgpack")
         self.send_header("content-length", str(len(body)))
@@ -203,7 +206,7 @@ def test_user_mistakes_are_one_error_line_and_change_nothing(
     joins = [
         (["--relay", "http://relay.example.org", "--account", "ann"], "plain http"),
         (["--relay", f"http://127.0.0.1:{free_port()}", "--account", "ann"], "ConnectError"),
-        (["--relay", other_version_url, "--account", "ann"], "protocol 2"),
+        (["--relay", other_version_url, "--account", "ann"], f"protocol {PROTOCOL_VERSION + 1}"),
         (["--relay", relay.url, "--account", "ann"], "bad_credentials"),
     ]
     for args, words in joins:

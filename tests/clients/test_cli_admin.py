@@ -119,8 +119,8 @@ class RacedClient(RelayClient):
 
     raced = False
 
-    def key_bundle(self) -> KeyBundleValue:
-        value = super().key_bundle()
+    def key_bundle(self, auth_key: bytes) -> KeyBundleValue:
+        value = super().key_bundle(auth_key)
         if not self.raced:
             self.raced = True
             kdf = self.prelogin("ann").kdf

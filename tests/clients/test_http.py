@@ -185,7 +185,7 @@ def test_refusals_are_definitive_typed_and_name_no_secret(
     fleet = fleets(relay.url)
     a, b = fleet.add("a"), fleet.add("b")
     b_id = b.client.session.device_id if b.client.session else ""
-    a.client.revoke_device(b_id)
+    a.client.revoke_device(b_id, fleet.auth_key)
     b.replica.put("notes", "n1", {"text": "one"})
     with pytest.raises(RelayRefusedError) as refused:
         b.driver.sync()  # the refresh is refused too: no retry, the device must log in

@@ -114,7 +114,7 @@ def test_no_batch_goes_out_once_an_answer_shows_the_relay_changed(
     def reseed_by_b_on_first_answer(progress: Progress) -> None:
         events.append(progress)
         if progress.phase == "push_answered" and progress.pushed == 0:
-            b.client.reseed()
+            b.client.reseed(fleet.auth_key)
 
     options = {"progress": reseed_by_b_on_first_answer, "follow_reseeds": False}
     fleet = fleets(relay.url, driver_options=options)
@@ -279,7 +279,7 @@ def test_a_reseed_is_followed_and_a_rollback_by_head_reseeds_with_a_new_epoch(
     a.driver.sync()
     b.driver.sync()
 
-    a.driver.reseed()  # a asks for a new epoch; b follows on its next sync, on its own
+    a.driver.reseed(fleet.auth_key)  # a asks for a new epoch; b follows, on its own
     b.replica.put("notes", "n2", {"text": "offline on b"})
     report = b.driver.sync()
     assert report.rounds == 2 and b.replica.status().dirty == 0
@@ -303,7 +303,7 @@ def test_a_reseed_is_followed_and_a_rollback_by_head_reseeds_with_a_new_epoch(
         b.driver.sync()
     assert not is_epoch_change(found.value) and "below" in str(found.value)
     assert b.replica.get("notes", "n3") is not None  # nothing read as deleted
-    b.driver.reseed(found.value)  # by head: a new epoch, everything pushed again
+    b.driver.reseed(fleet.auth_key, found.value)  # by head: a new epoch, all pushed again
     assert a.driver.sync().rounds == 2  # a follows the new epoch
     late = fleet.add("c")
     late.driver.sync()
@@ -319,10 +319,11 @@ def test_a_reseed_whose_reply_was_lost_draws_one_new_epoch(
     reseed twice."""
     relay = start_relay()
     first_reseed = FirstReplyLost("/v1/reseed")
-    a = fleets(relay.url, transport=first_reseed).add("a")
+    fleet = fleets(relay.url, transport=first_reseed)
+    a = fleet.add("a")
     a.replica.put("notes", "n1", {"text": "one"})
     a.driver.sync()
-    report = a.driver.reseed()
+    report = a.driver.reseed(fleet.auth_key)
     reseeds = [
         line for line in relay.log_path.read_text().splitlines() if "account reseeded" in line
     ]

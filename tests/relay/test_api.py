@@ -20,11 +20,13 @@ from relay.memory import MemoryRelay
 from relay.sqlite import SQLiteStorage
 from relay.storage import Storage
 from replica.wire import (
+    PROTOCOL_VERSION,
     DeleteAccount,
     DeviceList,
     ErrorCode,
     KdfParams,
     KeyBundleValue,
+    KeyProof,
     LoginRequest,
     Page,
     PreloginRequest,
@@ -84,7 +86,8 @@ def client(make_client: AppFactory) -> TestClient:
 
 def test_info_tells_the_protocol_version_and_limits(make_client: AppFactory) -> None:
     info = decode(make_client(page_size=7).get("/v1/info").content, RelayInfo)
-    assert info.protocol_version == 1 and info.limits.page_size == 7 and info.open_signup
+    assert info.protocol_version == PROTOCOL_VERSION == 2
+    assert info.limits.page_size == 7 and info.open_signup
 
 
 def test_prelogin_answers_unknown_accounts_with_stable_fake_parameters(client: TestClient) -> None:
@@ -187,7 +190,8 @@ def test_invite_only_relays_need_a_valid_invite(make_client: AppFactory) -> None
 
 
 def test_push_pull_reseed_over_http(client: TestClient) -> None:
-    session = register(client, "alice", new_keys())
+    keys = new_keys()
+    session = register(client, "alice", keys)
     envelopes = [envelope(bytes([i]) * 16, 1, HLC + i, {1: HLC + i}) for i in range(3)]
     pushed = client.post("/v1/push", content=body(PushBatch(envelopes)), headers=bearer(session))
     result = decode(pushed.content, PushResult)
@@ -195,7 +199,12 @@ def test_push_pull_reseed_over_http(client: TestClient) -> None:
     page = decode(client.get("/v1/pull?cursor=1", headers=bearer(session)).content, Page)
     assert [e.envelope for e in page.entries] == envelopes[1:] and page.cursor == 1
     assert page.state == result.state
-    reseeded = decode(client.post("/v1/reseed", headers=bearer(session)).content, RelayState)
+    by_token = client.post("/v1/reseed", content=body(KeyProof(b"w" * 32)), headers=bearer(session))
+    assert (by_token.status_code, error_code(by_token)) == (403, "forbidden")  # a token alone
+    proof = body(KeyProof(keys.auth_key))
+    reseeded = decode(
+        client.post("/v1/reseed", content=proof, headers=bearer(session)).content, RelayState
+    )
     assert reseeded.account_epoch != result.state.account_epoch
     state = decode(client.get("/v1/state", headers=bearer(session)).content, RelayState)
     assert state == reseeded
@@ -234,7 +243,15 @@ def test_json_bodies_carry_bytes_as_base64(client: TestClient) -> None:
 def test_key_bundle_compare_and_set_and_passphrase_change(client: TestClient) -> None:
     keys = new_keys()
     session = register(client, "alice", keys)
-    current = decode(client.get("/v1/keys", headers=bearer(session)).content, KeyBundleValue)
+    read = client.post("/v1/keys/read", content=body(KeyProof(b"w" * 32)), headers=bearer(session))
+    assert (read.status_code, error_code(read)) == (
+        403,
+        "forbidden",
+    )  # a token alone learns nothing
+    proof = body(KeyProof(keys.auth_key))
+    current = decode(
+        client.post("/v1/keys/read", content=proof, headers=bearer(session)).content, KeyBundleValue
+    )
     assert current == KeyBundleValue(b"bundle", 1)
     new_auth = b"n" * 32
     stolen = PutKeyBundle(b"evil", KdfParams(b"t" * 16), new_auth, 1, b"w" * 32)
@@ -264,7 +281,14 @@ def test_devices_are_renamed_and_revoked(client: TestClient) -> None:
         headers=bearer(laptop),
     )
     assert rename.status_code == 204
-    revoked = client.delete(f"/v1/devices/{phone.device_id}", headers=bearer(laptop))
+    path = f"/v1/devices/{phone.device_id}"
+    by_token = client.request(
+        "DELETE", path, content=body(KeyProof(b"w" * 32)), headers=bearer(laptop)
+    )
+    assert (by_token.status_code, error_code(by_token)) == (403, "forbidden")  # a token alone
+    assert client.get("/v1/state", headers=bearer(phone)).status_code == 200
+    proof = body(KeyProof(keys.auth_key))
+    revoked = client.request("DELETE", path, content=proof, headers=bearer(laptop))
     assert revoked.status_code == 204
     assert client.get("/v1/state", headers=bearer(phone)).status_code == 401
     refresh = client.post(
@@ -326,7 +350,11 @@ def test_the_live_feed_ends_when_its_token_stops_being_valid(
     laptop = register(client, "alice", keys)
     phone = login(client, "alice", keys.auth_key)
     with client.stream("GET", "/v1/events", headers=bearer(phone)) as events:
-        client.delete(f"/v1/devices/{phone.device_id}", headers=bearer(laptop))
+        proof = body(KeyProof(keys.auth_key))
+        path = f"/v1/devices/{phone.device_id}"
+        assert (
+            client.request("DELETE", path, content=proof, headers=bearer(laptop)).status_code == 204
+        )
         lines = [line for line in events.iter_lines() if line.startswith(("data", "id"))]
     assert lines == ["id: 0", "data: 0"] or sorted(lines) == ["data: 0", "id: 0"]
     with client.stream("GET", "/v1/events", headers=bearer(laptop)) as events:

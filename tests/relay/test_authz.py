@@ -24,6 +24,7 @@ from replica.wire import (
     DeviceList,
     KdfParams,
     KeyBundleValue,
+    KeyProof,
     Page,
     PushBatch,
     PushResult,
@@ -89,9 +90,9 @@ def world(relays: Relays) -> World:
     registered = client.post("/v1/register", content=body(request), headers=MSGPACK)
     alice = decode(registered.content, Session)
     revoked = login(client, "alice", alice_keys.auth_key, "alice-old-phone")
-    assert (
-        client.delete(f"/v1/devices/{revoked.device_id}", headers=bearer(alice)).status_code == 204
-    )
+    proof = body(KeyProof(alice_keys.auth_key))
+    path = f"/v1/devices/{revoked.device_id}"
+    assert client.request("DELETE", path, content=proof, headers=bearer(alice)).status_code == 204
     login(client, "alice", alice_keys.auth_key, "alice-tablet")
     envelopes = [envelope(bytes([i]) * 16, 7, HLC + i, {7: HLC + i}) for i in range(3)]
     pushed = client.post("/v1/push", content=body(PushBatch(envelopes)), headers=bearer(alice))
@@ -99,6 +100,10 @@ def world(relays: Relays) -> World:
     mallory = register(client, "mallory", mallory_keys, device="mallory-box")
     state = relay.storage.state("alice")
     return World(relay, alice_keys, alice, revoked, mallory_keys, mallory, envelopes, state)
+
+
+def code_of(answer: httpx2.Response) -> str:
+    return str(error_body(answer.content, answer.headers["content-type"])["code"])
 
 
 def bearer(session: Session) -> dict[str, str]:
@@ -115,6 +120,7 @@ def request_body(endpoint: Endpoint, keys: Keys) -> bytes:
             b"attacker-bundle", KdfParams(b"m" * 16), b"x" * 32, 1, b"y" * 32
         ),
         DeleteAccount: DeleteAccount(keys.auth_key),
+        KeyProof: KeyProof(keys.auth_key),
         PushBatch: PushBatch([envelope(b"m" * 16, 9, HLC, {9: HLC})]),
     }
     assert endpoint.body in bodies, f"add a valid body for {endpoint.body} to the matrix"
@@ -249,7 +255,8 @@ def test_another_accounts_device_ids_look_like_ids_that_do_not_exist(world: Worl
     client = world.relay.client
     victims = [d.id for d in world.relay.storage.devices("alice")]
     rename = body(RenameDevice("pwned"))
-    for method, data in (("PATCH", rename), ("DELETE", b"")):
+    revoke = body(KeyProof(world.mallory_keys.auth_key))  # Mallory's own key: it opens her door
+    for method, data in (("PATCH", rename), ("DELETE", revoke)):
         nonexistent = client.request(
             method, "/v1/devices/0123456789abcdef", content=data, headers=bearer(world.mallory)
         )
@@ -270,7 +277,9 @@ def test_another_accounts_token_only_ever_sees_its_own_account(world: World) -> 
     answers = [
         client.get("/v1/state", headers=mallory),
         client.get("/v1/pull?cursor=0", headers=mallory),
-        client.get("/v1/keys", headers=mallory),
+        client.post(
+            "/v1/keys/read", content=body(KeyProof(world.mallory_keys.auth_key)), headers=mallory
+        ),
         client.get("/v1/devices", headers=mallory),
     ]
     for answer in answers:
@@ -306,10 +315,40 @@ def test_another_accounts_token_only_ever_sees_its_own_account(world: World) -> 
     assert error_body(with_alices_key.content, with_alices_key.headers["content-type"])["code"] == (
         "forbidden"
     )
-    reseed = client.post("/v1/reseed", headers=mallory)
-    assert reseed.status_code == 200
+    with_alices = client.post(
+        "/v1/reseed", content=body(KeyProof(world.alice_keys.auth_key)), headers=mallory
+    )
+    assert with_alices.status_code == 403
+    new_passphrase_key = body(KeyProof(b"x" * 32))  # the key her bundle change installed
+    own = client.post("/v1/reseed", content=new_passphrase_key, headers=mallory)
+    assert own.status_code == 200
     assert_alice_untouched(world)
     assert world.relay.storage.state("alice").head == 3
+
+
+def test_a_token_alone_cannot_revoke_reseed_or_read_the_key_bundle(world: World) -> None:
+    """Alice's own valid access token, stolen: without her current auth key it revokes no
+    device, makes no device reseed and reads no key bundle (issue 12: it could do all three)."""
+    client, alice = world.relay.client, bearer(world.alice)
+    tablet = next(d.id for d in world.relay.storage.devices("alice") if d.name == "alice-tablet")
+    guessed, recovered = body(KeyProof(b"g" * 32)), body(KeyProof(world.mallory_keys.auth_key))
+    answers = [
+        client.request("DELETE", f"/v1/devices/{tablet}", content=proof, headers=alice)
+        for proof in (guessed, recovered)
+    ] + [
+        client.post(path, content=proof, headers=alice)
+        for path in ("/v1/reseed", "/v1/keys/read")
+        for proof in (guessed, recovered)
+    ]
+    assert [(a.status_code, code_of(a)) for a in answers] == [(403, "forbidden")] * 6
+    assert not any(ALICE_BUNDLE in a.content for a in answers)
+    bare = [
+        client.request("DELETE", f"/v1/devices/{tablet}", headers=alice),
+        client.post("/v1/reseed", headers=alice),
+        client.post("/v1/keys/read", headers=alice),
+    ]
+    assert [a.status_code for a in bare] == [400] * 3
+    assert_alice_untouched(world)
 
 
 def test_the_event_feed_only_tells_the_callers_own_head(world: World) -> None:

@@ -339,7 +339,8 @@ def test_the_largest_cursor_is_taken(alice: Alice) -> None:
 @pytest.mark.parametrize("device_id", ["%00", "x" * 10_000, "%ED%A0%80", "..%2F..%2Fstate", "%FF"])
 def test_odd_device_ids_are_not_found(alice: Alice, device_id: str) -> None:
     client = alice.relay.client
-    for method, data in (("PATCH", msgspec.msgpack.encode({"name": "x"})), ("DELETE", b"")):
+    proof = msgspec.msgpack.encode({"auth_key": alice.keys.auth_key})
+    for method, data in (("PATCH", msgspec.msgpack.encode({"name": "x"})), ("DELETE", proof)):
         answer = client.request(
             method, f"/v1/devices/{device_id}", content=data, headers=alice.headers(MSGPACK)
         )

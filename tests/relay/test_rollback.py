@@ -13,7 +13,7 @@ import pytest
 
 from replica import Replica
 from replica.errors import RollbackError
-from replica.wire import RelayState
+from replica.wire import KeyProof, RelayState, encode_message
 from tests.conftest import ReplicaFactory
 from tests.relay.driver import Device
 from tests.relay.server import RelayProcess
@@ -63,7 +63,8 @@ def test_restore_wipe_and_reseed_are_visible_to_devices(
         assert b_replica.get("notes", "n2") is not None
 
         # a reseeds: a new epoch, and every version it holds pushed again
-        answer = a.http.post("/v1/reseed", headers=a.headers)
+        proof = encode_message(KeyProof(a.auth_key))
+        answer = a.http.post("/v1/reseed", content=proof, headers=a.headers)
         reseeded = msgspec.msgpack.decode(answer.content, type=RelayState)
         assert reseeded.account_epoch != seen.account_epoch
         a_replica.sync_session().reseed()

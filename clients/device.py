@@ -137,13 +137,24 @@ class SessionSaver:
 
 
 def device_client(replica_path: Path, settings: RelaySettings) -> RelayClient:
-    """A client for the device's relay, with its saved session, saving the ones to come."""
+    """A client for the device's relay, with its saved session, saving the ones to come and
+    taking a newer one another process saved (`sync --watch` beside a one-off command)."""
     return RelayClient(
         settings.url,
         session=settings.session,
         insecure=settings.insecure,
         on_session=SessionSaver(replica_path, settings),
+        saved_session=lambda: saved_session(replica_path),
     )
+
+
+def saved_session(replica_path: Path) -> Session | None:
+    """The session in the sidecar now, or None when it cannot be read (the client then
+    refreshes its own)."""
+    try:
+        return load_settings(replica_path).session
+    except StoreError:
+        return None
 
 
 def refuse_existing(replica_path: Path) -> None:

@@ -148,14 +148,19 @@ class RelayClient:
         *,
         session: Session | None = None,
         on_session: Callable[[Session], None] | None = None,
+        saved_session: Callable[[], Session | None] | None = None,
         insecure: bool = False,
         timeouts: Timeouts = Timeouts(),
         transport: httpx2.BaseTransport | None = None,
     ) -> None:
-        """`transport` is the seam for tests (a real transport with injected faults)."""
+        """`saved_session` reads the session where `on_session` keeps it: before refreshing,
+        the client takes a newer one another process saved there (two processes refreshing
+        from one refresh token would look like a stolen copy, and end the device's tokens).
+        `transport` is the seam for tests (a real transport with injected faults)."""
         self.url = check_relay_url(url, insecure=insecure)
         self._session = session
         self._on_session = on_session
+        self._saved_session = saved_session
         self._timeouts = timeouts
         self._refresh_lock = threading.Lock()
         self._info: RelayInfo | None = None
@@ -370,11 +375,17 @@ class RelayClient:
         return response
 
     def _refresh_after(self, used: Session) -> None:
-        """Refresh the tokens `used` was refused with — unless another thread already did:
-        a second refresh with the spent token would cancel the successors just adopted."""
+        """Refresh the tokens `used` was refused with — unless another thread already did, or
+        another process (its newer session is saved): a second refresh with the spent token
+        would be a replay out of turn, which ends every token of the device."""
         with self._refresh_lock:
-            if self._session is used:
-                self.refresh()
+            if self._session is not used:
+                return
+            saved = self._saved_session() if self._saved_session is not None else None
+            if saved is not None and saved.refresh_token != used.refresh_token:
+                self._session = saved
+                return
+            self.refresh()
 
     def _decode(self, response: httpx2.Response, kind: type[T], *, status: int = 200) -> T:
         if response.status_code != status:

@@ -260,6 +260,9 @@ class MemoryRelay:
             latest = max(spent, default=None)
             step = refresh_step(old.kind, old.expires_ms, latest, now)
             if step == "refuse":
+                if old.kind == "spent":  # a used token used again, out of turn: a copy is loose
+                    for t in mine:
+                        del self._tokens[t.hash]
                 return False
             if step == "spend":
                 until = spent_until(grace_until_ms, latest)

@@ -310,6 +310,8 @@ class SQLStorage(ABC):
         latest = spent[0] if spent else None  # an aggregate: always one row
         step = refresh_step(kind, expires_ms, latest, now)
         if step == "refuse":
+            if kind == "spent":  # a used token used again, out of turn: a copy is loose
+                tx.run("DELETE FROM tokens WHERE account = ? AND device = ?", (account, device))
             return False
         if step == "spend":
             tx.run(

@@ -158,7 +158,9 @@ class Storage(Protocol):
         reply was lost can send it again: that replaces the successors it never received —
         unless they were used already (the device has a later spent token), or the grace is
         over. False when nothing was stored: the token is unknown, spent and past its grace
-        or superseded, or its device is gone."""
+        or superseded, or its device is gone. A spent token refused so was used again out of
+        turn — a copy of it is loose — so every token of its device goes too: the device logs
+        in again, and whoever holds a copy holds nothing."""
         ...
 
     # -- versions ---------------------------------------------------------------------------

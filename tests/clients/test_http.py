@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -14,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from clients.device import device_client, load_settings
 from clients.errors import (
     InsecureRelayError,
     NoSessionError,
@@ -26,6 +28,7 @@ from replica.errors import InvalidArgumentError
 from replica.wire import PROTOCOL_VERSION, ErrorCode, PushBatch
 from tests.clients.chaos import FirstReplyLost
 from tests.clients.conftest import Fleet
+from tests.clients.test_cli import Cli
 from tests.relay.server import RelayProcess, free_port
 
 
@@ -205,3 +208,25 @@ def test_a_relay_url_with_credentials_is_refused() -> None:
     with pytest.raises(InvalidArgumentError, match="user name or password") as refused:
         check_relay_url("https://ann:secret@relay.example.org")
     assert "secret" not in str(refused.value) and refused.value.hint
+
+
+def test_two_processes_of_one_device_take_turns_on_its_session(
+    start_relay: Callable[..., RelayProcess], cli: Cli, tmp_path: Path
+) -> None:
+    """`sync --watch` and a one-off command hold the device's session from one sidecar: when
+    both access tokens expire, the second to notice takes the session the first saved instead
+    of refreshing with the spent refresh token (a replay, which would cost the first its
+    tokens, or out of turn, the whole device's)."""
+    relay = start_relay("access_token_s=1")
+    replica = tmp_path / "a.db"
+    cli.ok(replica, "init", "--relay", relay.url, "--account", "ann")
+    settings = load_settings(replica)
+    with device_client(replica, settings) as first, device_client(replica, settings) as second:
+        time.sleep(1.2)  # both access tokens have expired
+        first.state()  # refreshes, and the new session is saved in the sidecar
+        second.state()  # takes that one
+        assert second.session == first.session == load_settings(replica).session
+        time.sleep(1.2)
+        second.state()
+        first.state()
+        assert first.devices().devices[0].current and second.devices().devices[0].current

@@ -277,17 +277,30 @@ def test_a_spent_refresh_token_works_again_only_in_its_grace_and_until_its_succe
     assert [storage.token(t.hash) for t in first] == [None, None]
     assert [storage.token(t.hash) for t in second] == second
     assert storage.token(old.hash) == replace(old, kind="spent", expires_ms=grace_until)
-    # the device used its successor: from then on the old token gets nothing
+    # the device used its successor: the old token's replay is refused, and as a copy of it
+    # is loose, every token of the device goes: it logs in again, the copy holds nothing
     clock.advance(1)
     assert storage.replace_token(second[1].hash, third, clock() + 300)
+    assert [storage.token(t.hash) for t in third] == third
     assert not storage.replace_token(old.hash, pair(b"4"), clock() + 300)
     assert storage.token(pair(b"4")[1].hash) is None
-    assert [storage.token(t.hash) for t in third] == third
-    # nor does a spent token past its grace, and the device's refresh clears it
-    clock.advance(300)
-    assert not storage.replace_token(second[1].hash, pair(b"5"), clock() + 300)
-    assert storage.replace_token(third[1].hash, pair(b"6"), clock() + 300)
-    assert storage.token(old.hash) is None and storage.token(second[1].hash) is None
+    assert [storage.token(t.hash) for t in (*third, old, second[1])] == [None] * 4
+
+
+def test_a_spent_token_past_its_grace_is_refused_and_ends_its_devices_tokens(
+    make_storage: StorageFactory,
+) -> None:
+    clock = FakeClock(NOW_MS)
+    storage = make_storage(clock=clock)
+    register(storage, "a")
+    old = TokenRecord(b"o" * 32, "a", "d3", "refresh", NOW_MS + 10_000)
+    storage.add_device("a", Device("d3", "tablet", NOW_MS), [old])
+    first = pair(b"1")
+    assert storage.replace_token(old.hash, first, NOW_MS + 300)
+    clock.advance(301)  # the grace is over, the successors were never used
+    assert not storage.replace_token(old.hash, pair(b"2"), clock() + 300)
+    assert [storage.token(t.hash) for t in (*first, old)] == [None] * 3
+    assert not storage.replace_token(first[1].hash, pair(b"3"), clock() + 300)
 
 
 def test_the_order_of_spends_survives_a_shorter_grace_or_a_clock_stepped_back(
@@ -300,8 +313,9 @@ def test_the_order_of_spends_survives_a_shorter_grace_or_a_clock_stepped_back(
     assert storage.replace_token(first[1].hash, second, NOW_MS + 100)  # a shorter grace now
     spent = storage.token(first[1].hash)
     assert spent is not None and spent.expires_ms > NOW_MS + 300  # still after the first spend
-    assert not storage.replace_token(old.hash, pair(b"3"), NOW_MS + 300)
     assert [storage.token(t.hash) for t in second] == second
+    assert not storage.replace_token(old.hash, pair(b"3"), NOW_MS + 300)  # out of turn
+    assert [storage.token(t.hash) for t in second] == [None, None]
 
 
 def test_a_revoked_device_keeps_no_token_and_gets_none_by_refresh(storage: Storage) -> None:

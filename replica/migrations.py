@@ -1,7 +1,8 @@
 """The replica file's layout: its tables, as the numbered migrations that make them.
 
 Step n brings a file from format n to n + 1 (`PRAGMA user_version`); `Store.migrate` runs the
-missing steps in one transaction, so a file is always at one format or the next. Tables and
+missing steps in one transaction, so a file is always at one format or the next. A step may
+call `sha256(blob)`, which `Store` defines on its connection. Tables and
 what each column holds: specs/replica.md.
 """
 
@@ -42,6 +43,14 @@ MIGRATIONS: tuple[str, ...] = (
         key BLOB NOT NULL, node INTEGER NOT NULL, hlc INTEGER NOT NULL,
         envelope BLOB NOT NULL, replaced_at_ms INTEGER NOT NULL,
         PRIMARY KEY (key, node, hlc)) WITHOUT ROWID;
+    """,
+    # 2: one quarantine row per envelope: a repair resets the cursor, and each re-pull of a
+    # damaged envelope added another row for the same bytes (`sha256` is `Store`'s function)
+    """
+    ALTER TABLE quarantine ADD COLUMN digest BLOB;
+    UPDATE quarantine SET digest = sha256(envelope);
+    DELETE FROM quarantine WHERE id NOT IN (SELECT min(id) FROM quarantine GROUP BY digest);
+    CREATE UNIQUE INDEX quarantine_by_digest ON quarantine (digest);
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -53,6 +53,10 @@ def create_private_file(path: Path) -> None:
         os.close(descriptor)
 
 
+def _sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
 def envelope_sha256_16(envelope: bytes) -> bytes:
     """The first 16 bytes of an envelope's SHA-256: held versions are not opened yet, so two
     copies of one identity with different bytes are both kept until one opens."""
@@ -130,6 +134,7 @@ class Store:
             self.db.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
             self.db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
             self.db.execute("PRAGMA foreign_keys=ON")
+            self.db.create_function("sha256", 1, _sha256, deterministic=True)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{path} is not a SQLite database: {exc}") from exc
 
@@ -589,10 +594,10 @@ class Store:
     ) -> None:
         """Keep unreadable bytes verbatim; `dot` names a row this replica itself held."""
         node, hlc = (None, None) if dot is None else (node_to_i64(dot[0]), dot[1])
-        self.db.execute(
-            "INSERT INTO quarantine (source, key, node, hlc, envelope, reason, at_ms) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (source, key, node, hlc, envelope, reason, at_ms),
+        self.db.execute(  # the same bytes once: a re-pull after a repair adds no second row
+            "INSERT INTO quarantine (source, key, node, hlc, envelope, reason, at_ms, digest) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (digest) DO NOTHING",
+            (source, key, node, hlc, envelope, reason, at_ms, _sha256(envelope)),
         )
 
     def count(self, table: str) -> int:

@@ -472,3 +472,48 @@ def test_a_forged_held_copy_never_reaches_a_reseeded_relay(
     got = fresh.get("notes", "n")
     assert got is not None and got.document == {"v": "genuine"}
     assert fresh.status().quarantined == 0
+
+
+def test_a_damaged_envelope_pulled_again_after_a_repair_adds_no_quarantine_row(
+    make_replica: ReplicaFactory,
+) -> None:
+    """A repair resets the cursor, so the relay's damaged envelope comes back with the next
+    pull: it is quarantined once, however often it comes (issue 12: a row each time)."""
+    writer = make_replica("w")
+    writer.put("notes", "n", {"text": "x"})
+    (envelope,) = dirty_envelopes(writer)
+    damaged = flip_bit(envelope, {})
+    reader = make_replica("r")
+    for _ in range(3):
+        reader.sync_session().apply_page(page_of([damaged]))
+        assert reader.repair().unlatched_records == 1
+    assert reader.status().quarantined == 1
+    with sqlite3.connect(reader.path) as db:
+        assert db.execute("SELECT envelope FROM quarantine").fetchall() == [(damaged,)]
+
+
+def test_a_replica_of_format_1_keeps_one_quarantine_row_per_envelope(
+    make_replica: ReplicaFactory,
+) -> None:
+    """Opening a file of the first format brings it to the current one: duplicated
+    quarantine rows (the same bytes, quarantined again) are kept once, the first."""
+    replica = make_replica()
+    path = replica.path
+    replica.close()
+    with sqlite3.connect(path) as db:  # as the first format laid the table out
+        db.execute("DROP INDEX quarantine_by_digest")
+        db.execute("ALTER TABLE quarantine DROP COLUMN digest")
+        rows = [
+            ("pull", b"same", "first", 1),
+            ("pull", b"same", "again", 2),
+            ("pull", b"b", "x", 3),
+        ]
+        db.executemany(
+            "INSERT INTO quarantine (source, envelope, reason, at_ms) VALUES (?, ?, ?, ?)", rows
+        )
+        db.execute("PRAGMA user_version=1")
+    Replica.open(path).close()
+    with sqlite3.connect(path) as db:
+        kept = db.execute("SELECT envelope, reason FROM quarantine ORDER BY id").fetchall()
+        assert kept == [(b"same", "first"), (b"b", "x")]
+        assert db.execute("PRAGMA user_version").fetchone() == (2,)

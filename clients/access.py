@@ -118,7 +118,8 @@ def regain_access(client: RelayClient, replica: Replica, reentry: Reentry) -> Re
             raise
     if has_account(client, replica, reentry.account):  # the replica's KDF is the relay's
         keys = passphrase_login_keys(reentry.passphrase, replica.kdf_params())
-        log_in(client, reentry.account, keys, reentry.device_name)
+        was = client.session.device_id if client.session else None
+        log_in(client, reentry.account, keys, reentry.device_name, device_id=was)
         return "logged_in"
     register_again(client, replica, reentry)
     return "registered"
@@ -157,16 +158,23 @@ def register_again(client: RelayClient, replica: Replica, reentry: Reentry) -> S
 
 
 def login_again(
-    client: RelayClient, replica: Replica, account: str, secret: Secret, device_name: str
+    client: RelayClient,
+    replica: Replica,
+    account: str,
+    secret: Secret,
+    device_name: str,
+    *,
+    device_id: str | None = None,
 ) -> Session:
     """`login`: unlock the replica with `secret` first — a secret of another account stops
-    there, before anything is sent — then log in as a new device. Refused although the
-    secret opens this replica: the relay does not have the account as this device knows it.
-    The replica's KDF parameters serve for both: a relay with others has not this account."""
+    there, before anything is sent — then log in: as the device `device_id` it was, if the
+    relay still lists it, else as a new one. Refused although the secret opens this replica:
+    the relay does not have the account as this device knows it. The replica's KDF
+    parameters serve for both: a relay with others has not this account."""
     keys = secret.login_keys(replica.kdf_params())
     secret.unlock(replica, keys)
     try:
-        return log_in(client, account, keys, device_name)
+        return log_in(client, account, keys, device_name, device_id=device_id)
     except RelayRefusedError as exc:
         if exc.code != ErrorCode.BAD_CREDENTIALS:
             raise

@@ -69,9 +69,17 @@ def register_account(
     return client.register(request)
 
 
-def log_in(client: RelayClient, account: str, keys: LoginKeys, device_name: str) -> Session:
-    """A new device session for the auth key of `keys`; the client adopts the session."""
-    return client.login(LoginRequest(account, keys.auth_key, device_name))
+def log_in(
+    client: RelayClient,
+    account: str,
+    keys: LoginKeys,
+    device_name: str,
+    *,
+    device_id: str | None = None,
+) -> Session:
+    """A device session for the auth key of `keys`; the client adopts the session. With the
+    `device_id` this device had, it keeps its one entry in the account's devices."""
+    return client.login(LoginRequest(account, keys.auth_key, device_name, device_id))
 
 
 def join_account(

@@ -187,8 +187,13 @@ class RelayApi:
             await self.gate.login_failed(name, address)
             raise BadCredentialsError()
         await self.call(self.storage.clear_login_failures, name, address)
-        device_id = tokens.new_device_id()
         state = await self.call(self.storage.state, name)
+        if body.device_id is not None and tokens.is_device_id(body.device_id):
+            session, records = self.new_session(name, body.device_id, state)
+            if await self.call(self.storage.renew_device, name, body.device_id, records):
+                log.info("device logged in again", extra={"device": body.device_id})
+                return codec.respond(request, session)
+        device_id = tokens.new_device_id()
         session, records = self.new_session(name, device_id, state)
         await self.call(
             self.storage.add_device, name, Device(device_id, device_name, self.clock_ms()), records

@@ -212,6 +212,19 @@ class MemoryRelay:
             entry.devices[device.id] = device
             self._tokens.update((t.hash, t) for t in tokens)
 
+    def renew_device(self, name: str, device_id: str, tokens: list[TokenRecord]) -> bool:
+        with self._mutex:
+            entry = self._accounts.get(name)
+            if entry is None or device_id not in entry.devices:
+                return False
+            self._tokens = {
+                h: t
+                for h, t in self._tokens.items()
+                if (t.account, t.device_id) != (name, device_id)
+            }
+            self._tokens.update((t.hash, t) for t in tokens)
+            return True
+
     def devices(self, name: str) -> list[Device]:
         with self._mutex:
             entry = self._accounts.get(name)

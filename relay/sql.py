@@ -239,6 +239,21 @@ class SQLStorage(ABC):
                 raise
             raise NotFoundError("no such account or device") from exc
 
+    def renew_device(self, name: str, device_id: str, tokens: list[TokenRecord]) -> bool:
+        if "\0" in device_id:  # no device has one: PostgreSQL TEXT cannot even hold it
+            return False
+        with self._write() as tx:
+            row = tx.one(
+                "SELECT account FROM devices WHERE id = ?"
+                " AND account = (SELECT id FROM accounts WHERE name = ?) FOR NO KEY UPDATE",
+                (device_id, name),
+            )
+            if row is None:
+                return False
+            tx.run("DELETE FROM tokens WHERE account = ? AND device = ?", (row[0], device_id))
+            _insert_tokens(tx, row[0], tokens)
+        return True
+
     def devices(self, name: str) -> list[Device]:
         with self._read() as tx:
             rows = tx.all(

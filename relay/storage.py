@@ -137,6 +137,11 @@ class Storage(Protocol):
 
     def add_device(self, name: str, device: Device, tokens: list[TokenRecord]) -> None: ...
 
+    def renew_device(self, name: str, device_id: str, tokens: list[TokenRecord]) -> bool:
+        """A device of `name` logging in again: its tokens are replaced by `tokens`, its entry
+        kept. False (nothing changed) when it is not this account's device."""
+        ...
+
     def devices(self, name: str) -> list[Device]: ...
 
     def rename_device(self, name: str, device_id: str, new_name: str) -> bool:

@@ -22,6 +22,7 @@ from replica.core import Core, rows_by_key
 from replica.envelope import Identity
 from replica.errors import DegradedError, StaleContextError, StoreError
 from replica.events import Subscriber
+from replica.files import create_private_file
 from replica.keys import (
     AccountKeys,
     KeyBundle,
@@ -51,7 +52,7 @@ from replica.schema import (
     schema_to_bytes,
 )
 from replica.status import Status, read_status
-from replica.store import Store, create_private_file
+from replica.store import Store
 from replica.sync import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_COUNT, SyncSession
 from replica.wire import KdfParams, check_kdf_params
 

@@ -11,7 +11,6 @@ hence `node_to_i64`. The merge's statements pass BLOB values through `_blob` (se
 from __future__ import annotations
 
 import hashlib
-import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -36,21 +35,6 @@ CACHE_KIB = 16 * 1024
 """Page cache per connection (SQLite's default is 2 MiB). Merged records go into two indexes
 at random places; once those outgrow the cache (~50k records), each insert read its index
 pages back from the file: a quarter of the time of merging new records."""
-
-
-PRIVATE_FILE_MODE = 0o600
-"""A replica file, and the WAL and shared-memory files SQLite makes with its mode: owner only.
-They hold only ciphertext, but also which records exist, their sizes and their history."""
-
-
-def create_private_file(path: Path) -> None:
-    """Make `path` an empty file only its owner can read or write (whatever the umask), or
-    take an existing empty one down to that mode, before SQLite opens it."""
-    descriptor = os.open(path, os.O_CREAT | os.O_WRONLY, PRIVATE_FILE_MODE)
-    try:
-        os.fchmod(descriptor, PRIVATE_FILE_MODE)
-    finally:
-        os.close(descriptor)
 
 
 def _sha256(data: bytes) -> bytes:

@@ -402,13 +402,16 @@ class RegisterRequest(Redacted, frozen=True):
 
 
 class LoginRequest(Redacted, frozen=True):
-    """A new device session: the passphrase's or the recovery key's auth key."""
+    """A device session: the passphrase's or the recovery key's auth key. `device_id`, the id
+    this device had before, keeps its one entry in the account's devices (its old tokens
+    end); without it, or when it is not one of the account's, the device is a new one."""
 
     account: AccountName
     auth_key: AuthKey
     device_name: DeviceName
+    device_id: Annotated[str, msgspec.Meta(max_length=64)] | None = None
 
-    shown = ("account", "device_name")
+    shown = ("account", "device_name", "device_id")
 
 
 class RefreshRequest(Redacted, frozen=True):

@@ -16,6 +16,7 @@ import socket
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import closing
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -202,6 +203,15 @@ def join(
                 report_sync(run_sync(replica, client, retry_for_s))
 
 
+def previous_device_id(path: Path, relay: RelaySettings) -> str | None:
+    """The device id this replica's sidecar holds for the same relay and account, if any."""
+    if not sidecar_path(path).exists():
+        return None
+    saved = load_settings(path)
+    same = (saved.url, saved.account) == (relay.url, relay.account)
+    return saved.session.device_id if same and saved.session else None
+
+
 @click.command("login")
 @click.option("--relay", "relay_url", help="The relay's URL (default: this replica's settings).")
 @click.option("--account", help="The account's name (default: this replica's settings).")
@@ -218,10 +228,12 @@ def login(
     device_name: str,
     recovery_key: bool,
 ) -> None:
-    """Log this replica in again as a new device (a restored backup, lost or revoked tokens)."""
+    """Log this replica in again (lost or revoked tokens, a wiped relay): as the device it was
+    when the relay still lists it, else as a new one (a restored backup always is)."""
     path = settings.replica_path
     with user_errors(), opened_replica(path) as replica:
         relay = login_settings(path, relay_url, account, insecure)
+        was = previous_device_id(path, relay)
         saver = SessionSaver(path, relay)  # the sidecar is written once the relay said yes
         with RelayClient(relay.url, insecure=relay.insecure, on_session=saver) as client:
             client.info()  # unreachable, or another protocol: said before asking a secret
@@ -230,7 +242,9 @@ def login(
                 if recovery_key
                 else Secret(settings.passphrase())
             )
-            session = login_again(client, replica, relay.account, secret, device_name)
+            session = login_again(
+                client, replica, relay.account, secret, device_name, device_id=was
+            )
         finding = follow_relay(replica, session)
     out.print(f"logged in to {relay.url} as account {relay.account!r}, device {session.device_id}")
     if finding is not None:

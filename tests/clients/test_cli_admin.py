@@ -145,3 +145,21 @@ def test_passwd_that_loses_the_compare_and_set_race_changes_nothing(
         assert "version_conflict" in HINT_BY_PASSWD_REFUSAL
     assert dump(a) == before
     assert cli(a, "ls", "threads").exit_code == 0
+
+
+def test_logging_in_again_keeps_the_devices_one_entry(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    """Each `login` added another entry, so `devices` listed ghosts that revocation had to
+    chase (issue 12): a device that logs in again is the device it was."""
+    relay = start_relay()
+    a = tmp_path / "a.db"
+    cli.ok(a, "init", "--relay", relay.url, "--account", "ann")
+    session = load_settings(a).session
+    assert session is not None
+    for _ in range(2):
+        cli.ok(a, "login")
+    listed = cli.json_objects(a, "devices")
+    assert [(d["id"], d["current"]) for d in listed] == [(session.device_id, True)]
+    again = load_settings(a).session
+    assert again is not None and again.access_token != session.access_token

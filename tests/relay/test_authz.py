@@ -25,6 +25,7 @@ from replica.wire import (
     KdfParams,
     KeyBundleValue,
     KeyProof,
+    LoginRequest,
     Page,
     PushBatch,
     PushResult,
@@ -373,3 +374,20 @@ def test_one_accounts_tokens_are_not_anothers_refresh_or_session(world: World) -
     refreshed = client.post("/v1/refresh", content=decoded, headers=MSGPACK)
     assert refreshed.status_code == 401  # an access token is not a refresh token
     assert client.get("/v1/state", headers=bearer(world.alice)).status_code == 200
+
+
+def test_logging_in_as_another_accounts_device_makes_a_new_device(world: World) -> None:
+    """A login names the device it was (to keep its one entry): Mallory naming Alice's
+    laptop gets a new device of her own, and Alice's laptop keeps its tokens."""
+    client = world.relay.client
+    request = LoginRequest("mallory", world.mallory_keys.auth_key, "x", world.alice.device_id)
+    answer = client.post("/v1/login", content=body(request), headers=MSGPACK)
+    session = decode(answer.content, Session)
+    assert answer.status_code == 200 and session.device_id != world.alice.device_id
+    assert client.get("/v1/state", headers=bearer(world.alice)).status_code == 200
+    assert_alice_untouched(world)
+    own = LoginRequest("mallory", world.mallory_keys.auth_key, "x", session.device_id)
+    again = decode(client.post("/v1/login", content=body(own), headers=MSGPACK).content, Session)
+    assert again.device_id == session.device_id  # her own device: kept, one entry
+    mallorys = world.relay.storage.devices("mallory")
+    assert sorted(d.id for d in mallorys) == sorted({world.mallory.device_id, session.device_id})

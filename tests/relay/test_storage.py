@@ -611,3 +611,19 @@ def test_a_postgres_relay_of_the_first_schema_opens_and_counts_failed_logins() -
             assert storage.storage_id == "s" * 32
         finally:
             storage.close()
+
+
+def test_a_device_logging_in_again_keeps_its_entry_and_only_its_new_tokens(
+    storage: Storage,
+) -> None:
+    register(storage, "b")
+    storage.add_device("a", Device("d2", "phone", NOW_MS), [])
+    new = [TokenRecord(b"n" * 32, "a", "d1", "access", NOW_MS + 10_000)]
+    assert storage.token(hashlib.sha256(b"a/d1").digest()) is not None
+    assert storage.renew_device("a", "d1", new)
+    assert [d.id for d in storage.devices("a")] == ["d1", "d2"]
+    assert storage.token(new[0].hash) is not None
+    assert storage.token(hashlib.sha256(b"a/d1").digest()) is None  # its old token ended
+    assert not storage.renew_device("b", "d2", [])  # a's device, asked for through b
+    assert not storage.renew_device("a", "nope", []) and not storage.renew_device("a", "\0", [])
+    assert [d.id for d in storage.devices("b")] == ["d1"]

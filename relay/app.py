@@ -8,6 +8,7 @@ always the one the bearer token names, so no request can reach another account's
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -258,7 +259,10 @@ class RelayApi:
             raise InvalidError(str(exc)) from exc
         await self.prove(caller, body.current_auth_key, "replacing the key bundle")
         version = await self.call(
-            self.storage.put_key_bundle,
+            functools.partial(
+                self.storage.put_key_bundle,
+                only_device=caller.device_id if body.end_other_sessions else None,
+            ),
             caller.account,
             body.expected_version,
             body.bundle,

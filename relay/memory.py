@@ -150,7 +150,14 @@ class MemoryRelay:
             return entry is not None and entry.record is not None
 
     def put_key_bundle(
-        self, name: str, expected_version: int, bundle: bytes, kdf: KdfParams, auth_hash: bytes
+        self,
+        name: str,
+        expected_version: int,
+        bundle: bytes,
+        kdf: KdfParams,
+        auth_hash: bytes,
+        *,
+        only_device: str | None = None,
     ) -> int | None:
         with self._mutex:
             entry = self._accounts.get(name)
@@ -162,6 +169,12 @@ class MemoryRelay:
             entry.record = replace(
                 entry.record, bundle=bundle, kdf=kdf, auth_hash=auth_hash, bundle_version=version
             )
+            if only_device is not None:
+                self._tokens = {
+                    h: t
+                    for h, t in self._tokens.items()
+                    if t.account != name or t.device_id == only_device
+                }
             return version
 
     def add_invite(self, invite_hash: bytes, expires_ms: int) -> None:

@@ -175,7 +175,14 @@ class SQLStorage(ABC):
             return tx.run("DELETE FROM accounts WHERE name = ?", (name,)) > 0
 
     def put_key_bundle(
-        self, name: str, expected_version: int, bundle: bytes, kdf: KdfParams, auth_hash: bytes
+        self,
+        name: str,
+        expected_version: int,
+        bundle: bytes,
+        kdf: KdfParams,
+        auth_hash: bytes,
+        *,
+        only_device: str | None = None,
     ) -> int | None:
         with self._write() as tx:
             changed = tx.run(
@@ -183,6 +190,12 @@ class SQLStorage(ABC):
                 " bundle_version = bundle_version + 1 WHERE name = ? AND bundle_version = ?",
                 (bundle, encode_message(kdf), auth_hash, name, expected_version),
             )
+            if changed and only_device is not None:
+                tx.run(
+                    "DELETE FROM tokens WHERE device != ?"
+                    " AND account = (SELECT id FROM accounts WHERE name = ?)",
+                    (only_device, name),
+                )
         return expected_version + 1 if changed else None
 
     def add_invite(self, invite_hash: bytes, expires_ms: int) -> None:

@@ -110,10 +110,19 @@ class Storage(Protocol):
         ...
 
     def put_key_bundle(
-        self, name: str, expected_version: int, bundle: bytes, kdf: KdfParams, auth_hash: bytes
+        self,
+        name: str,
+        expected_version: int,
+        bundle: bytes,
+        kdf: KdfParams,
+        auth_hash: bytes,
+        *,
+        only_device: str | None = None,
     ) -> int | None:
         """Replace the bundle (and the passphrase's auth hash) if its version is still
-        `expected_version`; the new version, or None when another change came first."""
+        `expected_version`; the new version, or None when another change came first. With
+        `only_device`, every other device's tokens end in the same transaction (their
+        devices log in again, with the new passphrase)."""
         ...
 
     def add_invite(self, invite_hash: bytes, expires_ms: int) -> None: ...

@@ -480,8 +480,11 @@ class PutKeyBundle(Redacted, frozen=True):
     auth_key: AuthKey
     expected_version: Version
     current_auth_key: AuthKey
+    end_other_sessions: bool = False
+    """Every other device's tokens end with the change: they log in again with the new
+    passphrase (a device that may be in someone else's hands)."""
 
-    shown = ("expected_version",)
+    shown = ("expected_version", "end_other_sessions")
 
 
 class RelayLimits(msgspec.Struct, frozen=True):

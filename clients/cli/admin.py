@@ -103,9 +103,15 @@ def profiles(settings: CliSettings, name: str | None) -> None:
 
 
 @click.command("passwd")
+@click.option(
+    "--end-other-sessions",
+    is_flag=True,
+    help="Log every other device out: each logs in again with the new passphrase.",
+)
 @click.pass_obj
-def passwd(settings: CliSettings) -> None:
-    """Change the account's passphrase, here and on the relay (other devices: `join` with it)."""
+def passwd(settings: CliSettings, end_other_sessions: bool) -> None:
+    """Change the account's passphrase, here and on the relay (other devices: `join` with it,
+    or `login` once logged out)."""
     path = settings.replica_path
     with user_errors(), opened_replica(path) as replica:
         relay = load_settings(path)
@@ -117,19 +123,30 @@ def passwd(settings: CliSettings) -> None:
             fail("the new passphrase is the current one", "choose a different passphrase")
         try:
             with device_client(path, relay) as client:
-                change_passphrase(replica, client, current.auth_key, new)
+                change_passphrase(
+                    replica, client, current.auth_key, new, end_other_sessions=end_other_sessions
+                )
         except RelayRefusedError as exc:
             hint = HINT_BY_PASSWD_REFUSAL.get(exc.code)
             if hint is None:
                 raise
             fail(str(exc), hint)
+    if end_other_sessions:
+        out.print("passphrase changed; every other device was logged out (`sealsync login`)")
+        return
     out.print("passphrase changed; other devices keep unlocking with the old one until re-joined")
 
 
 def change_passphrase(
-    replica: Replica, client: RelayClient, current_auth_key: bytes, new: str
+    replica: Replica,
+    client: RelayClient,
+    current_auth_key: bytes,
+    new: str,
+    *,
+    end_other_sessions: bool = False,
 ) -> None:
-    """Re-wrap the account key under `new` and replace the relay's bundle by compare-and-set.
+    """Re-wrap the account key under `new` and replace the relay's bundle by compare-and-set
+    (ending every other device's session with it, if asked).
 
     The relay takes a new bundle only with the current passphrase's auth key (a stolen token
     alone must not take the account over). The local change commits only after the relay's
@@ -140,7 +157,12 @@ def change_passphrase(
         login = replica.change_passphrase(new)
         bundle = replica.key_bundle()
         request = PutKeyBundle(
-            bundle, replica.kdf_params(), login.auth_key, expected_version, current_auth_key
+            bundle,
+            replica.kdf_params(),
+            login.auth_key,
+            expected_version,
+            current_auth_key,
+            end_other_sessions,
         )
 
         def stored() -> bool:

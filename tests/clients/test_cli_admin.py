@@ -30,10 +30,12 @@ def two_devices(cli: Cli, relay: RelayProcess, tmp_path: Path) -> tuple[Path, Pa
     return a, b
 
 
-def passwd(cli: Cli, replica: Path, new: str = NEW_PASSPHRASE, old: str = PASSPHRASE) -> Result:
+def passwd(
+    cli: Cli, replica: Path, *flags: str, new: str = NEW_PASSPHRASE, old: str = PASSPHRASE
+) -> Result:
     env = {"SEALSYNC_PASSPHRASE": old, "SEALSYNC_NEW_PASSPHRASE": new,
            "XDG_CONFIG_HOME": str(cli.home / "config")}  # fmt: skip
-    return cli.runner.invoke(main, ["--replica", str(replica), "passwd"], env=env)
+    return cli.runner.invoke(main, ["--replica", str(replica), "passwd", *flags], env=env)
 
 
 @pytest.mark.slow
@@ -163,3 +165,22 @@ def test_logging_in_again_keeps_the_devices_one_entry(
     assert [(d["id"], d["current"]) for d in listed] == [(session.device_id, True)]
     again = load_settings(a).session
     assert again is not None and again.access_token != session.access_token
+
+
+def test_passwd_can_end_every_other_devices_session(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    """A device may be in someone else's hands: `passwd --end-other-sessions` logs every other
+    device out with the change, so none syncs again without the new passphrase."""
+    relay = start_relay()
+    a, b = two_devices(cli, relay, tmp_path)
+    changed = passwd(cli, a, "--end-other-sessions")
+    assert changed.exit_code == 0 and "every other device was logged out" in changed.stdout
+    refused = cli(b, "sync", "--retry-for", "1")  # b holds no session any more
+    assert_user_error(refused, "passphrase was changed on another device", "--recovery-key")
+    synced = cli(a, "sync", passphrase=NEW_PASSPHRASE)  # this device goes on
+    assert synced.exit_code == 0, synced.output
+    assert_user_error(cli(b, "login"), "does not take this device's secret")  # the old one
+    joined = cli(tmp_path / "c.db", "join", "--relay", relay.url, "--account", "ann",
+                 passphrase=NEW_PASSPHRASE)  # fmt: skip
+    assert joined.exit_code == 0, joined.output

@@ -627,3 +627,15 @@ def test_a_device_logging_in_again_keeps_its_entry_and_only_its_new_tokens(
     assert not storage.renew_device("b", "d2", [])  # a's device, asked for through b
     assert not storage.renew_device("a", "nope", []) and not storage.renew_device("a", "\0", [])
     assert [d.id for d in storage.devices("b")] == ["d1"]
+
+
+def test_a_bundle_change_can_end_every_other_devices_tokens(storage: Storage) -> None:
+    phone = TokenRecord(b"p" * 32, "a", "d2", "access", NOW_MS + 10_000)
+    storage.add_device("a", Device("d2", "phone", NOW_MS), [phone])
+    laptop = hashlib.sha256(b"a/d1").digest()
+    kdf = KdfParams(b"n" * 16)
+    assert storage.put_key_bundle("a", 9, b"lost", kdf, b"h" * 32, only_device="d1") is None
+    assert storage.token(phone.hash) is not None  # a lost compare-and-set ends nothing
+    assert storage.put_key_bundle("a", 1, b"new", kdf, b"h" * 32, only_device="d1") == 2
+    assert storage.token(phone.hash) is None and storage.token(laptop) is not None
+    assert [d.id for d in storage.devices("a")] == ["d1", "d2"]  # logged out, still listed

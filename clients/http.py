@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx2
 import msgspec
@@ -32,6 +32,7 @@ from clients.errors import (
 )
 from replica.errors import InvalidArgumentError
 from replica.wire import (
+    MAX_ANSWER_BYTES,
     PROTOCOL_VERSION,
     DeleteAccount,
     DeviceList,
@@ -60,6 +61,8 @@ from replica.wire import (
 log = logging.getLogger(f"sealsync.{__name__}")
 T = TypeVar("T")
 MSGPACK = "application/msgpack"
+_BODY_HEADERS = {"content-encoding", "content-length", "transfer-encoding"}
+"""Headers of the body as it travelled, not of the body as read (decoded, whole)."""
 
 HINT_BY_CODE: dict[ErrorCode, str] = {
     ErrorCode.UNAUTHORIZED: "this device's session ended (revoked, expired, or the relay was "
@@ -151,6 +154,7 @@ class RelayClient:
         saved_session: Callable[[], Session | None] | None = None,
         insecure: bool = False,
         timeouts: Timeouts = Timeouts(),
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
         transport: httpx2.BaseTransport | None = None,
     ) -> None:
         """`saved_session` reads the session where `on_session` keeps it: before refreshing,
@@ -161,6 +165,8 @@ class RelayClient:
         self._session = session
         self._on_session = on_session
         self._saved_session = saved_session
+        self._max_bytes = max_answer_bytes
+        """The client's own bound on what it reads of an answer, not the relay's word."""
         self._timeouts = timeouts
         self._refresh_lock = threading.Lock()
         self._info: RelayInfo | None = None
@@ -337,11 +343,11 @@ class RelayClient:
                 sent["authorization"] = f"Bearer {session.access_token}"
             response = self._exchange(method, path, content, params, sent, stream)
             if response.status_code == 401 and session is not None and attempt == 1:
-                _discard(response)
+                response.close()
                 self._refresh_after(session)
                 continue
-            if stream and response.status_code != 200:
-                _discard(response)
+            if stream and response.status_code != 200:  # an error, not a stream: read it
+                return self._read_whole(method, path, response)
             return response
         raise AssertionError("unreachable: the second attempt returns")
 
@@ -358,8 +364,33 @@ class RelayClient:
         request = self._http.build_request(
             method, path, content=content, params=params, headers=headers, timeout=timeout
         )
+        response = self._http_errors_translated(method, path, self._http.send, request, stream=True)
+        log.debug("%s %s -> %s", method, path, response.status_code)
+        return response if stream else self._read_whole(method, path, response)
+
+    def _read_whole(self, method: str, path: str, response: httpx2.Response) -> httpx2.Response:
+        """The answer with its whole body, decoded, but never more than `max_answer_bytes` of
+        it, whatever the relay (or a proxy's compression) would send; cut short is unknown."""
+        chunks = self._http_errors_translated(method, path, _capped, response, self._max_bytes)
+        body = b"".join(chunks)
+        declared = response.headers.get("content-length", "")
+        encoded = "content-encoding" in response.headers  # the length is of the encoded body
+        if declared.isdigit() and not encoded and int(declared) != len(body):
+            raise UnknownOutcomeError(
+                f"{method} {path}: answer truncated ({len(body)} of {declared} bytes)",
+                hint=UNKNOWN_OUTCOME_HINT,
+            )
+        headers = [(k, v) for k, v in response.headers.multi_items() if k not in _BODY_HEADERS]
+        return httpx2.Response(
+            response.status_code, headers=headers, content=body, request=response.request
+        )
+
+    def _http_errors_translated(
+        self, method: str, path: str, function: Callable[..., T], *args: Any, **kwargs: Any
+    ) -> T:
+        """httpx2's errors, translated once: no complete answer is an unknown outcome."""
         try:
-            response = self._http.send(request, stream=stream)
+            return function(*args, **kwargs)
         except httpx2.TimeoutException as exc:
             raise UnknownOutcomeError(
                 f"{method} {path}: no answer within the timeout", hint=UNKNOWN_OUTCOME_HINT
@@ -369,10 +400,6 @@ class RelayClient:
                 f"{method} {path}: {type(exc).__name__} talking to {self.url}",
                 hint=UNKNOWN_OUTCOME_HINT,
             ) from exc
-        log.debug("%s %s -> %s", method, path, response.status_code)
-        if not stream:
-            _check_complete(method, path, response)
-        return response
 
     def _refresh_after(self, used: Session) -> None:
         """Refresh the tokens `used` was refused with — unless another thread already did, or
@@ -397,16 +424,23 @@ class RelayClient:
             _raise_for(response)
 
 
-def _check_complete(method: str, path: str, response: httpx2.Response) -> None:
-    """A body shorter than its Content-Length was cut off in transit: outcome unknown."""
-    declared = response.headers.get("content-length")
-    if declared is None or "content-encoding" in response.headers:
-        return
-    if declared.isdigit() and int(declared) != len(response.content):
-        raise UnknownOutcomeError(
-            f"{method} {path}: answer truncated ({len(response.content)} of {declared} bytes)",
-            hint=UNKNOWN_OUTCOME_HINT,
-        )
+def _capped(response: httpx2.Response, max_bytes: int) -> list[bytes]:
+    """The decoded body's chunks, refused past `max_bytes`; the response is closed."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        for chunk in response.iter_bytes():
+            size += len(chunk)
+            if size > max_bytes:
+                path = response.request.url.path
+                raise ProtocolMismatchError(
+                    f"{path}: the answer is over {max_bytes} bytes, more than a relay sends",
+                    hint="check the relay URL: a proxy or another server may be answering",
+                )
+            chunks.append(chunk)
+    finally:
+        response.close()
+    return chunks
 
 
 def _protocol_version(response: httpx2.Response) -> int | None:
@@ -416,15 +450,6 @@ def _protocol_version(response: httpx2.Response) -> int | None:
         return msgspec.msgpack.decode(response.content, type=_Version).protocol_version
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-
-
-def _discard(response: httpx2.Response) -> None:
-    try:
-        response.read()
-    except httpx2.RequestError:
-        pass  # the answer is thrown away either way
-    finally:
-        response.close()
 
 
 def _raise_for(response: httpx2.Response) -> None:

@@ -23,7 +23,7 @@ from relay.storage import (
     VersionRules,
 )
 from replica.errors import InvalidArgumentError
-from replica.wire import MAX_ENVELOPE_BYTES, RelayLimits
+from replica.wire import MAX_ANSWER_BYTES, MAX_ENVELOPE_BYTES, PAGE_FRAMING_BYTES, RelayLimits
 
 ENV_PREFIX = "SEALSYNC_RELAY_"
 
@@ -77,6 +77,12 @@ class RelayConfig:
             raise InvalidArgumentError(
                 f"max_envelope_bytes {self.max_envelope_bytes} must be at most "
                 f"{MAX_ENVELOPE_BYTES}, the largest envelope the wire format allows"
+            )
+        if self.max_page_bytes > MAX_ANSWER_BYTES - PAGE_FRAMING_BYTES:  # devices read no more
+            raise InvalidArgumentError(
+                f"max_page_bytes {self.max_page_bytes} must be at most "
+                f"{MAX_ANSWER_BYTES - PAGE_FRAMING_BYTES}: devices read no answer over "
+                f"{MAX_ANSWER_BYTES} bytes"
             )
         if self.max_envelope_bytes > self.max_body_bytes - 1024:
             raise InvalidArgumentError(

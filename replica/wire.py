@@ -44,6 +44,11 @@ MAX_VECTOR_ENTRIES = 1024
 MAX_U64 = (1 << 64) - 1
 MAX_ENVELOPE_BYTES = 1_100_000
 """Above the largest envelope a replica can seal: 1 MiB of padded content, 1024 vector entries."""
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+"""The most a device reads of any one answer, decoded, whatever the relay advertises: a
+relay's page (`max_page_bytes`, 8 MiB by default) must fit with room for its framing."""
+PAGE_FRAMING_BYTES = 1024 * 1024
+"""Room a page's framing takes beyond its envelopes' bytes, at the most."""
 MAX_HLC = (1 << 63) - 1
 """An hlc (and a vector entry) is below 2^63: it must fit SQLite's signed integers."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +25,7 @@ from clients.errors import (
     UnknownOutcomeError,
 )
 from clients.http import HINT_BY_CODE, RelayClient, check_relay_url
-from replica.errors import InvalidArgumentError
+from replica.errors import InvalidArgumentError, ProtocolError
 from replica.wire import PROTOCOL_VERSION, ErrorCode, PushBatch
 from tests.clients.chaos import FirstReplyLost
 from tests.clients.conftest import Fleet
@@ -54,9 +55,11 @@ def foreign_server() -> Iterator[Callable[[bytes, int], str]]:
     """A real HTTP server on loopback answering every request with the bytes a test gives."""
     servers: list[tuple[uvicorn.Server, threading.Thread]] = []
 
-    def serve(info: bytes, status: int = 200) -> str:
+    def serve(info: bytes, status: int = 200, gzipped: bool = False) -> str:
         async def answer(request: Request) -> Response:
             headers = {"retry-after": "7"}  # read only with a 429
+            if gzipped:
+                headers["content-encoding"] = "gzip"
             return Response(info, status, headers=headers, media_type="application/msgpack")
 
         port = free_port()
@@ -230,3 +233,26 @@ def test_two_processes_of_one_device_take_turns_on_its_session(
         second.state()
         first.state()
         assert first.devices().devices[0].current and second.devices().devices[0].current
+
+
+@pytest.mark.parametrize("gzipped", [False, True], ids=["plain", "a gzip bomb"])
+def test_an_answer_is_read_no_further_than_the_clients_own_bound(
+    foreign_server: Callable[..., str], gzipped: bool
+) -> None:
+    """The client bounds what it reads of an answer itself (`max_answer_bytes`), not by
+    what the relay says: a huge body, or a small one that a proxy's gzip inflates, is
+    refused once past the bound, never read whole into memory."""
+    body = bytes(2 * 1024 * 1024)  # 2 MiB of zeros: about 2 KiB gzipped
+    sent = gzip.compress(body) if gzipped else body
+    url = foreign_server(sent, 200, gzipped=gzipped)
+    with (
+        RelayClient(url, max_answer_bytes=64 * 1024) as client,
+        pytest.raises(ProtocolMismatchError) as refused,
+    ):
+        client.prelogin("ann")
+    assert "over 65536 bytes" in str(refused.value) and refused.value.hint
+    with (
+        RelayClient(url, max_answer_bytes=4 * 1024 * 1024) as client,
+        pytest.raises(ProtocolError),  # read whole, then not a PreloginResponse
+    ):
+        client.prelogin("ann")

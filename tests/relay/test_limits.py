@@ -456,6 +456,7 @@ def test_settings_come_from_toml_then_environment_then_flags(tmp_path: Path) -> 
         {"open_signup": "maybe"},
         {"trusted_proxies": 5},
         {"max_body_bytes": 1000, "max_envelope_bytes": 500},
+        {"max_page_bytes": 63 * 1024 * 1024 + 1},  # devices read no answer over 64 MiB
     ],
     ids=repr,
 )

@@ -78,6 +78,11 @@ def opaque_key_input(profile: str, collection: str, record_id: str) -> bytes:
     return lp(profile) + lp(collection) + lp(record_id)
 
 
+def opaque_key(profile: str, collection: str, record_id: str) -> bytes:
+    key_input = opaque_key_input(profile, collection, record_id)
+    return hmac.digest(index_key(ACCOUNT_KEY), key_input, "sha256")[:16]
+
+
 def padme(length: int) -> int:
     """PADMÉ with a 64-byte floor, from Nikitin et al. (PETS 2019), §4."""
     length = max(length, MIN_PADDED_BYTES)
@@ -198,6 +203,7 @@ def seal_case(
     header_key: bytes | None = None,
     header_vector: dict[int, int] | None = None,
     body: bytes | None = None,
+    length_prefix: int | None = None,
 ) -> Sealed:
     """Seal by the spec; the keyword arguments make a key holder's inconsistent envelope."""
     for text in (case.profile, case.collection, case.record_id):
@@ -209,7 +215,7 @@ def seal_case(
     vector = case.vector if header_vector is None else header_vector
     header = encode_header(case.epoch, header_key or okey, case.hlc, case.node, vector)
     body = pack(plaintext_fields(case)) if body is None else body
-    framed = U32.pack(len(body)) + body
+    framed = U32.pack(len(body) if length_prefix is None else length_prefix) + body
     padded = framed + bytes(padme(len(framed)) - len(framed))
     ad = header + ACCOUNT_ID
     ciphertext = AESGCM(ekey).encrypt(case.nonce, padded, ad)
@@ -355,7 +361,12 @@ class Tampered:
 
 
 def tampered_cases(by_name: dict[str, Sealed]) -> list[Tampered]:
-    return [*damaged_cases(by_name), *relabelled_cases(by_name), *misdirected_cases(by_name)]
+    return [
+        *damaged_cases(by_name),
+        *relabelled_cases(by_name),
+        *misdirected_cases(by_name),
+        *malformed_cases(by_name),
+    ]
 
 
 def damaged_cases(by_name: dict[str, Sealed]) -> list[Tampered]:
@@ -436,7 +447,7 @@ def misdirected_cases(by_name: dict[str, Sealed]) -> list[Tampered]:
         Tampered("moved_to_another_collection", "The opaque key of the same id in 'threads'.",
                  "aead", case.name, relabel(small, key=other_collection)),
         Tampered("another_account_id", "Opened by an account with another id, same key.",
-                 "account id in AD", case.name, small.envelope, account_id=OTHER_ACCOUNT_ID),
+                 "aead", case.name, small.envelope, account_id=OTHER_ACCOUNT_ID),
         Tampered("wrong_account_key", "Opened with another account key, same account id.",
                  "aead", case.name, small.envelope, account_key=OTHER_ACCOUNT_KEY),
         Tampered("sealed_under_another_record_key", "A key holder sealed it with another "
@@ -448,10 +459,40 @@ def misdirected_cases(by_name: dict[str, Sealed]) -> list[Tampered]:
                  "identity re-check", case.name, seal_case(case, header_vector=vector).envelope),
         Tampered("sealed_with_malformed_plaintext", "A key holder sealed bytes that are not "
                  "MessagePack: authentic, but malformed.",
-                 "identity re-check", case.name, seal_case(case, body=not_msgpack).envelope),
+                 "plaintext", case.name, seal_case(case, body=not_msgpack).envelope),
         Tampered("epoch_unknown_to_reader", "A genuine key epoch 1 envelope read by a device "
                  "that knows only epoch 0: it holds it until it learns the epoch.",
                  "epoch", "key_epoch_1", epoch_1, expect="UnknownEpochError", known_epoch=0),
+    ]  # fmt: skip
+
+
+def malformed_cases(by_name: dict[str, Sealed]) -> list[Tampered]:
+    """A key holder's authentic envelopes whose header matches the plaintext, each breaking one
+    rule of the plaintext alone (specs/envelope.md §7 step 4)."""
+    small = by_name["small_document"]
+    tombstone = by_name["tombstone"].case
+    nfd = replace(small.case, record_id="e\u0301")  # "é" decomposed: not NFC
+    nfd_key = opaque_key(nfd.profile, nfd.collection, nfd.record_id)
+    integer_flag = plaintext_fields(tombstone)
+    integer_flag[3] = 1
+    tombstone_document = plaintext_fields(tombstone)
+    tombstone_document[4] = {"title": "Trip"}
+    return [
+        Tampered("sealed_with_a_length_prefix_past_the_plaintext", "A key holder sealed a "
+                 "length prefix of 2**32 - 1, past the end of the plaintext (4 + L wraps to 3 "
+                 "in 32-bit arithmetic): refused, never read past the end.", "plaintext",
+                 small.case.name, seal_case(small.case, length_prefix=0xFFFFFFFF).envelope),
+        Tampered("sealed_with_a_name_not_in_nfc", "A key holder sealed the id 'e' + U+0301 "
+                 "(not NFC) under its own opaque key: the header matches, the name is refused.",
+                 "plaintext", small.case.name,
+                 seal_case(small.case, header_key=nfd_key, body=pack(plaintext_fields(nfd)))
+                 .envelope),
+        Tampered("sealed_with_a_deleted_flag_that_is_an_integer", "A key holder sealed the "
+                 "tombstone with deleted = 1 (an integer), not true: refused.", "plaintext",
+                 tombstone.name, seal_case(tombstone, body=pack(integer_flag)).envelope),
+        Tampered("sealed_tombstone_with_a_document", "A key holder sealed the tombstone with a "
+                 "document instead of nil: refused.", "plaintext", tombstone.name,
+                 seal_case(tombstone, body=pack(tombstone_document)).envelope),
     ]  # fmt: skip
 
 

@@ -175,6 +175,8 @@ def _pairs_match(pairs: Any, header: Header) -> bool:
 def _check_plaintext(keys: AccountKeys, header: Header, plaintext: bytes) -> Opened:
     try:
         (length,) = _LENGTH.unpack_from(plaintext)
+        if length > len(plaintext) - 4:  # a slice would stop at the end instead of failing
+            raise ValueError("the length prefix points past the plaintext")
         fields = _decoder.decode(plaintext[4 : 4 + length])
         profile, collection, record_id, deleted, document, pairs = fields
         _check_names(profile, collection, record_id)

@@ -470,6 +470,7 @@ def malformed_cases(by_name: dict[str, Sealed]) -> list[Tampered]:
     """A key holder's authentic envelopes whose header matches the plaintext, each breaking one
     rule of the plaintext alone (specs/envelope.md §7 step 4)."""
     small = by_name["small_document"]
+    edge = by_name["padme_bucket_edge"]
     tombstone = by_name["tombstone"].case
     nfd = replace(small.case, record_id="e\u0301")  # "é" decomposed: not NFC
     nfd_key = opaque_key(nfd.profile, nfd.collection, nfd.record_id)
@@ -482,6 +483,12 @@ def malformed_cases(by_name: dict[str, Sealed]) -> list[Tampered]:
                  "length prefix of 2**32 - 1, past the end of the plaintext (4 + L wraps to 3 "
                  "in 32-bit arithmetic): refused, never read past the end.", "plaintext",
                  small.case.name, seal_case(small.case, length_prefix=0xFFFFFFFF).envelope),
+        Tampered("sealed_without_padding_with_a_length_prefix_past_the_plaintext", "A key "
+                 "holder sealed a body that fills its PADME bucket (no padding follows it) "
+                 "under a length prefix one byte past the end: refused, not read to the end.",
+                 "plaintext", edge.case.name,
+                 seal_case(edge.case, length_prefix=len(pack(plaintext_fields(edge.case))) + 1)
+                 .envelope),
         Tampered("sealed_with_a_name_not_in_nfc", "A key holder sealed the id 'e' + U+0301 "
                  "(not NFC) under its own opaque key: the header matches, the name is refused.",
                  "plaintext", small.case.name,

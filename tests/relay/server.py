@@ -21,6 +21,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class PortTakenError(RuntimeError):
+    """The relay could not bind its port: another process took it after `free_port`."""
+
+
 class RelayProcess:
     """Start, SIGKILL and restart one relay; its JSON log lines (debug level: one per request)
     go to `log_path`."""
@@ -38,9 +42,24 @@ class RelayProcess:
         )
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.started_once = False
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> RelayProcess:
+        """Start the relay and wait for it to answer. `free_port` cannot reserve its port: on
+        a busy machine another process may take it first, so a first start that finds it
+        taken tries a new one (a restart keeps its port: clients know the URL)."""
+        for _ in range(3):
+            try:
+                return self._start_once()
+            except PortTakenError:
+                if self.started_once:
+                    raise
+                self.port = free_port()
+                self.url = f"http://127.0.0.1:{self.port}"
+        return self._start_once()
+
+    def _start_once(self) -> RelayProcess:
         command = [
             sys.executable, "-m", "clients.cli", "relay", "serve", *self.options,
             "--port", str(self.port), "--set", "requests_per_second=100000",
@@ -52,9 +71,13 @@ class RelayProcess:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
-                raise RuntimeError(f"relay exited: {self.log_path.read_text()[-2000:]}")
+                tail = self.log_path.read_text()[-2000:]
+                if f"{self.port}): address already in use" in tail:
+                    raise PortTakenError(tail)
+                raise RuntimeError(f"relay exited: {tail}")
             try:
                 if httpx2.get(f"{self.url}/v1/health", timeout=1).status_code == 200:
+                    self.started_once = True
                     return self
             except httpx2.TransportError:
                 time.sleep(0.05)

@@ -22,10 +22,18 @@ from replica.errors import (
     ReplicaLockedError,
     StoreError,
     UnknownEpochError,
+    WrongKeyError,
 )
 from replica.events import ChangeEvent, Subscribers
 from replica.inbound import InboundContext, InboundResult, merge_inbound
-from replica.keys import AccountKeys, KeyBundle, bundle_from_bytes
+from replica.keys import (
+    AccountKeys,
+    KeyBundle,
+    bundle_from_bytes,
+    open_info,
+    open_local_schema,
+    seal_local_schema,
+)
 from replica.limits import check_name
 from replica.opener import Opener
 from replica.options import ReplicaOptions
@@ -49,8 +57,8 @@ class Core:
         self._degraded_pending: list[DegradedMark] = []
         self._pending_events: list[ChangeEvent] = []
         self._scopes: dict[tuple[str, str], bytes] = {}
-        schema_bytes = store.get_bytes("schema")
-        self.schema = schema_from_bytes(schema_bytes) if schema_bytes else Schema(())
+        self._schema: Schema | None = None
+        """Set with the opener: the file keeps the schema sealed (`unlock`)."""
 
     # -- transactions and events ----------------------------------------------------------------
 
@@ -113,9 +121,59 @@ class Core:
             raise StoreError(f"{self.store.path} holds no key bundle")
         return bundle_from_bytes(data)
 
-    def set_schema(self, schema: Schema) -> None:
-        self.store.set_meta("schema", schema_to_bytes(schema))
-        self.schema = schema
+    @property
+    def schema(self) -> Schema:
+        """The declared collections: sealed in the file, so known only while unlocked."""
+        self.opener_or_raise()
+        assert self._schema is not None, "unlock sets it with the opener"
+        return self._schema
+
+    def unlock(self, keys: AccountKeys) -> None:
+        """Take the keys, and the schema they open (sealing a clear one first); on failure
+        the keys are dropped and the replica stays locked."""
+        try:
+            schema = self._load_schema(keys.account_key)
+        except BaseException:
+            keys.drop()
+            raise
+        self.opener = Opener(keys, self.options.cache_entries)
+        self._schema = schema
+
+    def store_schema(self, schema: Schema, account_key: bytes) -> None:
+        sealed = seal_local_schema(account_key, schema_to_bytes(schema), self.options.random_bytes)
+        self.store.set_meta("schema", sealed)
+        self._schema = schema
+
+    def _load_schema(self, account_key: bytes) -> Schema:
+        """The file's sealed schema (another process may have declared it since). A file
+        without one seals, once, the schema a join or an older format left in clear, or else
+        the bundle's, and scrubs the clear copy from the file and its WAL."""
+        sealed = self.store.get_bytes("schema")
+        if sealed is not None:
+            return self._open_schema(account_key, sealed)
+        with self.write_transaction():
+            sealed = self.store.get_bytes("schema")
+            if sealed is not None:
+                return self._open_schema(account_key, sealed)
+            clear = self.store.get_bytes("clear_schema")
+            if clear is None:
+                clear = open_info(account_key, self.bundle().sealed_info).schema
+                if not clear:
+                    return Schema(())
+            schema = schema_from_bytes(clear)
+            self.store_schema(schema, account_key)
+            self.store.scrub_meta("clear_schema")
+        self.store.checkpoint_truncate()
+        return schema
+
+    def _open_schema(self, account_key: bytes, sealed: bytes) -> Schema:
+        try:
+            return schema_from_bytes(open_local_schema(account_key, sealed))
+        except WrongKeyError:
+            raise StoreError(
+                f"the schema sealed in {self.store.path} does not open with this account's key",
+                hint="the file is damaged: restore it from a backup, or join the account again",
+            ) from None
 
     def resolve(self, collection: str, id: str, profile: str) -> tuple[Collection, Identity]:
         """Validate a record's names against the bounds and the schema."""
@@ -147,6 +205,7 @@ class Core:
             self.opener.keys.drop()
             self.opener.forget()
             self.opener = None
+        self._schema = None
         self._scopes.clear()
 
     # -- reading versions, failing closed -------------------------------------------------------
@@ -206,7 +265,7 @@ class Core:
         ctx = InboundContext(
             self.store,
             self.opener,
-            self.schema,
+            Schema(()) if self.opener is None else self.schema,  # locked: all held sealed first
             self.node(),
             options,
             want_events=bool(self.subscribers),

@@ -280,6 +280,20 @@ def open_info(account_key: bytes, sealed: bytes) -> AccountInfo:
     return msgspec.msgpack.decode(plain, type=AccountInfo)
 
 
+def _schema_key(account_key: bytes) -> bytes:
+    return hkdf(account_key, b"sealsync local schema v1")
+
+
+def seal_local_schema(account_key: bytes, schema: bytes, random_bytes: RandomBytes) -> bytes:
+    """The schema as a replica file keeps it: its collection names are the app's own words."""
+    return _wrap(_schema_key(account_key), schema, b"local schema", random_bytes)
+
+
+def open_local_schema(account_key: bytes, sealed: bytes) -> bytes:
+    """Raises `WrongKeyError` when the sealed schema does not open under this account key."""
+    return _unwrap(_schema_key(account_key), sealed, b"local schema", "account key")
+
+
 @dataclass(frozen=True)
 class NewAccount:
     """A fresh account: the bundle to store, the unlocked keys, and the secrets shown once."""

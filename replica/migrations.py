@@ -52,5 +52,11 @@ MIGRATIONS: tuple[str, ...] = (
     DELETE FROM quarantine WHERE id NOT IN (SELECT min(id) FROM quarantine GROUP BY digest);
     CREATE UNIQUE INDEX quarantine_by_digest ON quarantine (digest);
     """,
+    # 3: meta `schema` holds the schema sealed under the account key; a clear one (written
+    # by earlier formats, or by a join while locked) waits as `clear_schema` for the next
+    # unlock to seal it and scrub it from the file (`Core.unlock`)
+    """
+    UPDATE meta SET name = 'clear_schema' WHERE name = 'schema';
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -40,7 +40,6 @@ from replica.keys import (
     with_info,
 )
 from replica.limits import check_document, check_name
-from replica.opener import Opener
 from replica.options import ReplicaOptions
 from replica.record import Context, Record, Version, record_from_siblings
 from replica.repair import Diagnosis, RepairReport
@@ -48,7 +47,6 @@ from replica.schema import (
     DEFAULT_PROFILE,
     PROFILES_COLLECTION,
     Schema,
-    schema_from_bytes,
     schema_to_bytes,
 )
 from replica.status import Status, read_status
@@ -88,7 +86,7 @@ class Replica:
         """A new account and its first replica; show `NewAccount.recovery_key` to the user once."""
         options = options or ReplicaOptions()
         account = new_account(passphrase, options.random_bytes, kdf, schema_to_bytes(schema))
-        replica = cls._new_file(Path(path), account.bundle, schema, options)
+        replica = cls._new_file(Path(path), account.bundle, None, options)  # the bundle's
         replica._unlocked(account.keys)
         return replica, account
 
@@ -130,8 +128,8 @@ class Replica:
             store.set_meta("bundle", bundle_to_bytes(bundle))
             store.set_meta("node", str(options.new_node_id()))
             store.set_meta("clock", 0)
-            if schema is not None:
-                store.set_meta("schema", schema_to_bytes(schema))
+            if schema is not None:  # locked: sealed by the first unlock
+                store.set_meta("clear_schema", schema_to_bytes(schema))
         return cls(store, options)
 
     def unlock(self, passphrase: str) -> None:
@@ -155,15 +153,7 @@ class Replica:
         with core.mutex:
             core.check_open()
             core.forget_keys()
-            core.opener = Opener(keys, core.options.cache_entries)
-            stored = core.store.get_bytes("schema")  # another process may have declared it
-            if stored is not None:
-                core.schema = schema_from_bytes(stored)
-            else:
-                info = open_info(keys.account_key, core.bundle().sealed_info)
-                if info.schema:
-                    with core.write_transaction():
-                        core.set_schema(schema_from_bytes(info.schema))
+            core.unlock(keys)
             core.recheck_held(HELD_RECHECK_ON_UNLOCK)
 
     def lock(self) -> None:
@@ -198,7 +188,9 @@ class Replica:
 
     @property
     def schema(self) -> Schema:
-        return self._core.schema
+        """The declared collections; the file keeps them sealed, so only while unlocked."""
+        with self._core.mutex:
+            return self._core.schema
 
     @property
     def path(self) -> Path:
@@ -254,7 +246,7 @@ class Replica:
                 info = msgspec.structs.replace(info, schema=schema_to_bytes(schema))
                 sealed = with_info(bundle, keys, info, core.options.random_bytes)
                 core.store.set_meta("bundle", bundle_to_bytes(sealed))
-                core.set_schema(schema)
+                core.store_schema(schema, keys.account_key)
             core.recheck_held(("collection",))
 
     # -- profiles -------------------------------------------------------------------------------

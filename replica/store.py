@@ -266,6 +266,17 @@ class Store:
     def delete_meta(self, name: str) -> None:
         self.db.execute("DELETE FROM meta WHERE name = ?", (name,))
 
+    def scrub_meta(self, name: str) -> None:
+        """Delete a meta row, overwriting its bytes in the file (`secure_delete`); after the
+        commit, `checkpoint_truncate` clears the copies the WAL still holds."""
+        self.db.execute("PRAGMA secure_delete = ON")
+        self.delete_meta(name)
+        self.db.execute("PRAGMA secure_delete = OFF")
+
+    def checkpoint_truncate(self) -> None:
+        """Copy the WAL into the file and empty it (a no-op while a reader holds it open)."""
+        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
     # -- versions (siblings) ------------------------------------------------------------------
 
     def versions_of(self, key: bytes) -> list[Row]:

@@ -24,6 +24,7 @@ from replica import (
 )
 from replica.envelope import Identity, opaque_key, seal
 from replica.keys import AccountInfo, AccountKeys
+from replica.migrations import SCHEMA_VERSION
 from replica.wire import MAX_ENVELOPE_BYTES, node_to_i64, parse_header
 from tests.conftest import Account, FakeClock, ReplicaFactory
 from tests.replica.helpers import apply, dirty_envelopes, page_of
@@ -516,4 +517,4 @@ def test_a_replica_of_format_1_keeps_one_quarantine_row_per_envelope(
     with sqlite3.connect(path) as db:
         kept = db.execute("SELECT envelope, reason FROM quarantine ORDER BY id").fetchall()
         assert kept == [(b"same", "first"), (b"b", "x")]
-        assert db.execute("PRAGMA user_version").fetchone() == (2,)
+        assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)

@@ -177,9 +177,23 @@ def relay_invite(*, where: RelayStorage, days: int | None) -> None:
 
 @relay.command("accounts")
 @storage_options
-@click.option("--json", "as_json", is_flag=True, help="One JSON array.")
-def relay_accounts(*, where: RelayStorage, as_json: bool) -> None:
-    """List accounts: devices, stored versions and bytes (never what they hold)."""
+@click.option("--json", "as_json", is_flag=True, help="One JSON array (one object with --delete).")
+@click.option(
+    "--delete",
+    "to_delete",
+    metavar="NAME",
+    help="Delete account NAME: its devices, tokens and stored versions. Asks first.",
+)
+@click.option("--yes", is_flag=True, help="With --delete: do not ask.")
+def relay_accounts(*, where: RelayStorage, as_json: bool, to_delete: str | None, yes: bool) -> None:
+    """List accounts: devices, stored versions and bytes (never what they hold); or delete one."""
+    if to_delete is not None:
+        delete_account(where, to_delete, as_json=as_json, yes=yes)
+        return
+    if yes:
+        raise InvalidArgumentError(
+            "--yes only goes with --delete NAME", hint="sealsync relay accounts --delete NAME --yes"
+        )
     with where.opened() as storage:
         accounts = storage.accounts()
     if as_json:
@@ -189,6 +203,36 @@ def relay_accounts(*, where: RelayStorage, as_json: bool) -> None:
     for a in accounts:
         table.add_row(a.name, str(a.devices), str(a.versions), str(a.stored_bytes), str(a.head))
     out.print(table)
+
+
+def delete_account(where: RelayStorage, name: str, *, as_json: bool, yes: bool) -> None:
+    """Delete an account an operator names: the way out for a person whose account here is
+    not theirs any more (registered again by a revoked device after a wipe, for one), who then
+    registers it again with `sealsync sync --reseed`. Devices keep their replicas."""
+    with where.opened() as storage:
+        found = [a for a in storage.accounts() if a.name == name]
+        if not found:
+            raise InvalidArgumentError(
+                f"no account {name!r} on this relay", hint="`sealsync relay accounts` lists them"
+            )
+        gone = found[0]
+        if not yes:
+            click.confirm(
+                f"Delete account {name!r} with {gone.devices} device(s) and {gone.versions} "
+                f"stored version(s), {gone.stored_bytes} bytes? It cannot be undone",
+                abort=True,
+                err=True,
+            )
+        if not storage.delete_account(name):
+            raise InvalidArgumentError(f"account {name!r} was deleted meanwhile")
+    if as_json:
+        out.print_json(json.dumps({"deleted": vars(gone)}))
+        return
+    out.print(
+        f"deleted account {name!r}: {gone.devices} device(s), {gone.versions} version(s), "
+        f"{gone.stored_bytes} bytes; its devices can register it again with "
+        "`sealsync sync --reseed`"
+    )
 
 
 @relay.command("stats")

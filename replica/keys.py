@@ -19,7 +19,7 @@ import struct
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import msgspec
 from cryptography.exceptions import InvalidTag
@@ -45,6 +45,7 @@ BUNDLE_VERSION = 1
 MAX_PASSPHRASE_CHARS = 1024
 
 RandomBytes = Callable[[int], bytes]
+_Bundle = TypeVar("_Bundle", bound=msgspec.Struct)
 
 
 _LENGTH = struct.Struct(">I")
@@ -68,6 +69,19 @@ def _record_message(profile: str, collection: str, id: str) -> bytes:
 def hkdf(key: bytes, info: bytes, length: int = KEY_BYTES) -> bytes:
     """HKDF-SHA256 with no salt: every input key here is already uniformly random."""
     return HKDF(algorithm=hashes.SHA256(), length=length, salt=None, info=info).derive(key)
+
+
+def v1_index_key(account_key: bytes) -> bytes:
+    return hkdf(account_key, b"sealsync index v1")
+
+
+def v1_scope_key(account_key: bytes) -> bytes:
+    return hkdf(account_key, b"sealsync scope v1")
+
+
+def v1_epoch_key(account_key: bytes, epoch: int) -> bytes:
+    """Version-1 epoch keys are derived; bundle version 2 stores them (replica/generations.py)."""
+    return hkdf(account_key, b"sealsync epoch v1 " + str(epoch).encode())
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +109,11 @@ def passphrase_login_keys(passphrase: str, params: KdfParams) -> LoginKeys:
 
 
 def recovery_login_keys(recovery_key: str) -> LoginKeys:
+    return recovery_login_keys_from_raw(parse_recovery_key(recovery_key))
+
+
+def recovery_login_keys_from_raw(raw: bytes) -> LoginKeys:
     """The recovery key is full-entropy, so HKDF alone derives its keys."""
-    raw = parse_recovery_key(recovery_key)
     return LoginKeys(
         hkdf(raw, b"sealsync recovery auth v1"), hkdf(raw, b"sealsync recovery kek v1")
     )
@@ -160,13 +177,24 @@ def bundle_to_bytes(bundle: KeyBundle) -> bytes:
 
 
 def bundle_from_bytes(data: bytes) -> KeyBundle:
+    bundle = decode_bundle(data, KeyBundle)
+    check_bundle_version(bundle.version, BUNDLE_VERSION)
+    return bundle
+
+
+def decode_bundle(data: bytes, kind: type[_Bundle]) -> _Bundle:
     try:
-        bundle = msgspec.msgpack.decode(data, type=KeyBundle)
+        return msgspec.msgpack.decode(data, type=kind)
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"malformed key bundle: {exc}") from exc
-    if bundle.version != BUNDLE_VERSION:
-        raise ProtocolError(f"key bundle version {bundle.version} is not {BUNDLE_VERSION}")
-    return bundle
+
+
+def check_bundle_version(version: int, expected: int) -> None:
+    if version != expected:
+        raise ProtocolError(
+            f"key bundle version {version} is not {expected}",
+            hint="upgrade sealsync" if version > expected else None,
+        )
 
 
 class _HmacState(Protocol):
@@ -190,8 +218,8 @@ class AccountKeys:
         self._account_key: bytes | None = account_key
         self.account_id = info.account_id
         self.key_epoch = info.key_epoch
-        self._index_key: bytes | None = hkdf(account_key, b"sealsync index v1")
-        self._scope_key: bytes | None = hkdf(account_key, b"sealsync scope v1")
+        self._index_key: bytes | None = v1_index_key(account_key)
+        self._scope_key: bytes | None = v1_scope_key(account_key)
         # Keyed HMAC states, copied per use: a fraction of hmac.digest's cost on hot paths.
         self._index_hmac: _HmacState | None = _keyed_state(self._index_key)
         self._scope_hmac: _HmacState | None = _keyed_state(self._scope_key)
@@ -241,7 +269,7 @@ class AccountKeys:
         if cipher is None:
             if epoch > self.key_epoch or epoch < 0:
                 raise UnknownEpochError(f"key epoch {epoch} is newer than {self.key_epoch}")
-            cipher = AESGCM(hkdf(self.account_key, b"sealsync epoch v1 " + str(epoch).encode()))
+            cipher = AESGCM(v1_epoch_key(self.account_key, epoch))
             self._aead_by_epoch[epoch] = cipher
         return cipher
 

@@ -332,9 +332,12 @@ class RelayClient:
         auth: bool = True,
         stream: bool = False,
     ) -> httpx2.Response:
-        """Send once, or twice when the access token needed a refresh; any status returned."""
+        """Send; on a refused access token, again after one refresh (and before it, once with
+        a session another process saved, whose token may have expired too); any status
+        returned."""
         content = None if body is None else encode_message(body)
-        for attempt in (1, 2):
+        refreshed = False
+        for attempt in (1, 2, 3):
             session = self._require_session() if auth else None
             sent = dict(headers or {})
             if content is not None:
@@ -342,14 +345,19 @@ class RelayClient:
             if session is not None:
                 sent["authorization"] = f"Bearer {session.access_token}"
             response = self._exchange(method, path, content, params, sent, stream)
-            if response.status_code == 401 and session is not None and attempt == 1:
+            if (
+                response.status_code == 401
+                and session is not None
+                and not refreshed
+                and attempt < 3
+            ):
                 response.close()
-                self._refresh_after(session)
+                refreshed = self._refresh_after(session)
                 continue
             if stream and response.status_code != 200:  # an error, not a stream: read it
                 return self._read_whole(method, path, response)
             return response
-        raise AssertionError("unreachable: the second attempt returns")
+        raise AssertionError("unreachable: the third attempt returns")
 
     def _exchange(
         self,
@@ -401,18 +409,20 @@ class RelayClient:
                 hint=UNKNOWN_OUTCOME_HINT,
             ) from exc
 
-    def _refresh_after(self, used: Session) -> None:
+    def _refresh_after(self, used: Session) -> bool:
         """Refresh the tokens `used` was refused with — unless another thread already did, or
         another process (its newer session is saved): a second refresh with the spent token
-        would be a replay out of turn, which ends every token of the device."""
+        would be a replay out of turn, which ends every token of the device. Whether this
+        refreshed; if not, a refusal of the session taken refreshes with its own token."""
         with self._refresh_lock:
             if self._session is not used:
-                return
+                return False
             saved = self._saved_session() if self._saved_session is not None else None
             if saved is not None and saved.refresh_token != used.refresh_token:
                 self._session = saved
-                return
+                return False
             self.refresh()
+            return True
 
     def _decode(self, response: httpx2.Response, kind: type[T], *, status: int = 200) -> T:
         if response.status_code != status:

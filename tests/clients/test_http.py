@@ -233,6 +233,12 @@ def test_two_processes_of_one_device_take_turns_on_its_session(
         second.state()
         first.state()
         assert first.devices().devices[0].current and second.devices().devices[0].current
+        time.sleep(1.2)
+        first.state()  # refreshes and saves; then the saved session's token expires too
+        time.sleep(1.2)
+        second.state()  # takes the saved session, refused, refreshes with its refresh token
+        assert second.session == load_settings(replica).session != first.session
+        first.state()
 
 
 @pytest.mark.parametrize("gzipped", [False, True], ids=["plain", "a gzip bomb"])

@@ -17,13 +17,13 @@ import hashlib
 import hmac
 import struct
 from dataclasses import dataclass, field
+from typing import Annotated
 
 import msgspec
 from cryptography.exceptions import InvalidSignature, InvalidTag
 from cryptography.hazmat.primitives import hpke
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from replica.errors import ProtocolError, WrongKeyError
 from replica.keys import (
@@ -31,21 +31,20 @@ from replica.keys import (
     AccountKeys,
     KeyBundle,
     RandomBytes,
-    check_bundle_version,
     decode_bundle,
     hkdf,
+    open_aead,
     open_info,
+    recovery_account_key,
     recovery_login_keys_from_raw,
+    seal_aead,
     v1_epoch_key,
     v1_index_key,
     v1_scope_key,
 )
-from replica.wire import KdfParams, auth_key_hash, check_kdf_params
+from replica.wire import KdfParams, Redacted, auth_key_hash, check_kdf_params
 
 BUNDLE_VERSION_2 = 2
-NONCE_BYTES = 12
-PUBLIC_KEY_BYTES = 32
-MAX_U32 = 2**32 - 1
 
 PASSPHRASE_AD = b"sealsync wrap v2 passphrase\0"
 RECOVERY_INFO = b"sealsync recovery v2\0"
@@ -58,6 +57,10 @@ CLEAR_LABEL = b"sealsync bundle v2\0"
 SUITE = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.AES_256_GCM)
 _U32 = struct.Struct(">I")
 
+U32 = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
+Key = Annotated[bytes, msgspec.Meta(min_length=KEY_BYTES, max_length=KEY_BYTES)]
+"""32 bytes: a symmetric key, an Ed25519 seed or public key, an X25519 public key."""
+
 
 class Frontier(msgspec.Struct, frozen=True):
     """What the device that retired an epoch knew: the union of every version vector it held,
@@ -67,28 +70,27 @@ class Frontier(msgspec.Struct, frozen=True):
     head: int
 
 
-class GenerationSecrets(msgspec.Struct, frozen=True):
-    """Sealed in a bundle under its generation key. Never in a repr, a log or an error."""
+class GenerationSecrets(Redacted, frozen=True):
+    """Sealed in a bundle under its generation key; `repr` and rich show two numbers."""
 
     account_id: bytes
-    generation: int
-    key_epoch: int
-    epoch_keys: dict[int, bytes]
-    index_key: bytes
-    scope_key: bytes
-    signing_key: bytes
+    generation: U32
+    key_epoch: U32
+    epoch_keys: dict[U32, Key]
+    index_key: Key
+    scope_key: Key
+    signing_key: Key
     """The Ed25519 private key's 32 seed bytes."""
-    recovery_public: bytes
+    recovery_public: Key
     recovery_auth_hash: bytes
     schema: bytes | None = None
-    frontiers: dict[int, Frontier] = {}
+    frontiers: dict[U32, Frontier] = msgspec.field(default_factory=dict)
     """For each retired epoch: the frontier recorded by the rotation that retired it."""
     revoked_device: str | None = None
     rotated_by: str = ""
     rotated_at_ms: int = 0
 
-    def __repr__(self) -> str:
-        return f"GenerationSecrets(generation={self.generation}, key_epoch={self.key_epoch})"
+    shown = ("generation", "key_epoch")
 
     def signing_public(self) -> bytes:
         return (
@@ -101,11 +103,11 @@ class KeyBundleV2(msgspec.Struct, frozen=True):
     (which generation, which keys verify pushes), the rest open only with a secret."""
 
     version: int
-    generation: int
-    key_epoch: int
+    generation: U32
+    key_epoch: U32
     kdf: KdfParams
-    signing_public: bytes
-    recovery_public: bytes
+    signing_public: Key
+    recovery_public: Key
     chain_signature: bytes | None
     passphrase_wrap: bytes
     recovery_wrap: bytes
@@ -120,7 +122,7 @@ class OpenedGeneration:
     """A bundle opened with a secret: its generation key (to re-wrap it) and its secrets."""
 
     key: bytes = field(repr=False)
-    secrets: GenerationSecrets = field(repr=False)
+    secrets: GenerationSecrets
 
 
 def bundle_v2_to_bytes(bundle: KeyBundleV2) -> bytes:
@@ -128,37 +130,58 @@ def bundle_v2_to_bytes(bundle: KeyBundleV2) -> bytes:
 
 
 def bundle_v2_from_bytes(data: bytes) -> KeyBundleV2:
-    bundle = decode_bundle(data, KeyBundleV2)
-    check_bundle_version(bundle.version, BUNDLE_VERSION_2)
+    bundle = decode_bundle(data, KeyBundleV2, BUNDLE_VERSION_2)
     check_kdf_params(bundle.kdf)
-    for name in ("generation", "key_epoch"):
-        if not 0 <= getattr(bundle, name) <= MAX_U32:
-            raise ProtocolError(f"key bundle {name} is not a u32")
-    for name in ("signing_public", "recovery_public"):
-        if len(getattr(bundle, name)) != PUBLIC_KEY_BYTES:
-            raise ProtocolError(f"key bundle {name} is not {PUBLIC_KEY_BYTES} bytes")
     return bundle
 
 
 def clear_digest(bundle: KeyBundleV2) -> bytes:
-    """`C`: SHA-256 over the clear fields in one canonical form (MessagePack has several)."""
+    """`C`: SHA-256 over the clear fields in one canonical form (MessagePack has several);
+    the salt is always 16 bytes (`check_kdf_params`)."""
     kdf = bundle.kdf
+    numbers = (bundle.version, bundle.generation, bundle.key_epoch)
+    costs = (kdf.memory_kib, kdf.iterations, kdf.lanes)
     return hashlib.sha256(
         CLEAR_LABEL
-        + b"".join(_U32.pack(n) for n in (bundle.version, bundle.generation, bundle.key_epoch))
-        + _U32.pack(len(kdf.salt))
+        + b"".join(map(_U32.pack, numbers))
         + kdf.salt
-        + b"".join(_U32.pack(n) for n in (kdf.memory_kib, kdf.iterations, kdf.lanes))
+        + b"".join(map(_U32.pack, costs))
         + bundle.signing_public
         + bundle.recovery_public
     ).digest()
 
 
-def generation_identity(bundle: KeyBundleV2) -> bytes:
+def generation_identity(
+    generation: int, key_epoch: int, signing_public: bytes, recovery_public: bytes
+) -> bytes:
     """What the chain signature covers: the generation and its keys, not the KDF parameters,
-    so a passphrase change does not need the previous generation's signing key."""
-    numbers = _U32.pack(bundle.generation) + _U32.pack(bundle.key_epoch)
-    return CHAIN_LABEL + numbers + bundle.signing_public + bundle.recovery_public
+    so a passphrase change keeps the signature without the previous generation's key."""
+    numbers = _U32.pack(generation) + _U32.pack(key_epoch)
+    return CHAIN_LABEL + numbers + signing_public + recovery_public
+
+
+def sign_chain(secrets: GenerationSecrets, previous_signing_key: bytes) -> bytes:
+    """The previous generation's signature vouching for `secrets`' generation."""
+    identity = generation_identity(
+        secrets.generation, secrets.key_epoch, secrets.signing_public(), secrets.recovery_public
+    )
+    return Ed25519PrivateKey.from_private_bytes(previous_signing_key).sign(identity)
+
+
+def verify_chain(bundle: KeyBundleV2, previous_signing_public: bytes) -> bool:
+    """Whether the previous generation's signing key vouches for this bundle's generation."""
+    if bundle.chain_signature is None:
+        return False
+    identity = generation_identity(
+        bundle.generation, bundle.key_epoch, bundle.signing_public, bundle.recovery_public
+    )
+    try:
+        Ed25519PublicKey.from_public_bytes(previous_signing_public).verify(
+            bundle.chain_signature, identity
+        )
+    except (InvalidSignature, ValueError):
+        return False
+    return True
 
 
 def recovery_private_key(recovery_raw: bytes) -> X25519PrivateKey:
@@ -174,10 +197,11 @@ def seal_generation(
     kdf: KdfParams,
     kek: bytes,
     random_bytes: RandomBytes,
-    previous_signing_key: bytes | None,
+    chain_signature: bytes | None,
 ) -> KeyBundleV2:
     """The bundle of `opened`: its key wrapped under `kek` and to the recovery key, its
-    secrets sealed, and signed by the previous generation's key (none for generation 1)."""
+    secrets sealed, with the chain signature (`sign_chain`; none for generation 1; the same
+    one again when only the passphrase changed)."""
     check_kdf_params(kdf)
     secrets = opened.secrets
     unsealed = b""
@@ -188,32 +212,27 @@ def seal_generation(
         kdf=kdf,
         signing_public=secrets.signing_public(),
         recovery_public=secrets.recovery_public,
-        chain_signature=None,
+        chain_signature=chain_signature,
         passphrase_wrap=unsealed,
         recovery_wrap=unsealed,
         sealed_secrets=unsealed,
     )  # the clear fields first: every wrap binds their digest
     c = clear_digest(draft)
     recipient = X25519PublicKey.from_public_bytes(secrets.recovery_public)
-    chain = None
-    if previous_signing_key is not None:
-        signer = Ed25519PrivateKey.from_private_bytes(previous_signing_key)
-        chain = signer.sign(generation_identity(draft))
+    plain = msgspec.msgpack.encode(secrets)
     return msgspec.structs.replace(
         draft,
-        chain_signature=chain,
-        passphrase_wrap=_seal(kek, opened.key, PASSPHRASE_AD + c, random_bytes),
+        passphrase_wrap=seal_aead(kek, opened.key, PASSPHRASE_AD + c, random_bytes),
         recovery_wrap=SUITE.encrypt(opened.key, recipient, info=RECOVERY_INFO + c),
-        sealed_secrets=_seal(
-            _secrets_key(opened.key), msgspec.msgpack.encode(secrets), SECRETS_AD + c, random_bytes
-        ),
+        sealed_secrets=seal_aead(_secrets_key(opened.key), plain, SECRETS_AD + c, random_bytes),
     )
 
 
 def open_with_kek(bundle: KeyBundleV2, kek: bytes) -> OpenedGeneration:
     """Open with the passphrase's KEK (`LoginKeys.wrapping_key` under `bundle.kdf`)."""
     c = clear_digest(bundle)
-    key = _open(kek, bundle.passphrase_wrap, PASSPHRASE_AD + c, "passphrase")
+    refusal = "the passphrase does not open this key generation"
+    key = open_aead(kek, bundle.passphrase_wrap, PASSPHRASE_AD + c, refusal)
     return _open_secrets(bundle, key, c)
 
 
@@ -230,21 +249,8 @@ def open_with_recovery_key(bundle: KeyBundleV2, recovery_raw: bytes) -> OpenedGe
     return _open_secrets(bundle, key, c)
 
 
-def verify_chain(bundle: KeyBundleV2, previous_signing_public: bytes) -> bool:
-    """Whether the previous generation's signing key vouches for this bundle's generation."""
-    if bundle.chain_signature is None:
-        return False
-    try:
-        Ed25519PublicKey.from_public_bytes(previous_signing_public).verify(
-            bundle.chain_signature, generation_identity(bundle)
-        )
-    except (InvalidSignature, ValueError):
-        return False
-    return True
-
-
 def rotate(
-    opened: OpenedGeneration,
+    old: GenerationSecrets,
     random_bytes: RandomBytes,
     *,
     frontier: Frontier,
@@ -255,7 +261,6 @@ def rotate(
 ) -> OpenedGeneration:
     """Generation g + 1: a new random key, epoch key and signing key; the old epochs carried
     and retired behind `frontier`; a new recovery key only when one is given."""
-    old = opened.secrets
     epoch = old.key_epoch + 1
     retired = {e: frontier for e in old.epoch_keys if e not in old.frontiers}
     secrets = msgspec.structs.replace(
@@ -286,32 +291,37 @@ def migrate_v1(
 ) -> OpenedGeneration:
     """Generation 1 of a version-1 account: a rotation without a revoked device (§5). The v1
     epochs, index and scope keys are stored as derived; the recovery key must be the
-    account's own (checked against the v1 wrap) unless `new_recovery_key` replaces it."""
+    account's own (it must unwrap the v1 account key) unless `new_recovery_key` replaces it."""
     account_key = keys.account_key
-    if not new_recovery_key and not _opens_v1_recovery_wrap(bundle, recovery_raw, account_key):
-        raise WrongKeyError("the recovery key does not open this account", hint="check for typos")
+    if not new_recovery_key:
+        _check_recovery_key(bundle, recovery_raw, account_key)
     info = open_info(account_key, bundle.sealed_info)
-    epochs = {e: v1_epoch_key(account_key, e) for e in range(info.key_epoch + 1)}
     v1 = GenerationSecrets(
         account_id=info.account_id,
         generation=0,
         key_epoch=info.key_epoch,
-        epoch_keys=epochs,
+        epoch_keys={e: v1_epoch_key(account_key, e) for e in range(info.key_epoch + 1)},
         index_key=v1_index_key(account_key),
         scope_key=v1_scope_key(account_key),
-        signing_key=random_bytes(KEY_BYTES),
+        signing_key=bytes(KEY_BYTES),  # v1 had none; the rotation below makes one
         recovery_public=recovery_public_key(recovery_raw),
         recovery_auth_hash=_recovery_auth_hash(recovery_raw),
         schema=info.schema,
     )
     return rotate(
-        OpenedGeneration(account_key, v1),
+        v1,
         random_bytes,
         frontier=frontier,
         revoked_device=None,
         rotated_by=rotated_by,
         now_ms=now_ms,
     )
+
+
+def _check_recovery_key(bundle: KeyBundle, recovery_raw: bytes, account_key: bytes) -> None:
+    unwrapped = recovery_account_key(bundle, recovery_raw)  # WrongKeyError if it does not
+    if not hmac.compare_digest(unwrapped, account_key):
+        raise WrongKeyError("the recovery key belongs to another account")
 
 
 def _recovery_fields(new_recovery_raw: bytes | None, old: GenerationSecrets) -> dict[str, bytes]:
@@ -330,24 +340,13 @@ def _recovery_auth_hash(recovery_raw: bytes) -> bytes:
     return auth_key_hash(recovery_login_keys_from_raw(recovery_raw).auth_key)
 
 
-def _opens_v1_recovery_wrap(bundle: KeyBundle, recovery_raw: bytes, account_key: bytes) -> bool:
-    wrapping_key = recovery_login_keys_from_raw(recovery_raw).wrapping_key
-    wrapped = bundle.recovery_wrap
-    try:
-        opened = AESGCM(wrapping_key).decrypt(
-            wrapped[:NONCE_BYTES], wrapped[NONCE_BYTES:], b"sealsync wrap v1 recovery key"
-        )
-    except (InvalidTag, ValueError):
-        return False
-    return hmac.compare_digest(opened, account_key)
-
-
 def _secrets_key(generation_key: bytes) -> bytes:
     return hkdf(generation_key, SECRETS_KEY_INFO)
 
 
 def _open_secrets(bundle: KeyBundleV2, key: bytes, c: bytes) -> OpenedGeneration:
-    plain = _open(_secrets_key(key), bundle.sealed_secrets, SECRETS_AD + c, "generation key")
+    refusal = "the generation key does not open this key generation's secrets"
+    plain = open_aead(_secrets_key(key), bundle.sealed_secrets, SECRETS_AD + c, refusal)
     try:
         secrets = msgspec.msgpack.decode(plain, type=GenerationSecrets)
     except msgspec.DecodeError as exc:
@@ -360,17 +359,8 @@ def _open_secrets(bundle: KeyBundleV2, key: bytes, c: bytes) -> OpenedGeneration
         secrets.recovery_public,
     )
     if clear != sealed or secrets.key_epoch not in secrets.epoch_keys:
-        raise ProtocolError("the key bundle's clear fields do not match its sealed secrets")
+        raise ProtocolError(
+            "the key bundle's clear fields do not match its sealed secrets",
+            hint="the bundle was not made by sealsync: ask the account's owner",
+        )
     return OpenedGeneration(key, secrets)
-
-
-def _seal(key: bytes, plain: bytes, ad: bytes, random_bytes: RandomBytes) -> bytes:
-    nonce = random_bytes(NONCE_BYTES)
-    return nonce + AESGCM(key).encrypt(nonce, plain, ad)
-
-
-def _open(key: bytes, sealed: bytes, ad: bytes, what: str) -> bytes:
-    try:
-        return AESGCM(key).decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], ad)
-    except (InvalidTag, ValueError):
-        raise WrongKeyError(f"the {what} does not open this key generation") from None

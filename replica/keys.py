@@ -39,6 +39,7 @@ from replica.passphrase import check_new_passphrase
 from replica.wire import SALT_BYTES, KdfParams, auth_key_hash, check_kdf_params
 
 KEY_BYTES = 32
+NONCE_BYTES = 12
 ACCOUNT_ID_BYTES = 16
 RECOVERY_CHECK_BYTES = 3
 BUNDLE_VERSION = 1
@@ -177,24 +178,26 @@ def bundle_to_bytes(bundle: KeyBundle) -> bytes:
 
 
 def bundle_from_bytes(data: bytes) -> KeyBundle:
-    bundle = decode_bundle(data, KeyBundle)
-    check_bundle_version(bundle.version, BUNDLE_VERSION)
-    return bundle
+    return decode_bundle(data, KeyBundle, BUNDLE_VERSION)
 
 
-def decode_bundle(data: bytes, kind: type[_Bundle]) -> _Bundle:
+class _Versioned(msgspec.Struct):
+    version: int
+
+
+def decode_bundle(data: bytes, kind: type[_Bundle], version: int) -> _Bundle:
+    """A bundle of `version`, its version read first: a newer format says "upgrade" rather
+    than failing on the first field it lacks."""
     try:
+        found = msgspec.msgpack.decode(data, type=_Versioned).version
+        if found != version:
+            raise ProtocolError(
+                f"key bundle version {found} is not {version}",
+                hint="upgrade sealsync" if found > version else None,
+            )
         return msgspec.msgpack.decode(data, type=kind)
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"malformed key bundle: {exc}") from exc
-
-
-def check_bundle_version(version: int, expected: int) -> None:
-    if version != expected:
-        raise ProtocolError(
-            f"key bundle version {version} is not {expected}",
-            hint="upgrade sealsync" if version > expected else None,
-        )
 
 
 class _HmacState(Protocol):
@@ -283,16 +286,27 @@ class AccountKeys:
         self._aead_by_epoch.clear()
 
 
+def seal_aead(key: bytes, plain: bytes, ad: bytes, random_bytes: RandomBytes) -> bytes:
+    """`nonce(12) ‖ AES-256-GCM(key, plain, ad)`: every wrap and sealed field of a bundle."""
+    nonce = random_bytes(NONCE_BYTES)
+    return nonce + AESGCM(key).encrypt(nonce, plain, ad)
+
+
+def open_aead(key: bytes, sealed: bytes, ad: bytes, refusal: str) -> bytes:
+    """What `seal_aead` sealed, or `WrongKeyError(refusal)` for a wrong key or altered bytes."""
+    try:
+        return AESGCM(key).decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], ad)
+    except (InvalidTag, ValueError):
+        raise WrongKeyError(refusal) from None
+
+
 def _wrap(key: bytes, secret: bytes, label: bytes, random_bytes: RandomBytes) -> bytes:
-    nonce = random_bytes(12)
-    return nonce + AESGCM(key).encrypt(nonce, secret, b"sealsync wrap v1 " + label)
+    return seal_aead(key, secret, b"sealsync wrap v1 " + label, random_bytes)
 
 
 def _unwrap(key: bytes, wrapped: bytes, label: bytes, what: str | None = None) -> bytes:
-    try:
-        return AESGCM(key).decrypt(wrapped[:12], wrapped[12:], b"sealsync wrap v1 " + label)
-    except (InvalidTag, ValueError):
-        raise WrongKeyError(f"the {what or label.decode()} does not unlock this account") from None
+    refusal = f"the {what or label.decode()} does not unlock this account"
+    return open_aead(key, wrapped, b"sealsync wrap v1 " + label, refusal)
 
 
 def _info_key(account_key: bytes) -> bytes:
@@ -381,10 +395,15 @@ def unlock_with_login_keys(bundle: KeyBundle, login: LoginKeys) -> AccountKeys:
 
 
 def unlock_with_recovery_key(bundle: KeyBundle, recovery_key: str) -> AccountKeys:
-    login = recovery_login_keys(recovery_key)
     return unlock_with_account_key(
-        bundle, _unwrap(login.wrapping_key, bundle.recovery_wrap, b"recovery key")
+        bundle, recovery_account_key(bundle, parse_recovery_key(recovery_key))
     )
+
+
+def recovery_account_key(bundle: KeyBundle, recovery_raw: bytes) -> bytes:
+    """The account key the recovery key unwraps, or `WrongKeyError`."""
+    wrapping_key = recovery_login_keys_from_raw(recovery_raw).wrapping_key
+    return _unwrap(wrapping_key, bundle.recovery_wrap, b"recovery key")
 
 
 def unlock_with_account_key(bundle: KeyBundle, account_key: bytes) -> AccountKeys:

@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rich.pretty import pretty_repr
 
 from replica.errors import ProtocolError, WrongKeyError
 from replica.generations import (
@@ -42,6 +43,7 @@ from replica.generations import (
     recovery_public_key,
     rotate,
     seal_generation,
+    sign_chain,
     verify_chain,
 )
 from replica.keys import (
@@ -56,6 +58,7 @@ from replica.keys import (
     unlock_with_login_keys,
 )
 from replica.wire import KdfParams
+from tests.replica.test_keys import assert_no_leak
 
 KDF = KdfParams(salt=bytes(range(16)))
 FRONTIER = Frontier({7: 1 << 20, 9: 3 << 16}, head=42)
@@ -185,7 +188,7 @@ def rotated(opened: OpenedGeneration, **changes: Any) -> OpenedGeneration:
         "rotated_by": "desk",
         "now_ms": 0,
     }
-    return rotate(opened, os.urandom, **(options | changes))
+    return rotate(opened.secrets, os.urandom, **(options | changes))
 
 
 def sealed_by_hand(bundle: KeyBundleV2, opened: OpenedGeneration, kek: bytes) -> KeyBundleV2:
@@ -241,7 +244,6 @@ def test_the_canonical_digest_follows_the_documented_layout(
         + u32(2)
         + u32(b.generation)
         + u32(b.key_epoch)
-        + u32(16)
         + b.kdf.salt
         + u32(b.kdf.memory_kib)
         + u32(b.kdf.iterations)
@@ -262,8 +264,8 @@ def test_the_canonical_digest_follows_the_documented_layout(
     ("field", "value", "message"),
     [
         ("version", 1, "version 1 is not 2"),
-        ("generation", 2**32, "generation is not a u32"),
-        ("signing_public", b"short", "signing_public is not 32 bytes"),
+        ("generation", 2**32, r"<= 4294967295 - at `\$.generation`"),
+        ("signing_public", b"short", r"length >= 32 - at `\$.signing_public`"),
     ],
 )
 def test_a_malformed_bundle_is_a_protocol_error(
@@ -283,7 +285,8 @@ def test_a_rotation_makes_new_keys_carries_old_epochs_and_chains(
     opened, first = sealed
     new_kek = os.urandom(32)
     second = rotated(opened, revoked_device="laptop", now_ms=1_800_000_000_000)
-    bundle = seal_generation(second, KDF, new_kek, os.urandom, opened.secrets.signing_key)
+    chain = sign_chain(second.secrets, opened.secrets.signing_key)
+    bundle = seal_generation(second, KDF, new_kek, os.urandom, chain)
     old, new = opened.secrets, second.secrets
     assert (new.generation, new.key_epoch) == (2, 1)
     assert second.key != opened.key and new.signing_key != old.signing_key
@@ -313,7 +316,8 @@ def test_a_chain_signature_by_another_key_does_not_verify(
 ) -> None:
     opened, first = sealed
     second = rotated(opened)
-    forged = seal_generation(second, KDF, os.urandom(32), os.urandom, os.urandom(32))
+    forged_chain = sign_chain(second.secrets, os.urandom(32))
+    forged = seal_generation(second, KDF, os.urandom(32), os.urandom, forged_chain)
     assert not verify_chain(forged, first.signing_public)
     signed = Ed25519PrivateKey.from_private_bytes(opened.secrets.signing_key).sign(
         CHAIN_LABEL + b"something else"
@@ -329,7 +333,8 @@ def test_a_new_recovery_key_at_rotation_replaces_the_old_one(
     opened, _ = sealed
     fresh = os.urandom(32)
     second = rotated(opened, new_recovery_raw=fresh)
-    bundle = seal_generation(second, KDF, os.urandom(32), os.urandom, opened.secrets.signing_key)
+    chain = sign_chain(second.secrets, opened.secrets.signing_key)
+    bundle = seal_generation(second, KDF, os.urandom(32), os.urandom, chain)
     assert open_with_recovery_key(bundle, fresh) == second
     assert second.secrets.recovery_auth_hash != opened.secrets.recovery_auth_hash
     with pytest.raises(WrongKeyError):
@@ -406,8 +411,52 @@ def test_migrating_with_a_recovery_key_of_another_account_is_refused(v1: V1Accou
     )
 
 
-def test_no_secret_shows_in_a_repr(sealed: tuple[OpenedGeneration, KeyBundleV2]) -> None:
+def test_no_secret_shows_in_a_repr_or_to_rich(
+    sealed: tuple[OpenedGeneration, KeyBundleV2],
+) -> None:
+    """rich reads msgspec's `__rich_repr__`, which would bypass a `__repr__` override."""
     opened, bundle = sealed
-    shown = repr(opened) + repr(opened.secrets) + repr(bundle)
-    for secret in (opened.key, opened.secrets.signing_key, opened.secrets.epoch_keys[0]):
-        assert secret.hex() not in shown and repr(secret) not in shown
+    secrets = opened.secrets
+    shown = "\n".join(
+        text for obj in (opened, secrets, bundle) for text in (repr(obj), pretty_repr(obj))
+    )
+    assert "generation=1" in shown  # what they do show
+    assert_no_leak(
+        shown,
+        {
+            "generation key": opened.key,
+            "signing key": secrets.signing_key,
+            "epoch key": secrets.epoch_keys[0],
+            "index key": secrets.index_key,
+            "scope key": secrets.scope_key,
+        },
+    )
+
+
+def test_a_passphrase_change_keeps_the_chain_signature(
+    sealed: tuple[OpenedGeneration, KeyBundleV2], kek: bytes
+) -> None:
+    """The chain covers the generation's identity, not the KDF parameters: re-wrapping under
+    a new passphrase and salt carries it over without the previous generation's key."""
+    opened, first = sealed
+    second = rotated(opened)
+    bundle = seal_generation(
+        second, KDF, kek, os.urandom, sign_chain(second.secrets, opened.secrets.signing_key)
+    )
+    new_kdf, new_kek = KdfParams(salt=os.urandom(16)), os.urandom(32)
+    rewrapped = seal_generation(second, new_kdf, new_kek, os.urandom, bundle.chain_signature)
+    assert verify_chain(rewrapped, first.signing_public)
+    assert open_with_kek(rewrapped, new_kek) == second
+    with pytest.raises(WrongKeyError):
+        open_with_kek(rewrapped, kek)
+
+
+def test_a_newer_bundle_version_asks_for_an_upgrade(
+    sealed: tuple[OpenedGeneration, KeyBundleV2],
+) -> None:
+    """Read by code that knows only version 1, a version-2 bundle says "upgrade", rather than
+    failing on the first version-1 field it lacks."""
+    _, bundle = sealed
+    with pytest.raises(ProtocolError, match="version 2 is not 1") as refused:
+        bundle_from_bytes(bundle_v2_to_bytes(bundle))
+    assert refused.value.hint == "upgrade sealsync"

@@ -151,20 +151,24 @@ class Core:
         sealed = self.store.get_bytes("schema")
         if sealed is not None:
             return self._open_schema(account_key, sealed)
+        if not self._schema_to_seal(account_key):  # none anywhere: no write lock taken
+            return Schema(())
         with self.write_transaction():
             sealed = self.store.get_bytes("schema")
-            if sealed is not None:
+            if sealed is not None:  # another process sealed it meanwhile
                 return self._open_schema(account_key, sealed)
-            clear = self.store.get_bytes("clear_schema")
-            if clear is None:
-                clear = open_info(account_key, self.bundle().sealed_info).schema
-                if not clear:
-                    return Schema(())
-            schema = schema_from_bytes(clear)
+            schema = schema_from_bytes(self._schema_to_seal(account_key))
             self.store_schema(schema, account_key)
             self.store.scrub_meta("clear_schema")
         self.store.checkpoint_truncate()
         return schema
+
+    def _schema_to_seal(self, account_key: bytes) -> bytes:
+        """A join's or an older format's clear schema, else the bundle's (empty: none)."""
+        clear = self.store.get_bytes("clear_schema")
+        if clear is not None:
+            return clear
+        return open_info(account_key, self.bundle().sealed_info).schema or b""
 
     def _open_schema(self, account_key: bytes, sealed: bytes) -> Schema:
         try:

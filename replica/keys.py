@@ -323,7 +323,9 @@ def open_info(account_key: bytes, sealed: bytes) -> AccountInfo:
 
 
 def _schema_key(account_key: bytes) -> bytes:
-    return hkdf(account_key, b"sealsync local schema v1")
+    """Under the scope key, which bundle version 2 carries unchanged across generations, so a
+    rotation does not re-seal the file's schema (docs/key-generations.md §2)."""
+    return hkdf(v1_scope_key(account_key), b"sealsync local schema v1")
 
 
 def seal_local_schema(account_key: bytes, schema: bytes, random_bytes: RandomBytes) -> bytes:

@@ -9,8 +9,6 @@ is never refused: it still unlocks.
 
 from __future__ import annotations
 
-from zxcvbn import zxcvbn  # type: ignore[import-untyped]  # ships no type hints
-
 from replica.errors import WeakPassphraseError
 
 MIN_SCORE = 3
@@ -23,6 +21,10 @@ RELATED_WORDS = ["sealsync", "passphrase", "password"]
 def check_new_passphrase(passphrase: str) -> None:
     """Raise `WeakPassphraseError`, saying why and how to do better, if `passphrase` is too
     easy to guess to protect an account. Says nothing of the passphrase itself."""
+    # imported here, as relay/serve.py imports psycopg: its dictionaries take 22 ms to load
+    # (`python -X importtime -c "import zxcvbn"`), which every command importing replica paid
+    from zxcvbn import zxcvbn  # type: ignore[import-untyped]  # noqa: PLC0415
+
     judged = zxcvbn(passphrase[:MAX_JUDGED_CHARS], user_inputs=RELATED_WORDS)
     if judged["score"] >= MIN_SCORE:
         return

@@ -171,6 +171,8 @@ class SyncSession:
         normally brings it); the others stay marked, to be pushed again next pass. Returns
         how many stay: a relay that keeps saying superseded and never sends what supersedes
         them is dropping writes, and the user should hear of it."""
+        if not self._superseded:  # the usual pass: no write lock taken
+            return 0
         with self._core.mutex, self._store.transaction():
             proven = self._dominated_here(self._superseded)
             self._store.clear_dirty(proven)

@@ -135,12 +135,13 @@ def test_a_damaged_sealed_schema_refuses_the_unlock_and_changes_nothing(
 def test_the_sealed_schema_opens_with_the_primitives_the_spec_names(
     tmp_path: Path, account: Account
 ) -> None:
-    """specs/replica.md §3: AES-256-GCM under HKDF(account key, "sealsync local schema v1"),
+    """specs/replica.md §3: AES-256-GCM under HKDF(scope key, "sealsync local schema v1"),
     nonce first, associated data "sealsync wrap v1 local schema"; no clear copy is left."""
     path = sealed_replica(tmp_path / "r.db", account)
     sealed = meta_schema(path)
     with sqlite3.connect(path) as db:
         assert db.execute("SELECT 1 FROM meta WHERE name = 'clear_schema'").fetchone() is None
-    key = hkdf(account.key, b"sealsync local schema v1")
+    scope_key = hkdf(account.key, b"sealsync scope v1")  # envelope.md's key table
+    key = hkdf(scope_key, b"sealsync local schema v1")
     plain = AESGCM(key).decrypt(sealed[:12], sealed[12:], b"sealsync wrap v1 local schema")
     assert msgspec.msgpack.decode(plain) == msgspec.msgpack.decode(schema_to_bytes(SECRET_SCHEMA))

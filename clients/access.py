@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -25,7 +25,7 @@ from clients.account import Secret, log_in
 from clients.device import RelaySettings, load_settings, sidecar_path
 from clients.errors import AccessLostError, NoSessionError, RelayClientError, RelayRefusedError
 from clients.http import RelayClient, check_relay_url
-from replica import Replica, RollbackError, passphrase_login_keys, recovery_login_keys
+from replica import LoginKeys, Replica, RollbackError, recovery_login_keys
 from replica.errors import InvalidArgumentError
 from replica.wire import ErrorCode, RegisterRequest, Session, auth_key_hash
 
@@ -94,13 +94,14 @@ def explained_refusals(client: RelayClient, replica: Replica, account: str) -> I
 @dataclass(frozen=True)
 class Reentry:
     """What a device brings to get back onto its account on a relay: the account's name, the
-    passphrase (the replica is unlocked with it), the name it registers under, how to ask for
+    passphrase's login keys (derived once: the replica was unlocked with them), the name it
+    registers under, how to ask for
     the recovery key (asked only to register an account whose bundle does not carry the
     recovery auth key: made before it was kept), and an invite for a relay that takes new
     accounts by invite only."""
 
     account: str
-    passphrase: str = field(repr=False)
+    login: LoginKeys
     device_name: str
     recovery_key: Callable[[], str] = field(repr=False)
     invite: str | None = field(default=None, repr=False)
@@ -117,9 +118,8 @@ def regain_access(client: RelayClient, replica: Replica, reentry: Reentry) -> Re
         if not is_session_refused(exc):
             raise
     if has_account(client, replica, reentry.account):  # the replica's KDF is the relay's
-        keys = passphrase_login_keys(reentry.passphrase, replica.kdf_params())
         was = client.session.device_id if client.session else None
-        log_in(client, reentry.account, keys, reentry.device_name, device_id=was)
+        log_in(client, reentry.account, reentry.login, reentry.device_name, device_id=was)
         return "logged_in"
     register_again(client, replica, reentry)
     return "registered"
@@ -141,7 +141,7 @@ def register_again(client: RelayClient, replica: Replica, reentry: Reentry) -> S
     kdf = replica.kdf_params()
     request = RegisterRequest(
         account=reentry.account,
-        auth_key=passphrase_login_keys(reentry.passphrase, kdf).auth_key,
+        auth_key=reentry.login.auth_key,
         recovery_auth_hash=recovery_auth_hash,
         kdf=kdf,
         bundle=replica.key_bundle(),
@@ -212,9 +212,10 @@ def login_settings(
     replica_path: Path, relay_url: str | None, account: str | None, insecure: bool
 ) -> RelaySettings:
     """Where `login` logs in: the flags, else the sidecar's relay and account (a device whose
-    tokens were lost keeps its sidecar; a restored backup at a new path has none)."""
-    if sidecar_path(replica_path).exists():
-        saved = load_settings(replica_path)
+    tokens were lost keeps its sidecar; a restored backup at a new path has none); with the
+    session saved for that same relay and account, which names the device it was there."""
+    saved = load_settings(replica_path) if sidecar_path(replica_path).exists() else None
+    if saved is not None:
         same_relay = relay_url in (None, saved.url)  # --insecure was given for that URL only
         relay_url, account = relay_url or saved.url, account or saved.account
         insecure = insecure or (same_relay and saved.insecure)
@@ -223,4 +224,7 @@ def login_settings(
             f"no relay settings for {replica_path}",
             hint="give --relay URL and --account NAME",
         )
-    return RelaySettings(check_relay_url(relay_url, insecure=insecure), account, insecure)
+    relay = RelaySettings(check_relay_url(relay_url, insecure=insecure), account, insecure)
+    if saved is not None and (saved.url, saved.account) == (relay.url, relay.account):
+        return replace(relay, session=saved.session)
+    return relay

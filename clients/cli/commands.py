@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import functools
 import json
 import signal
 import socket
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import closing
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -33,7 +31,7 @@ from clients.access import (
     regain_access,
 )
 from clients.account import Secret, join_account, register_account
-from clients.cli.console import ExitCode, err, fail, out, user_errors
+from clients.cli.console import ExitCode, err, fail, out, print_error, user_errors
 from clients.cli.progress import PROGRESS_MODES, ProgressMode, default_mode, shown_progress
 from clients.cli.settings import CliSettings
 from clients.device import (
@@ -203,15 +201,6 @@ def join(
                 report_sync(run_sync(replica, client, retry_for_s))
 
 
-def previous_device_id(path: Path, relay: RelaySettings) -> str | None:
-    """The device id this replica's sidecar holds for the same relay and account, if any."""
-    if not sidecar_path(path).exists():
-        return None
-    saved = load_settings(path)
-    same = (saved.url, saved.account) == (relay.url, relay.account)
-    return saved.session.device_id if same and saved.session else None
-
-
 @click.command("login")
 @click.option("--relay", "relay_url", help="The relay's URL (default: this replica's settings).")
 @click.option("--account", help="The account's name (default: this replica's settings).")
@@ -233,7 +222,7 @@ def login(
     path = settings.replica_path
     with user_errors(), opened_replica(path) as replica:
         relay = login_settings(path, relay_url, account, insecure)
-        was = previous_device_id(path, relay)
+        was = relay.session.device_id if relay.session else None
         saver = SessionSaver(path, relay)  # the sidecar is written once the relay said yes
         with RelayClient(relay.url, insecure=relay.insecure, on_session=saver) as client:
             client.info()  # unreachable, or another protocol: said before asking a secret
@@ -270,23 +259,23 @@ def sync(
     path = settings.replica_path
     with user_errors():
         relay = load_settings(path)  # before the passphrase: a device with no relay fails fast
-    passphrase = functools.cache(settings.passphrase)  # asked once, used again by a reseed
     with (
         user_errors(),
-        opened_replica(path, passphrase) as replica,
+        opened_replica(path, None if reseed else settings.passphrase) as replica,
         device_client(path, relay) as client,
         explained_refusals(client, replica, relay.account),
     ):
-        if reseed:
+        proof = None
+        if reseed:  # Argon2id once: the unlock, the login or registration and the proof
+            login = passphrase_login_keys(settings.passphrase(), replica.kdf_params())
+            replica.unlock_with_login_keys(login)
             reentry = Reentry(
-                relay.account, passphrase(), default_device_name(), settings.recovery_key, invite
+                relay.account, login, default_device_name(), settings.recovery_key, invite
             )
             regained = regain_access(client, replica, reentry)
             if regained is not None:
                 out.print(REGAINED_MESSAGE[regained].format(account=relay.account, url=relay.url))
-        proof = (
-            passphrase_login_keys(passphrase(), replica.kdf_params()).auth_key if reseed else None
-        )
+            proof = login.auth_key
         report_sync(run_sync(replica, client, retry_for_s, reseed_with=proof, mode=progress_mode))
         if watch:
             backoff = Backoff(max_elapsed_s=retry_for_s)
@@ -301,7 +290,7 @@ def refuse_invite_without_reseed(invite: str | None, reseed: bool) -> None:
         fail(
             "--invite is used only by a reseed that registers a lost account again",
             "add --reseed if the relay lost this account; otherwise leave --invite out",
-            code=2,
+            code=ExitCode.USAGE,
         )
 
 
@@ -406,9 +395,10 @@ def report_sync(report: SyncReport) -> None:
             f"the relay refused {report.refused} version(s) "
             f"({', '.join(f'{n} {code}' for code, n in codes)}); they stay to be pushed again"
         )
+        hint = "; ".join(hints) or None
         if not report.quarantined:
-            fail(message, "; ".join(hints) or None)
-        err.print(f"[red]error:[/red] {message}", markup=True)
+            fail(message, hint)
+        print_error(message, hint)  # and exit 3 below
     if report.quarantined:
         fail(
             f"{report.quarantined} pulled version(s) could not be opened: kept verbatim in "

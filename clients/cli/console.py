@@ -41,7 +41,6 @@ UNREACHABLE_HINT = (
 class ExitCode(enum.IntEnum):
     """How a command ended, for scripts (specs/cli.md)."""
 
-    OK = 0
     ERROR = 1
     """Nothing, or not all, was done: a refusal, a bad input, an unreachable relay."""
     USAGE = 2
@@ -52,10 +51,15 @@ class ExitCode(enum.IntEnum):
 
 def fail(message: str, hint: str | None = None, code: int = ExitCode.ERROR) -> NoReturn:
     """Print `error:` (and `hint:`) on stderr and exit with `code`."""
+    print_error(message, hint)
+    sys.exit(code)
+
+
+def print_error(message: str, hint: str | None = None) -> None:
+    """`error:` (and `hint:`) on stderr, for an error that does not end the command yet."""
     err.print(f"[red]error:[/red] {message}", markup=True)
     if hint:
         err.print(f"[yellow]hint:[/yellow] {hint}", markup=True)
-    sys.exit(code)
 
 
 @contextmanager

@@ -25,7 +25,13 @@ from clients.cli import main
 from clients.device import RelaySettings, save_settings
 from clients.errors import AccessLostError, InsecureRelayError
 from clients.http import RelayClient
-from replica import Replica, WrongKeyError, passphrase_login_keys, recovery_login_keys
+from replica import (
+    LoginKeys,
+    Replica,
+    WrongKeyError,
+    passphrase_login_keys,
+    recovery_login_keys,
+)
 from replica.keys import (
     AccountKeys,
     bundle_from_bytes,
@@ -36,6 +42,11 @@ from replica.keys import (
 )
 from tests.conftest import PASSPHRASE, Account
 from tests.relay.server import RelayProcess
+
+
+def login_keys(account: Account) -> LoginKeys:
+    """The passphrase's keys for the session account (one Argon2id run)."""
+    return passphrase_login_keys(PASSPHRASE, bundle_from_bytes(account.bundle).kdf)
 
 
 def unexpected() -> str:
@@ -55,7 +66,7 @@ def test_reseed_access_registers_a_lost_account_then_logs_in_then_leaves_a_worki
     start_relay: Callable[..., RelayProcess], account: Account, tmp_path: Path
 ) -> None:
     relay = start_relay()
-    reentry = Reentry("ann", PASSPHRASE, "laptop", unexpected)
+    reentry = Reentry("ann", login_keys(account), "laptop", unexpected)
     with Replica.join(tmp_path / "r.db", account.bundle) as replica:
         replica.unlock_with_key(account.key)
         with RelayClient(relay.url) as client:
@@ -68,8 +79,7 @@ def test_reseed_access_registers_a_lost_account_then_logs_in_then_leaves_a_worki
             assert regain_access(client, replica, reentry) == "logged_in"
             assert client.session is not None and first is not None
             assert client.session.device_id != first.device_id
-            auth_key = passphrase_login_keys(PASSPHRASE, replica.kdf_params()).auth_key
-            assert client.key_bundle(auth_key).bundle == account.bundle
+            assert client.key_bundle(reentry.login.auth_key).bundle == account.bundle
         with RelayClient(relay.url) as client:  # registered with the sealed recovery auth hash
             log_in(client, "ann", recovery_login_keys(account.recovery_key), "phone")
 
@@ -81,14 +91,13 @@ def test_an_older_bundle_registers_again_only_with_the_accounts_recovery_key(
     with Replica.join(tmp_path / "r.db", bundle_without_recovery_auth_hash(account)) as replica:
         replica.unlock_with_key(account.key)
         assert replica.recovery_auth_hash() is None
+        login = login_keys(account)
         with RelayClient(relay.url) as client:
             another = format_recovery_key(os.urandom(32))
             with pytest.raises(WrongKeyError):
-                register_again(
-                    client, replica, Reentry("ann", PASSPHRASE, "laptop", lambda: another)
-                )
+                register_again(client, replica, Reentry("ann", login, "laptop", lambda: another))
             assert not has_account(client, replica, "ann")  # nothing was registered
-            reentry = Reentry("ann", PASSPHRASE, "laptop", lambda: account.recovery_key)
+            reentry = Reentry("ann", login, "laptop", lambda: account.recovery_key)
             register_again(client, replica, reentry)
         with RelayClient(relay.url) as client:
             log_in(client, "ann", recovery_login_keys(account.recovery_key), "phone")
@@ -104,12 +113,13 @@ def test_a_lost_account_on_an_invite_only_relay_is_registered_again_only_with_an
         RelayClient(relay.url) as client,
     ):
         replica.unlock_with_key(account.key)
+        login = login_keys(account)
         with pytest.raises(AccessLostError) as refused:
-            register_again(client, replica, Reentry("ann", PASSPHRASE, "laptop", unexpected))
+            register_again(client, replica, Reentry("ann", login, "laptop", unexpected))
         assert "--invite" in str(refused.value.hint) and not has_account(client, replica, "ann")
         made = CliRunner().invoke(main, ["relay", "invite", "--db", str(db)])
         assert made.exit_code == 0, made.output
-        invited = Reentry("ann", PASSPHRASE, "laptop", unexpected, invite=made.stdout.strip())
+        invited = Reentry("ann", login, "laptop", unexpected, invite=made.stdout.strip())
         register_again(client, replica, invited)
         assert has_account(client, replica, "ann")
 

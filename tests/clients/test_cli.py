@@ -21,14 +21,14 @@ from click.testing import CliRunner, Result
 
 from clients.cli import main
 from clients.cli.commands import report_sync
-from clients.cli.console import user_errors
+from clients.cli.console import ExitCode, user_errors
 from clients.cli.records import written_at
 from clients.device import device_client, load_settings
 from clients.schema import CHAT_SCHEMA
 from clients.sync import SyncReport
 from relay.errors import QuotaExceededError, RelayError, StoreFailedError
 from replica import Replica, Status, passphrase_login_keys
-from replica.wire import PROTOCOL_VERSION
+from replica.wire import PROTOCOL_VERSION, ErrorCode
 from tests.relay.server import RelayProcess, free_port
 
 PASSPHRASE = "correct horse battery staple"
@@ -288,6 +288,21 @@ def test_the_relay_commands_errors_are_error_lines_through_the_root_group(
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception
     assert result.stderr.startswith("error: ") and message in result.stderr, result.stderr
     assert ("hint:" in result.stderr) == (hint is not None) and (hint or "") in result.stderr
+
+
+def test_a_sync_that_both_was_refused_and_quarantined_keeps_the_refusals_hint(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Both errors are printed, each with its hint, and the exit code is the quarantine's."""
+    refused = {ErrorCode.CLOCK_AHEAD: 2}
+    report = SyncReport(3, 1, 0, refused, 1, 1, 1, 0, quarantined=1)
+    with pytest.raises(SystemExit) as exited:
+        report_sync(report)
+    stderr = capsys.readouterr().err
+    assert exited.value.code == ExitCode.DAMAGED
+    assert "refused 2 version(s) (2 clock_ahead)" in stderr and "(NTP)" in stderr
+    assert "1 pulled version(s) could not be opened" in stderr
+    assert stderr.count("error:") == 2 and stderr.count("hint:") == 2
 
 
 def test_a_sync_tells_of_writes_the_relay_called_superseded_without_proof(

@@ -13,9 +13,8 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
-import anyio.to_thread
 import msgspec
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
@@ -40,7 +39,7 @@ from relay.errors import (
     VersionConflictError,
 )
 from relay.feed import HeadHub
-from relay.gate import Caller, Gate
+from relay.gate import Caller, Gate, in_worker_thread
 from relay.openapi import openapi_document
 from relay.storage import AccountRecord, Device, Storage, TokenRecord
 from replica.errors import KdfParametersError
@@ -104,9 +103,7 @@ class RelayApi:
         self.hub = HeadHub()
         self.gate = Gate(storage, config, clock_ms)
 
-    async def call(self, function: Callable[..., T], *args: Any) -> T:
-        """Run a storage call in a worker thread: storage is synchronous."""
-        return await anyio.to_thread.run_sync(function, *args)
+    call = staticmethod(in_worker_thread)
 
     def new_session(
         self, account: str, device_id: str, state: RelayState
@@ -181,13 +178,14 @@ class RelayApi:
         body = await codec.read(request, LoginRequest)
         name = codec.check_name(body.account, "account name")
         device_name = codec.check_name(body.device_name, "device name")
-        await self.gate.throttle_login(name, address)
+        failures = await self.gate.throttle_login(name, address)
         record = await self.call(self.storage.account, name)
         known = (record.auth_hash, record.recovery_hash) if record else (None, None)
         if not tokens.key_matches(body.auth_key, *known) or record is None:
             await self.gate.login_failed(name, address)
             raise BadCredentialsError()
-        await self.call(self.storage.clear_login_failures, name, address)
+        if failures.from_address:  # a write only when there is something to forget
+            await self.call(self.storage.clear_login_failures, name, address)
         state = await self.call(self.storage.state, name)
         if body.device_id is not None and tokens.is_device_id(body.device_id):
             session, records = self.new_session(name, body.device_id, state)

@@ -52,7 +52,11 @@ class RelayStorage:
 
     def open(self, config: RelayConfig) -> Storage:
         if self.db is not None and self.database_url is not None:
-            raise InvalidArgumentError("give --db or --database-url, not both")
+            raise InvalidArgumentError(
+                "give --db or --database-url, not both",
+                hint="either may come from SEALSYNC_RELAY_DB or SEALSYNC_RELAY_DATABASE_URL: "
+                "unset the one you do not mean",
+            )
         return open_storage(
             config,
             db=self.db or default_relay_db(),
@@ -210,7 +214,7 @@ def delete_account(where: RelayStorage, name: str, *, as_json: bool, yes: bool) 
     not theirs any more (registered again by a revoked device after a wipe, for one), who then
     registers it again with `sealsync sync --reseed`. Devices keep their replicas."""
     with where.opened() as storage:
-        found = [a for a in storage.accounts() if a.name == name]
+        found = storage.accounts(name)
         if not found:
             raise InvalidArgumentError(
                 f"no account {name!r} on this relay", hint="`sealsync relay accounts` lists them"

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from relay import tokens
 from relay.config import RelayConfig
 from relay.errors import RateLimitedError, UnauthorizedError
-from relay.storage import Storage
+from relay.storage import LoginFailures, Storage
 from relay.throttle import TokenBuckets
 
 log = logging.getLogger(f"sealsync.{__name__}")
@@ -50,6 +50,20 @@ def _printable(address: str) -> str:
     return "".join(c for c in address if c.isprintable())[:MAX_ADDRESS_CHARS]
 
 
+async def in_worker_thread(function: Callable[..., T], *args: Any) -> T:
+    """Run a storage call in a worker thread: storage is synchronous."""
+    return await anyio.to_thread.run_sync(function, *args)
+
+
+def _peer(request: Request) -> str:
+    return request.client.host if request.client else ""
+
+
+def _rate(config: RelayConfig) -> str:
+    """The request limit in words, for a refusal."""
+    return f"{config.requests_per_second:g} requests a second (bursts of {config.burst})"
+
+
 class Gate:
     """The caller checks and rate limits of one relay process."""
 
@@ -61,15 +75,13 @@ class Gate:
         self.address_buckets = TokenBuckets(config.requests_per_second, config.burst, clock_ms)
         self._warned_peers: set[str] = set()
 
-    async def call(self, function: Callable[..., T], *args: Any) -> T:
-        """Run a storage call in a worker thread: storage is synchronous."""
-        return await anyio.to_thread.run_sync(function, *args)
+    call = staticmethod(in_worker_thread)
 
     def client_address(self, request: Request) -> str:
         """The client's address: the peer's, or behind a trusted proxy the last address its
         `X-Forwarded-For` names that is not a trusted proxy (the left-hand ones are the
         client's to forge). A header from an untrusted peer is ignored, with a warning."""
-        peer = request.client.host if request.client else ""
+        peer = _peer(request)
         forwarded = [
             part.strip()
             for part in request.headers.get("x-forwarded-for", "").split(",")
@@ -97,8 +109,7 @@ class Gate:
     def limit_address(self, request: Request) -> None:
         """Authenticated requests are limited per token; per address too only behind a
         trusted proxy: elsewhere every client of a NAT would share one address and bucket."""
-        peer = request.client.host if request.client else ""
-        if peer in self.config.trusted_proxies:
+        if _peer(request) in self.config.trusted_proxies:
             self._take_for_address(self.client_address(request))
 
     def limit_unauthenticated(self, request: Request) -> str:
@@ -112,7 +123,10 @@ class Gate:
     def _take_for_address(self, address: str) -> None:
         wait = self.address_buckets.take(address)
         if wait is not None:
-            raise RateLimitedError("too many requests from this address", retry_after_s=wait)
+            raise RateLimitedError(
+                f"over {_rate(self.config)} from this address",
+                retry_after_s=wait,
+            )
 
     async def caller(self, request: Request) -> Caller:
         """The account and device of the request's access token; one answer for every way a
@@ -125,23 +139,32 @@ class Gate:
             raise UnauthorizedError()
         wait = self.token_buckets.take(record.device_id + "/" + record.account)
         if wait is not None:
-            raise RateLimitedError("too many requests with this token", retry_after_s=wait)
+            raise RateLimitedError(
+                f"over {_rate(self.config)} with this token",
+                retry_after_s=wait,
+            )
         return Caller(record.account, record.device_id, record.hash, record.expires_ms)
 
-    async def throttle_login(self, name: str, address: str) -> None:
+    async def throttle_login(self, name: str, address: str) -> LoginFailures:
         """Failed logins are counted per (account name, address), names that exist or not
         alike: past `max_login_failures` that address waits out the window, while a correct
         key from any other address still gets in. Past `account_login_failures` from every
-        address, each login for the name is slowed, never refused."""
+        address, each login for the name is slowed, never refused. Returns the counts."""
+        config = self.config
         now = self.clock_ms()
-        window_ms = self.config.login_window_s * 1000
+        window_ms = config.login_window_s * 1000
         failures = await self.call(self.storage.login_failures, name, address, now - window_ms)
-        if failures.from_address >= self.config.max_login_failures:
-            oldest = failures.oldest_from_address_ms or now
-            wait_s = max(1, math.ceil((oldest + window_ms - now) / 1000))
-            raise RateLimitedError("too many failed logins from this address", retry_after_s=wait_s)
-        if failures.from_anywhere >= self.config.account_login_failures:
-            await asyncio.sleep(self.config.slow_login_ms / 1000)
+        if failures.from_address >= config.max_login_failures:
+            oldest = failures.oldest_from_address_ms
+            assert oldest is not None, "counted failures have a time"
+            raise RateLimitedError(
+                f"{failures.from_address} failed logins for this name from this address within "
+                f"{config.login_window_s} s (at most {config.max_login_failures})",
+                retry_after_s=max(1, math.ceil((oldest + window_ms - now) / 1000)),
+            )
+        if failures.from_anywhere >= config.account_login_failures:
+            await asyncio.sleep(config.slow_login_ms / 1000)
+        return failures
 
     async def login_failed(self, name: str, address: str) -> None:
         now = self.clock_ms()

@@ -183,19 +183,19 @@ class MemoryRelay:
             self._invites = {h: e for h, e in self._invites.items() if e >= now}
             self._invites[invite_hash] = expires_ms
 
-    def accounts(self) -> list[AccountSummary]:
+    def accounts(self, name: str | None = None) -> list[AccountSummary]:
         with self._mutex:
             return [
                 AccountSummary(
-                    name,
+                    account,
                     entry.record.created_ms,
                     len(entry.devices),
                     len(entry.by_seq),
                     entry.stored_bytes,
                     entry.head,
                 )
-                for name, entry in sorted(self._accounts.items())
-                if entry.record is not None
+                for account, entry in sorted(self._accounts.items())
+                if entry.record is not None and name in (None, account)
             ]
 
     def login_failures(self, name: str, address: str, since_ms: int) -> LoginFailures:
@@ -206,8 +206,11 @@ class MemoryRelay:
 
     def add_login_failure(self, name: str, address: str, at_ms: int, forget_before_ms: int) -> None:
         with self._mutex:
-            for failures in self._login_failures.values():
-                failures[:] = [(a, at) for a, at in failures if at > forget_before_ms]
+            kept = {
+                n: [(a, at) for a, at in failures if at > forget_before_ms]
+                for n, failures in self._login_failures.items()
+            }
+            self._login_failures = {n: failures for n, failures in kept.items() if failures}
             self._login_failures.setdefault(name, []).append((address, at_ms))
 
     def clear_login_failures(self, name: str, address: str) -> None:

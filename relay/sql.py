@@ -191,6 +191,14 @@ class SQLStorage(ABC):
                 (bundle, encode_message(kdf), auth_hash, name, expected_version),
             )
             if changed and only_device is not None:
+                # the other devices' rows first, as a refresh locks its device's: under
+                # PostgreSQL's READ COMMITTED the DELETE then sees every successor a refresh
+                # committed meanwhile, and a refresh after it finds its token gone
+                tx.all(
+                    "SELECT id FROM devices WHERE id != ?"
+                    " AND account = (SELECT id FROM accounts WHERE name = ?) FOR NO KEY UPDATE",
+                    (only_device, name),
+                )
                 tx.run(
                     "DELETE FROM tokens WHERE device != ?"
                     " AND account = (SELECT id FROM accounts WHERE name = ?)",
@@ -205,13 +213,15 @@ class SQLStorage(ABC):
                 "INSERT INTO invites (hash, expires_ms) VALUES (?, ?)", (invite_hash, expires_ms)
             )
 
-    def accounts(self) -> list[AccountSummary]:
+    def accounts(self, name: str | None = None) -> list[AccountSummary]:
         with self._snapshot() as tx:
             rows = tx.all(
                 "SELECT a.name, a.created_ms,"
                 " (SELECT count(*) FROM devices d WHERE d.account = a.id),"
                 " (SELECT count(*) FROM versions v WHERE v.account = a.id),"
-                " a.stored_bytes, a.head FROM accounts a ORDER BY a.name"
+                " a.stored_bytes, a.head FROM accounts a"
+                " WHERE CAST(? AS TEXT) IS NULL OR a.name = ? ORDER BY a.name",
+                (name, name),
             )
         return [AccountSummary(*row) for row in rows]
 
@@ -253,7 +263,7 @@ class SQLStorage(ABC):
             raise NotFoundError("no such account or device") from exc
 
     def renew_device(self, name: str, device_id: str, tokens: list[TokenRecord]) -> bool:
-        if "\0" in device_id:  # no device has one: PostgreSQL TEXT cannot even hold it
+        if not _can_name_a_device(device_id):
             return False
         with self._write() as tx:
             row = tx.one(
@@ -277,7 +287,7 @@ class SQLStorage(ABC):
         return [Device(*row) for row in rows]
 
     def rename_device(self, name: str, device_id: str, new_name: str) -> bool:
-        if "\0" in device_id:  # no device has one: PostgreSQL TEXT cannot even hold it
+        if not _can_name_a_device(device_id):
             return False
         with self._write() as tx:
             changed = tx.run(
@@ -291,7 +301,7 @@ class SQLStorage(ABC):
         """The tokens go by ON DELETE CASCADE, not by a DELETE of our own: under PostgreSQL's
         READ COMMITTED that would miss the successors of a refresh committing meanwhile, while
         the device row is locked (FOR KEY SHARE) by every token insert until it commits."""
-        if "\0" in device_id:  # no device has one: PostgreSQL TEXT cannot even hold it
+        if not _can_name_a_device(device_id):
             return False
         with self._write() as tx:
             deleted = tx.run(
@@ -468,6 +478,11 @@ def _account_values(account: AccountRecord) -> tuple[object, ...]:
         account.bundle_version,
         account.created_ms,
     )
+
+
+def _can_name_a_device(device_id: str) -> bool:
+    """No device id holds a NUL: PostgreSQL TEXT cannot even store one, so it is not asked."""
+    return "\0" not in device_id
 
 
 def _locked_token(tx: Transaction, old_hash: bytes) -> tuple[int, str, TokenKind, int] | None:

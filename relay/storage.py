@@ -127,7 +127,9 @@ class Storage(Protocol):
 
     def add_invite(self, invite_hash: bytes, expires_ms: int) -> None: ...
 
-    def accounts(self) -> list[AccountSummary]: ...
+    def accounts(self, name: str | None = None) -> list[AccountSummary]:
+        """Every account's summary by name, or only `name`'s (none if there is no such)."""
+        ...
 
     def login_failures(self, name: str, address: str, since_ms: int) -> LoginFailures:
         """The failed logins for `name` after `since_ms`, known account or not."""

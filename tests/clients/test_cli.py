@@ -275,7 +275,11 @@ def test_a_relay_error_is_an_error_line_and_its_hint(
     [
         (["invite", "--days", "0"], "--days 0 must be at least 1", None),
         (["serve", "--set", "page_size"], "--set 'page_size' is not NAME=VALUE", "page_size=500"),
-        (["accounts", "--database-url", "postgresql://x@127.0.0.1:1/db"], "--db or --data", None),
+        (
+            ["accounts", "--database-url", "postgresql://x@127.0.0.1:1/db"],
+            "--db or --data",
+            "SEALSYNC_RELAY_DATABASE_URL",
+        ),
     ],
     ids=["bad --days", "bad --set", "--db and --database-url"],
 )

@@ -4,6 +4,7 @@ process is heard by every other (the shared behaviour is in test_storage.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import secrets
@@ -26,7 +27,7 @@ from relay.postgres import CHANNEL, PostgresStorage, postgres_statement
 from relay.sql import STORED_VERSIONS
 from relay.storage import Device, TokenRecord, VersionRules
 from replica.errors import InvalidArgumentError
-from replica.wire import Page, PushBatch
+from replica.wire import KdfParams, Page, PushBatch
 from tests.conftest import FakeClock
 from tests.relay.conftest import HLC, NOW_MS, envelope, fresh_schema, postgres_url, register
 from tests.relay.server import RelayProcess
@@ -240,6 +241,35 @@ def test_a_device_revoked_while_its_refresh_commits_keeps_no_token(
     assert storage.token(successor.hash) is None
     assert not storage.replace_token(successor.hash, [refresh], NOW_MS + 300)
     assert storage.devices("a") == [Device("d1", "laptop", NOW_MS)]
+
+
+def test_a_passphrase_change_ending_other_sessions_ends_a_refresh_committing_meanwhile(
+    make_storage: MakeStorage, schema: str
+) -> None:
+    """`passwd --end-other-sessions`: the DELETE of the other devices' tokens waits for a
+    refresh in flight and then sees its successor, instead of missing it under READ
+    COMMITTED (the other device would keep a working session)."""
+    storage = make_storage()
+    register(storage, "a")
+    refresh = TokenRecord(b"r" * 32, "a", "d2", "refresh", NOW_MS + 1)
+    storage.add_device("a", Device("d2", "phone", NOW_MS), [refresh])
+    successor = TokenRecord(b"s" * 32, "a", "d2", "refresh", NOW_MS + 2)
+    kdf = KdfParams(b"t" * 16)
+    key = secrets.randbelow(1 << 62)
+    with psycopg.connect(postgres_url(), autocommit=True) as holder, ThreadPoolExecutor(2) as pool:
+        holder.execute(sql.SQL(HOLD_TOKEN_COMMITS).format(schema=sql.Identifier(schema), key=key))
+        holder.execute("SELECT pg_advisory_lock(%s)", (key,))
+        refreshing = pool.submit(storage.replace_token, refresh.hash, [successor], NOW_MS + 300)
+        refresh_pid = blocked_by(holder, holder.info.backend_pid)  # inserted, not committed
+        changing = pool.submit(
+            storage.put_key_bundle, "a", 1, b"new", kdf, b"h" * 32, only_device="d1"
+        )
+        blocked_by(holder, refresh_pid)  # the change waits for the refresh
+        holder.execute("SELECT pg_advisory_unlock(%s)", (key,))
+        assert refreshing.result(timeout=WAIT_S) and changing.result(timeout=WAIT_S) == 2
+    assert storage.token(successor.hash) is None
+    assert storage.token(hashlib.sha256(b"a/d1").digest()) is not None  # this device's stays
+    assert [d.id for d in storage.devices("a")] == ["d1", "d2"]  # listed, logged out
 
 
 HOLD_TOKEN_INSERTS = """

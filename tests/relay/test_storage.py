@@ -258,14 +258,20 @@ def pair(tag: bytes, device: str = "d3", until_ms: int = NOW_MS + 10_000) -> lis
     ]
 
 
+def add_tablet(storage: Storage) -> TokenRecord:
+    """Device d3 of account a, with the one refresh token a login gave it."""
+    old = TokenRecord(b"o" * 32, "a", "d3", "refresh", NOW_MS + 10_000)
+    storage.add_device("a", Device("d3", "tablet", NOW_MS), [old])
+    return old
+
+
 def test_a_spent_refresh_token_works_again_only_in_its_grace_and_until_its_successor_is_used(
     make_storage: StorageFactory,
 ) -> None:
     clock = FakeClock(NOW_MS)
     storage = make_storage(clock=clock)
     register(storage, "a")
-    old = TokenRecord(b"o" * 32, "a", "d3", "refresh", NOW_MS + 10_000)
-    storage.add_device("a", Device("d3", "tablet", NOW_MS), [old])
+    old = add_tablet(storage)
     grace_until = NOW_MS + 300
     first, second, third = pair(b"1"), pair(b"2"), pair(b"3")
 
@@ -293,8 +299,7 @@ def test_a_spent_token_past_its_grace_is_refused_and_ends_its_devices_tokens(
     clock = FakeClock(NOW_MS)
     storage = make_storage(clock=clock)
     register(storage, "a")
-    old = TokenRecord(b"o" * 32, "a", "d3", "refresh", NOW_MS + 10_000)
-    storage.add_device("a", Device("d3", "tablet", NOW_MS), [old])
+    old = add_tablet(storage)
     first = pair(b"1")
     assert storage.replace_token(old.hash, first, NOW_MS + 300)
     clock.advance(301)  # the grace is over, the successors were never used
@@ -306,8 +311,7 @@ def test_a_spent_token_past_its_grace_is_refused_and_ends_its_devices_tokens(
 def test_the_order_of_spends_survives_a_shorter_grace_or_a_clock_stepped_back(
     storage: Storage,
 ) -> None:
-    old = TokenRecord(b"o" * 32, "a", "d3", "refresh", NOW_MS + 10_000)
-    storage.add_device("a", Device("d3", "tablet", NOW_MS), [old])
+    old = add_tablet(storage)
     first, second = pair(b"1"), pair(b"2")
     assert storage.replace_token(old.hash, first, NOW_MS + 300)
     assert storage.replace_token(first[1].hash, second, NOW_MS + 100)  # a shorter grace now
@@ -359,6 +363,16 @@ def test_a_bad_invite_is_refused_alike_for_taken_and_free_names(
         s.create_account(account_record("taken"), device, [], b"i" * 32, NOW_MS)
     s.create_account(account_record("free"), device, [], b"i" * 32, NOW_MS)  # still usable
     assert [a.name for a in s.accounts()] == ["free", "taken"]
+
+
+def test_the_summary_of_one_account_is_its_line_of_all(make_storage: StorageFactory) -> None:
+    s = make_storage()
+    for name in ("a", "b"):
+        register(s, name)
+    s.push("b", PushBatch([envelope(b"k" * 16, 1, HLC, {1: HLC})]))
+    everyone = s.accounts()
+    assert s.accounts("b") == [everyone[1]] and everyone[1].versions == 1
+    assert s.accounts("nobody") == []
 
 
 def test_account_summaries_count_what_is_stored(storage: Storage) -> None:

@@ -19,18 +19,13 @@ from relay.bodylimit import BodyTooLargeError
 from relay.errors import RelayError, StoreFailedError
 from replica.errors import SealsyncError
 from replica.wire import ErrorCode
+from tests.sources import PACKAGES, ROOT, sources
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("replica", "relay", "clients")
 CODE_VALUES = frozenset(code.value for code in ErrorCode)
 ENUM_HOME = ROOT / "replica" / "wire.py"
 LIBRARY_WORDS = {("replica/errors.py", "malformed")}
 """Strings that spell a relay code but are not one: `ProtocolError.code`, the library's name
 for bytes that break the wire format, which the relay answers with `ErrorCode.MALFORMED`."""
-
-
-def sources() -> list[Path]:
-    return sorted(path for package in PACKAGES for path in (ROOT / package).rglob("*.py"))
 
 
 def bare_codes(path: Path) -> list[tuple[int, str]]:

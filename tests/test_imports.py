@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.sources import ROOT, sources
+
 RELAY_MAY_IMPORT = {"replica.wire", "replica.errors"}
 
 
@@ -20,10 +21,6 @@ def imported_modules(path: Path) -> set[str]:
             names.add(node.module)
             names.update(f"{node.module}.{alias.name}" for alias in node.names)
     return names
-
-
-def sources(package: str) -> list[Path]:
-    return sorted((ROOT / package).rglob("*.py"))
 
 
 def top(name: str) -> str:

@@ -12,16 +12,12 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("replica", "relay", "clients")
+from tests.sources import PACKAGES, ROOT, sources
+
 CONFIGURED_ELSEWHERE = ("uvicorn",)
 """Loggers of other libraries that `relay.serve` configures (it creates none of its own)."""
 CONFIGURES_BY_VARIABLE = {"relay/serve.py"}
 """Modules that configure a list of loggers (the tree's root and uvicorn's) in a loop."""
-
-
-def sources() -> list[Path]:
-    return sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
 
 
 THE_NAME = "sealsync.{__name__}"

@@ -6,9 +6,8 @@ import ast
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.sources import ROOT, sources
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -48,12 +47,6 @@ def test_packages_ship_their_types() -> None:
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 40
 """Bounds of STYLE.md's house rules: a module under ~600 lines, a function under 40."""
-
-
-def sources() -> list[Path]:
-    return sorted(
-        p for package in ("replica", "relay", "clients") for p in (ROOT / package).rglob("*.py")
-    )
 
 
 def function_lengths(source: str) -> dict[str, int]:

@@ -228,9 +228,13 @@ def test_user_mistakes_are_one_error_line_and_change_nothing(
     assert dump(a) == before
 
 
-def relay_db(tmp_path: Path) -> Path:
-    """The database of the first relay `start_relay` made in this test's folder."""
-    return tmp_path / "relay0.db"
+def listed_accounts(relay: RelayProcess) -> dict[str, JsonObject]:
+    """`sealsync relay accounts --json` on the relay's SQLite file, by account name."""
+    assert relay.db is not None
+    listed = CliRunner().invoke(main, ["relay", "accounts", "--db", str(relay.db), "--json"])
+    assert listed.exit_code == 0, listed.output
+    accounts: list[JsonObject] = json.loads(listed.stdout)
+    return {str(a["name"]): a for a in accounts}
 
 
 def test_init_refuses_a_passphrase_too_easy_to_guess_and_makes_nothing(
@@ -242,10 +246,7 @@ def test_init_refuses_a_passphrase_too_easy_to_guess_and_makes_nothing(
     made = cli(a, "init", "--relay", relay.url, "--account", "ann", passphrase="a")
     assert_user_error(made, "too easy to guess", "unrelated words")
     assert list(tmp_path.glob("a.db*")) == []
-    listed = CliRunner().invoke(
-        main, ["relay", "accounts", "--db", str(relay_db(tmp_path)), "--json"]
-    )
-    assert listed.exit_code == 0 and json.loads(listed.stdout) == []  # nothing registered
+    assert listed_accounts(relay) == {}  # nothing registered
 
 
 @pytest.mark.parametrize(

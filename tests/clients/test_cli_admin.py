@@ -17,7 +17,7 @@ from clients.errors import RelayRefusedError
 from clients.http import RelayClient
 from replica import Replica, passphrase_login_keys
 from replica.wire import KeyBundleValue, PutKeyBundle
-from tests.clients.test_cli import PASSPHRASE, Cli, assert_user_error, dump
+from tests.clients.test_cli import PASSPHRASE, Cli, assert_user_error, dump, listed_accounts
 from tests.relay.server import RelayProcess
 
 NEW_PASSPHRASE = "a new and longer passphrase"
@@ -186,14 +186,9 @@ def test_passwd_can_end_every_other_devices_session(
     assert joined.exit_code == 0, joined.output
 
 
-def relay_accounts(cli: Cli, relay_db: Path, *args: str, input: str | None = None) -> Result:
-    return cli.runner.invoke(main, ["relay", "accounts", "--db", str(relay_db), *args], input=input)
-
-
-def listed_accounts(cli: Cli, relay_db: Path) -> dict[str, dict[str, object]]:
-    result = relay_accounts(cli, relay_db, "--json")
-    assert result.exit_code == 0, result.output
-    return {a["name"]: a for a in json.loads(result.stdout)}
+def relay_accounts(cli: Cli, relay: RelayProcess, *args: str, input: str | None = None) -> Result:
+    assert relay.db is not None
+    return cli.runner.invoke(main, ["relay", "accounts", "--db", str(relay.db), *args], input=input)
 
 
 @pytest.mark.slow
@@ -208,25 +203,24 @@ def test_an_operator_deletes_one_account_and_its_device_registers_it_again(
     cli.ok(bob, "init", "--relay", relay.url, "--account", "bob")
     cli.ok(a, "put", "threads", "t1", '{"title": "kept on the device"}')
     cli.ok(a, "sync")
-    db = tmp_path / "relay0.db"
-    before = listed_accounts(cli, db)
+    before = listed_accounts(relay)
     assert before["ann"]["devices"] == 2 and before["ann"]["versions"] != 0
 
-    assert_user_error(relay_accounts(cli, db, "--delete", "nobody"), "no account 'nobody'")
-    assert_user_error(relay_accounts(cli, db, "--yes"), "--yes only goes with --delete")
-    declined = relay_accounts(cli, db, "--delete", "ann", input="n\n")
+    assert_user_error(relay_accounts(cli, relay, "--delete", "nobody"), "no account 'nobody'")
+    assert_user_error(relay_accounts(cli, relay, "--yes"), "--yes only goes with --delete")
+    declined = relay_accounts(cli, relay, "--delete", "ann", input="n\n")
     assert declined.exit_code == 1 and "2 device(s)" in declined.stderr
-    assert listed_accounts(cli, db) == before
+    assert listed_accounts(relay) == before
 
-    deleted = relay_accounts(cli, db, "--delete", "ann", input="y\n")
+    deleted = relay_accounts(cli, relay, "--delete", "ann", input="y\n")
     assert deleted.exit_code == 0, deleted.output
     assert "deleted account 'ann'" in deleted.stdout and "sync --reseed" in deleted.stdout
-    assert listed_accounts(cli, db) == {"bob": before["bob"]}
+    assert listed_accounts(relay) == {"bob": before["bob"]}
 
     refused = cli(a, "sync")  # its tokens went with the account; the hint names the way back
     assert_user_error(refused, "does not have account 'ann'", "sync --reseed")
     again = cli.ok(a, "sync", "--reseed")
     assert "registered it again" in again.stderr + again.stdout
-    after = listed_accounts(cli, db)
+    after = listed_accounts(relay)
     assert after["ann"]["devices"] == 1 and after["ann"]["versions"] == before["ann"]["versions"]
     assert cli.json_object(a, "get", "threads", "t1")["doc"] == {"title": "kept on the device"}

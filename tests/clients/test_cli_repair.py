@@ -41,7 +41,8 @@ def test_a_damaged_pulled_version_is_counted_named_and_repaired(
     cli.ok(b, "join", "--relay", relay.url, "--account", "ann")
     cli.ok(a, "put", "threads", "t2", '{"title": "damaged on the relay"}')
     cli.ok(a, "sync")
-    damage_newest_envelope(tmp_path / "relay0.db")
+    assert relay.db is not None
+    damage_newest_envelope(relay.db)
 
     synced = cli(b, "sync")
     assert synced.exit_code == DAMAGED, synced.output

@@ -287,7 +287,8 @@ def test_a_reseed_is_followed_and_a_rollback_by_head_reseeds_with_a_new_epoch(
     assert a.replica.get("notes", "n2") is not None
 
     relay.stop()  # the operator keeps a copy, later restores it: same epoch, lower head
-    db = tmp_path / "relay0.db"
+    db = relay.db
+    assert db is not None
     shutil.copy(db, tmp_path / "old.db")
     relay.start()
     a.replica.put("notes", "n3", {"text": "three"})
@@ -296,7 +297,7 @@ def test_a_reseed_is_followed_and_a_rollback_by_head_reseeds_with_a_new_epoch(
     relay.stop()
     shutil.copy(tmp_path / "old.db", db)
     for suffix in ("-wal", "-shm"):
-        (tmp_path / f"relay0.db{suffix}").unlink(missing_ok=True)
+        db.with_name(db.name + suffix).unlink(missing_ok=True)
     relay.start()
 
     with pytest.raises(RollbackError) as found:

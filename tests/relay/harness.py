@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import msgspec
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
@@ -94,6 +95,11 @@ def error_body(content: bytes, content_type: str) -> dict[str, Any]:
         value = msgspec.msgpack.decode(content)
     assert isinstance(value, dict) and set(value) == {"code", "message"}, value
     return value
+
+
+def code_of(answer: httpx2.Response) -> str:
+    """The `code` of an error answer."""
+    return str(error_body(answer.content, answer.headers["content-type"])["code"])
 
 
 # -- raw ASGI: a chunked or lying body, and what the app actually pulled ----------------------

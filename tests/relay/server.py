@@ -34,6 +34,7 @@ class RelayProcess:
     ) -> None:
         """SQLite at `db`, or whatever storage `options` name (`--database-url …`); anyone
         may register unless `open_signup` is False (then by invite only)."""
+        self.db = db
         self.log_path = log_path
         self.options = (
             *(("--db", str(db)) if db else ()),

@@ -38,7 +38,7 @@ from replica.wire import (
 )
 from tests.relay.api import KDF, MSGPACK, Keys, body, decode, login, new_keys, register
 from tests.relay.conftest import HLC, envelope
-from tests.relay.harness import BACKENDS, Relay, Relays, error_body, open_relays
+from tests.relay.harness import BACKENDS, Relay, Relays, code_of, error_body, open_relays
 
 PUBLIC_ROUTES = {
     ("GET", "/v1/info"),
@@ -101,10 +101,6 @@ def world(relays: Relays) -> World:
     mallory = register(client, "mallory", mallory_keys, device="mallory-box")
     state = relay.storage.state("alice")
     return World(relay, alice_keys, alice, revoked, mallory_keys, mallory, envelopes, state)
-
-
-def code_of(answer: httpx2.Response) -> str:
-    return str(error_body(answer.content, answer.headers["content-type"])["code"])
 
 
 def bearer(session: Session) -> dict[str, str]:

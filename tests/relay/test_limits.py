@@ -8,7 +8,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx2
 import msgspec
 import pytest
 from starlette.testclient import TestClient
@@ -27,7 +26,7 @@ from replica.wire import (
 )
 from tests.relay.api import MSGPACK, bearer, body, decode, new_keys, register
 from tests.relay.conftest import HLC, NOW_MS, envelope
-from tests.relay.harness import Relay, Relays, call_asgi, error_body, open_relays
+from tests.relay.harness import Relay, Relays, call_asgi, code_of, open_relays
 
 KIB = 1024
 CHUNK = 64 * KIB
@@ -37,10 +36,6 @@ CHUNK = 64 * KIB
 @pytest.fixture
 def relays(tmp_path: Path) -> Iterator[Relays]:
     yield from open_relays(tmp_path)
-
-
-def code_of(answer: httpx2.Response) -> str:
-    return str(error_body(answer.content, answer.headers["content-type"])["code"])
 
 
 def sized_envelope(size: int, index: int, node: int = 1, hlc: int = HLC) -> bytes:

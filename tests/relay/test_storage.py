@@ -583,6 +583,17 @@ def first_schema_statements(types: Types) -> list[str]:
     return [st for st in dialect.SCHEMA.format(**types._asdict()).split(";") if st.strip()]
 
 
+def assert_upgraded(storage: Storage) -> None:
+    """A storage opened on a first-schema database keeps its id and counts failed logins;
+    closed after."""
+    try:
+        storage.add_login_failure("bob", "a", NOW_MS, forget_before_ms=0)
+        assert storage.login_failures("bob", "a", 0).from_address == 1
+        assert storage.storage_id == "s" * 32
+    finally:
+        storage.close()
+
+
 def test_a_sqlite_relay_of_the_first_schema_opens_and_counts_failed_logins(
     tmp_path: Path,
 ) -> None:
@@ -593,13 +604,7 @@ def test_a_sqlite_relay_of_the_first_schema_opens_and_counts_failed_logins(
             db.execute(statement)
         db.execute("INSERT INTO meta VALUES ('storage_id', ?), ('secret', ?)", (b"s" * 32, b"k"))
         db.execute("PRAGMA user_version=1")
-    storage = relay.sqlite.SQLiteStorage(path, VersionRules(FakeClock(NOW_MS)))
-    try:
-        storage.add_login_failure("bob", "a", NOW_MS, forget_before_ms=0)
-        assert storage.login_failures("bob", "a", 0).from_address == 1
-        assert storage.storage_id == "s" * 32
-    finally:
-        storage.close()
+    assert_upgraded(relay.sqlite.SQLiteStorage(path, VersionRules(FakeClock(NOW_MS))))
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA user_version").fetchone() == (dialect.SCHEMA_VERSION,)
 
@@ -616,15 +621,8 @@ def test_a_postgres_relay_of_the_first_schema_opens_and_counts_failed_logins() -
                 " ('secret', %s)",
                 (b"s" * 32, b"k"),
             )
-        storage = relay.postgres.PostgresStorage(
-            url, VersionRules(FakeClock(NOW_MS)), schema=schema
-        )
-        try:
-            storage.add_login_failure("bob", "a", NOW_MS, forget_before_ms=0)
-            assert storage.login_failures("bob", "a", 0).from_address == 1
-            assert storage.storage_id == "s" * 32
-        finally:
-            storage.close()
+        rules = VersionRules(FakeClock(NOW_MS))
+        assert_upgraded(relay.postgres.PostgresStorage(url, rules, schema=schema))
 
 
 def test_a_device_logging_in_again_keeps_its_entry_and_only_its_new_tokens(

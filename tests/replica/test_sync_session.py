@@ -15,6 +15,7 @@ from replica import (
     RelayState,
     Replica,
     RollbackError,
+    SyncSession,
 )
 from replica.wire import ErrorCode, parse_header
 from tests.conftest import FakeClock, ReplicaFactory
@@ -229,11 +230,7 @@ def test_a_push_right_after_the_cursor_passes_over_the_devices_own_versions(
     assert a.get("notes", "from-b") is not None
 
 
-def sync(replica: object, relay: MemoryRelay) -> None:
-    from replica import Replica
-
-    assert isinstance(replica, Replica)
-    session = replica.sync_session()
+def push_and_pull(session: SyncSession, relay: MemoryRelay) -> None:
     while (batch := session.next_batch()) is not None:
         session.acknowledge(batch, relay.push(ACCOUNT, batch))
     while True:
@@ -241,6 +238,10 @@ def sync(replica: object, relay: MemoryRelay) -> None:
         session.apply_page(page)
         if not page.has_more:
             return
+
+
+def sync(replica: Replica, relay: MemoryRelay) -> None:
+    push_and_pull(replica.sync_session(), relay)
 
 
 def test_a_reseed_pushes_held_versions_even_after_they_are_released(
@@ -284,13 +285,8 @@ def sync_round(replica: Replica, relay: MemoryRelay) -> int:
     """One pass, as the driver runs it; how many versions the relay's `superseded` left
     unconfirmed."""
     session = replica.sync_session()
-    while (batch := session.next_batch()) is not None:
-        session.acknowledge(batch, relay.push(ACCOUNT, batch))
-    while True:
-        page = relay.pull(ACCOUNT, session.cursor)
-        session.apply_page(page)
-        if not page.has_more:
-            return session.settle_superseded()
+    push_and_pull(session, relay)
+    return session.settle_superseded()
 
 
 def test_a_relay_that_calls_every_write_superseded_loses_none_of_them(

@@ -95,10 +95,9 @@ def explained_refusals(client: RelayClient, replica: Replica, account: str) -> I
 class Reentry:
     """What a device brings to get back onto its account on a relay: the account's name, the
     passphrase's login keys (derived once: the replica was unlocked with them), the name it
-    registers under, how to ask for
-    the recovery key (asked only to register an account whose bundle does not carry the
-    recovery auth key: made before it was kept), and an invite for a relay that takes new
-    accounts by invite only."""
+    registers under, how to ask for the recovery key (asked only to register an account
+    whose bundle does not carry the recovery auth key: made before it was kept), and an
+    invite for a relay that takes new accounts by invite only."""
 
     account: str
     login: LoginKeys

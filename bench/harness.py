@@ -173,7 +173,7 @@ class Bench:
         """Created once per run: Argon2id costs a quarter second and measures nothing here."""
         if self._account is None:
             replica, _ = Replica.create(self.path("account"), SCHEMA, PASSPHRASE)
-            self._account = Account(replica.key_bundle(), replica.account_key())
+            self._account = Account(replica.key_bundle(), replica.unlock_key())
             replica.close()
         return self._account
 

@@ -1,8 +1,8 @@
 """Making an account and adding a device to one: the relay exchanges of `init` and `join`.
 
 `init` makes the account locally first (`Replica.create` derives every key) and then registers
-it: the relay receives auth keys and the sealed key bundle, never the passphrase or the
-account key. `join` goes the other way: prelogin for the KDF parameters, login with the auth
+it: the relay receives auth keys and the sealed key bundle, never the passphrase or a key
+that opens it. `join` goes the other way: prelogin for the KDF parameters, login with the auth
 key the secret derives, fetch the bundle, make the replica from it and unlock it. `login`
 (an existing replica logging in again as a new device) is the first half of `join`. Each
 runs Argon2id once: the keys a passphrase derives both log in and unlock.

@@ -3,6 +3,7 @@
 No network code lives here: `relay/` serves envelopes and `clients/` moves them.
 """
 
+from replica.bundles import NewAccount
 from replica.errors import (
     DegradedError,
     EnvelopeError,
@@ -22,7 +23,7 @@ from replica.errors import (
     WrongKeyError,
 )
 from replica.events import ChangeEvent
-from replica.keys import LoginKeys, NewAccount, passphrase_login_keys, recovery_login_keys
+from replica.keys import LoginKeys, passphrase_login_keys, recovery_login_keys
 from replica.options import ReplicaOptions
 from replica.record import Context, Record, Version
 from replica.repair import Diagnosis, Finding, RepairReport

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
+from replica.bundles import AnyBundle, parse_bundle, sealed_schema
 from replica.envelope import Identity, Opened, scope_key
 from replica.errors import (
     DegradedError,
@@ -26,14 +27,7 @@ from replica.errors import (
 )
 from replica.events import ChangeEvent, Subscribers
 from replica.inbound import InboundContext, InboundResult, merge_inbound
-from replica.keys import (
-    AccountKeys,
-    KeyBundle,
-    bundle_from_bytes,
-    open_info,
-    open_local_schema,
-    seal_local_schema,
-)
+from replica.keys import AccountKeys, open_local_schema, seal_local_schema
 from replica.limits import check_name
 from replica.opener import Opener
 from replica.options import ReplicaOptions
@@ -114,12 +108,12 @@ class Core:
     def node(self) -> int:
         return self.store.get_int("node")
 
-    def bundle(self) -> KeyBundle:
+    def bundle(self) -> AnyBundle:
         self.check_open()
         data = self.store.get_bytes("bundle")
         if data is None:
             raise StoreError(f"{self.store.path} holds no key bundle")
-        return bundle_from_bytes(data)
+        return parse_bundle(data)
 
     @property
     def schema(self) -> Schema:
@@ -132,47 +126,47 @@ class Core:
         """Take the keys, and the schema they open (sealing a clear one first); on failure
         the keys are dropped and the replica stays locked."""
         try:
-            schema = self._load_schema(keys.account_key)
+            schema = self._load_schema(keys)
         except BaseException:
             keys.drop()
             raise
         self.opener = Opener(keys, self.options.cache_entries)
         self._schema = schema
 
-    def store_schema(self, schema: Schema, account_key: bytes) -> None:
-        sealed = seal_local_schema(account_key, schema_to_bytes(schema), self.options.random_bytes)
+    def store_schema(self, schema: Schema, keys: AccountKeys) -> None:
+        sealed = seal_local_schema(keys, schema_to_bytes(schema), self.options.random_bytes)
         self.store.set_meta("schema", sealed)
         self._schema = schema
 
-    def _load_schema(self, account_key: bytes) -> Schema:
+    def _load_schema(self, keys: AccountKeys) -> Schema:
         """The file's sealed schema (another process may have declared it since). A file
         without one seals, once, the schema a join or an older format left in clear, or else
         the bundle's, and scrubs the clear copy from the file and its WAL."""
         sealed = self.store.get_bytes("schema")
         if sealed is not None:
-            return self._open_schema(account_key, sealed)
-        if not self._schema_to_seal(account_key):  # none anywhere: no write lock taken
+            return self._open_schema(keys, sealed)
+        if not self._schema_to_seal(keys):  # none anywhere: no write lock taken
             return Schema(())
         with self.write_transaction():
             sealed = self.store.get_bytes("schema")
             if sealed is not None:  # another process sealed it meanwhile
-                return self._open_schema(account_key, sealed)
-            schema = schema_from_bytes(self._schema_to_seal(account_key))
-            self.store_schema(schema, account_key)
+                return self._open_schema(keys, sealed)
+            schema = schema_from_bytes(self._schema_to_seal(keys))
+            self.store_schema(schema, keys)
             self.store.scrub_meta("clear_schema")
         self.store.checkpoint_truncate()
         return schema
 
-    def _schema_to_seal(self, account_key: bytes) -> bytes:
+    def _schema_to_seal(self, keys: AccountKeys) -> bytes:
         """A join's or an older format's clear schema, else the bundle's (empty: none)."""
         clear = self.store.get_bytes("clear_schema")
         if clear is not None:
             return clear
-        return open_info(account_key, self.bundle().sealed_info).schema or b""
+        return sealed_schema(self.bundle(), keys) or b""
 
-    def _open_schema(self, account_key: bytes, sealed: bytes) -> Schema:
+    def _open_schema(self, keys: AccountKeys, sealed: bytes) -> Schema:
         try:
-            return schema_from_bytes(open_local_schema(account_key, sealed))
+            return schema_from_bytes(open_local_schema(keys, sealed))
         except WrongKeyError:
             raise StoreError(
                 f"the schema sealed in {self.store.path} does not open with this account's key",

@@ -7,12 +7,14 @@ key's X25519 public key (HPKE), so any device can wrap a new generation to the r
 without holding it. Every wrap binds the bundle's clear fields through their canonical digest
 `C`, so a relay that swaps one gets a bundle that opens nothing.
 
-This module is the pure core of that design: sealing, opening, rotating and migrating a
-version-1 bundle. The replica and the relay do not use it yet (the next slices).
+This module is the pure core of that design: making, sealing, opening, rotating and migrating
+a version-1 bundle. New accounts start at generation 1 (replica/bundles.py); the relay does
+not verify anything with it yet, and nothing rotates yet (the next slices).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import struct
@@ -25,8 +27,9 @@ from cryptography.hazmat.primitives import hpke
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
-from replica.errors import ProtocolError, WrongKeyError
+from replica.errors import ProtocolError, UnknownEpochError, WrongKeyError
 from replica.keys import (
+    ACCOUNT_ID_BYTES,
     KEY_BYTES,
     AccountKeys,
     KeyBundle,
@@ -231,7 +234,7 @@ def seal_generation(
 def open_with_kek(bundle: KeyBundleV2, kek: bytes) -> OpenedGeneration:
     """Open with the passphrase's KEK (`LoginKeys.wrapping_key` under `bundle.kdf`)."""
     c = clear_digest(bundle)
-    refusal = "the passphrase does not open this key generation"
+    refusal = f"the passphrase does not unlock this account (key generation {bundle.generation})"
     key = open_aead(kek, bundle.passphrase_wrap, PASSPHRASE_AD + c, refusal)
     return _open_secrets(bundle, key, c)
 
@@ -245,8 +248,71 @@ def open_with_recovery_key(bundle: KeyBundleV2, recovery_raw: bytes) -> OpenedGe
             bundle.recovery_wrap, recovery_private_key(recovery_raw), info=RECOVERY_INFO + c
         )
     except (InvalidTag, ValueError):
-        raise WrongKeyError("the recovery key does not open this key generation") from None
+        raise WrongKeyError(
+            f"the recovery key does not unlock this account (key generation {bundle.generation})"
+        ) from None
     return _open_secrets(bundle, key, c)
+
+
+def first_generation(
+    random_bytes: RandomBytes, recovery_raw: bytes, schema: bytes | None
+) -> OpenedGeneration:
+    """Generation 1 of a new account: every key random, none derived from another."""
+    secrets = GenerationSecrets(
+        account_id=random_bytes(ACCOUNT_ID_BYTES),
+        generation=1,
+        key_epoch=0,
+        epoch_keys={0: random_bytes(KEY_BYTES)},
+        index_key=random_bytes(KEY_BYTES),
+        scope_key=random_bytes(KEY_BYTES),
+        signing_key=random_bytes(KEY_BYTES),
+        recovery_public=recovery_public_key(recovery_raw),
+        recovery_auth_hash=_recovery_auth_hash(recovery_raw),
+        schema=schema,
+    )
+    return OpenedGeneration(random_bytes(KEY_BYTES), secrets)
+
+
+def generation_keys(opened: OpenedGeneration) -> AccountKeys:
+    """The keys a replica works with, taken from a generation's secrets (none derived)."""
+    secrets = opened.secrets
+    return AccountKeys(
+        unlock_key=opened.key,
+        account_id=secrets.account_id,
+        key_epoch=secrets.key_epoch,
+        epoch_key=functools.partial(_stored_epoch_key, dict(secrets.epoch_keys)),
+        index_key=secrets.index_key,
+        scope_key=secrets.scope_key,
+    )
+
+
+def _stored_epoch_key(epoch_keys: dict[int, bytes], epoch: int) -> bytes:
+    key = epoch_keys.get(epoch)
+    if key is None:
+        raise UnknownEpochError(f"key epoch {epoch} is not kept in this key generation")
+    return key
+
+
+def open_with_generation_key(bundle: KeyBundleV2, key: bytes) -> OpenedGeneration:
+    """Open with the generation key itself (the keyring path, and re-sealing while unlocked)."""
+    if len(key) != KEY_BYTES:
+        raise WrongKeyError(f"a generation key is {KEY_BYTES} bytes, got {len(key)}")
+    return _open_secrets(bundle, key, clear_digest(bundle))
+
+
+def reseal_secrets(
+    bundle: KeyBundleV2, opened: OpenedGeneration, random_bytes: RandomBytes
+) -> KeyBundleV2:
+    """The bundle with new sealed secrets of the same generation (a new schema). The clear
+    fields stay, so both wraps still open: only what they do not bind may change."""
+    old = opened.secrets
+    kept = (old.generation, old.key_epoch, old.signing_public(), old.recovery_public)
+    if kept != (bundle.generation, bundle.key_epoch, bundle.signing_public, bundle.recovery_public):
+        raise ValueError("resealing may not change a generation's clear fields")  # a bug here
+    plain = msgspec.msgpack.encode(old)
+    ad = SECRETS_AD + clear_digest(bundle)
+    sealed = seal_aead(_secrets_key(opened.key), plain, ad, random_bytes)
+    return msgspec.structs.replace(bundle, sealed_secrets=sealed)
 
 
 def rotate(
@@ -292,7 +358,7 @@ def migrate_v1(
     """Generation 1 of a version-1 account: a rotation without a revoked device (§5). The v1
     epochs, index and scope keys are stored as derived; the recovery key must be the
     account's own (it must unwrap the v1 account key) unless `new_recovery_key` replaces it."""
-    account_key = keys.account_key
+    account_key = keys.unlock_key
     if not new_recovery_key:
         _check_recovery_key(bundle, recovery_raw, account_key)
     info = open_info(account_key, bundle.sealed_info)

@@ -13,6 +13,7 @@ material never appears in a repr, a log or an error message.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import struct
@@ -36,7 +37,7 @@ from replica.errors import (
     WrongKeyError,
 )
 from replica.passphrase import check_new_passphrase
-from replica.wire import SALT_BYTES, KdfParams, auth_key_hash, check_kdf_params
+from replica.wire import SALT_BYTES, KdfParams, check_kdf_params
 
 KEY_BYTES = 32
 NONCE_BYTES = 12
@@ -185,11 +186,16 @@ class _Versioned(msgspec.Struct):
     version: int
 
 
+def bundle_version(data: bytes) -> int:
+    """The `version` of an encoded bundle of any format (`msgspec.DecodeError` if none)."""
+    return msgspec.msgpack.decode(data, type=_Versioned).version
+
+
 def decode_bundle(data: bytes, kind: type[_Bundle], version: int) -> _Bundle:
     """A bundle of `version`, its version read first: a newer format says "upgrade" rather
     than failing on the first field it lacks."""
     try:
-        found = msgspec.msgpack.decode(data, type=_Versioned).version
+        found = bundle_version(data)
         if found != version:
             raise ProtocolError(
                 f"key bundle version {found} is not {version}",
@@ -198,6 +204,10 @@ def decode_bundle(data: bytes, kind: type[_Bundle], version: int) -> _Bundle:
         return msgspec.msgpack.decode(data, type=kind)
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"malformed key bundle: {exc}") from exc
+
+
+def _dropped() -> ReplicaLockedError:
+    return ReplicaLockedError("the account keys were dropped", hint="unlock the replica")
 
 
 class _HmacState(Protocol):
@@ -215,39 +225,65 @@ def _keyed_state(key: bytes) -> _HmacState:
 
 
 class AccountKeys:
-    """The unlocked account key and what derives from it; `drop()` forgets all of it."""
+    """An unlocked account's keys; `drop()` forgets all of them.
 
-    def __init__(self, account_key: bytes, info: AccountInfo) -> None:
-        self._account_key: bytes | None = account_key
-        self.account_id = info.account_id
-        self.key_epoch = info.key_epoch
-        self._index_key: bytes | None = v1_index_key(account_key)
-        self._scope_key: bytes | None = v1_scope_key(account_key)
+    `unlock_key` is what a keyring keeps in place of the passphrase: the account key of a
+    version-1 bundle, from which everything else derives, or the generation key of a
+    version-2 one, which seals stored keys (replica/generations.py)."""
+
+    def __init__(
+        self,
+        *,
+        unlock_key: bytes,
+        account_id: bytes,
+        key_epoch: int,
+        epoch_key: Callable[[int], bytes],
+        index_key: bytes,
+        scope_key: bytes,
+    ) -> None:
+        self._unlock_key: bytes | None = unlock_key
+        self.account_id = account_id
+        self.key_epoch = key_epoch
+        self._epoch_key: Callable[[int], bytes] | None = epoch_key
+        self._index_key: bytes | None = index_key
+        self._scope_key: bytes | None = scope_key
         # Keyed HMAC states, copied per use: a fraction of hmac.digest's cost on hot paths.
-        self._index_hmac: _HmacState | None = _keyed_state(self._index_key)
-        self._scope_hmac: _HmacState | None = _keyed_state(self._scope_key)
+        self._index_hmac: _HmacState | None = _keyed_state(index_key)
+        self._scope_hmac: _HmacState | None = _keyed_state(scope_key)
         self._aead_by_epoch: dict[int, AESGCM] = {}
 
+    @classmethod
+    def v1(cls, account_key: bytes, info: AccountInfo) -> AccountKeys:
+        """A version-1 account's keys, each derived from its account key (specs §2.4)."""
+        return cls(
+            unlock_key=account_key,
+            account_id=info.account_id,
+            key_epoch=info.key_epoch,
+            epoch_key=functools.partial(v1_epoch_key, account_key),
+            index_key=v1_index_key(account_key),
+            scope_key=v1_scope_key(account_key),
+        )
+
     def __repr__(self) -> str:
-        return f"AccountKeys(key_epoch={self.key_epoch}, unlocked={self._account_key is not None})"
+        return f"AccountKeys(key_epoch={self.key_epoch}, unlocked={self._unlock_key is not None})"
 
     @property
-    def account_key(self) -> bytes:
-        if self._account_key is None:
-            raise ReplicaLockedError("the account keys were dropped", hint="unlock the replica")
-        return self._account_key
+    def unlock_key(self) -> bytes:
+        if self._unlock_key is None:
+            raise _dropped()
+        return self._unlock_key
 
     @property
     def index_key(self) -> bytes:
         if self._index_key is None:
-            raise ReplicaLockedError("the account keys were dropped", hint="unlock the replica")
+            raise _dropped()
         return self._index_key
 
     @property
     def scope_key(self) -> bytes:
         """Keys the local index of (profile, collection) scopes; never leaves the device."""
         if self._scope_key is None:
-            raise ReplicaLockedError("the account keys were dropped", hint="unlock the replica")
+            raise _dropped()
         return self._scope_key
 
     def record_key(self, profile: str, collection: str, id: str) -> bytes:
@@ -261,7 +297,7 @@ class AccountKeys:
     @staticmethod
     def _keyed(state: _HmacState | None, message: bytes) -> bytes:
         if state is None:
-            raise ReplicaLockedError("the account keys were dropped", hint="unlock the replica")
+            raise _dropped()
         mac = state.copy()
         mac.update(message)
         return mac.digest()[:16]
@@ -272,13 +308,16 @@ class AccountKeys:
         if cipher is None:
             if epoch > self.key_epoch or epoch < 0:
                 raise UnknownEpochError(f"key epoch {epoch} is newer than {self.key_epoch}")
-            cipher = AESGCM(v1_epoch_key(self.account_key, epoch))
+            if self._epoch_key is None:
+                raise _dropped()
+            cipher = AESGCM(self._epoch_key(epoch))
             self._aead_by_epoch[epoch] = cipher
         return cipher
 
     def drop(self) -> None:
         """Forget the key material (best effort: Python cannot zero immutable bytes)."""
-        self._account_key = None
+        self._unlock_key = None
+        self._epoch_key = None
         self._index_key = None
         self._scope_key = None
         self._index_hmac = None
@@ -322,71 +361,24 @@ def open_info(account_key: bytes, sealed: bytes) -> AccountInfo:
     return msgspec.msgpack.decode(plain, type=AccountInfo)
 
 
-def _schema_key(account_key: bytes) -> bytes:
+def _schema_key(keys: AccountKeys) -> bytes:
     """Under the scope key, which bundle version 2 carries unchanged across generations, so a
     rotation does not re-seal the file's schema (docs/key-generations.md §2)."""
-    return hkdf(v1_scope_key(account_key), b"sealsync local schema v1")
+    return hkdf(keys.scope_key, b"sealsync local schema v1")
 
 
-def seal_local_schema(account_key: bytes, schema: bytes, random_bytes: RandomBytes) -> bytes:
+def seal_local_schema(keys: AccountKeys, schema: bytes, random_bytes: RandomBytes) -> bytes:
     """The schema as a replica file keeps it: its collection names are the app's own words."""
-    return _wrap(_schema_key(account_key), schema, b"local schema", random_bytes)
+    return _wrap(_schema_key(keys), schema, b"local schema", random_bytes)
 
 
-def open_local_schema(account_key: bytes, sealed: bytes) -> bytes:
-    """Raises `WrongKeyError` when the sealed schema does not open under this account key."""
-    return _unwrap(_schema_key(account_key), sealed, b"local schema", "account key")
-
-
-@dataclass(frozen=True)
-class NewAccount:
-    """A fresh account: the bundle to store, the unlocked keys, and the secrets shown once."""
-
-    bundle: KeyBundle
-    keys: AccountKeys
-    recovery_key: str = field(repr=False)
-    auth_key: bytes = field(repr=False)
-    recovery_auth_hash: bytes = field(repr=False)
-    """What the relay stores to check the recovery key's logins (`AccountInfo` seals it too)."""
+def open_local_schema(keys: AccountKeys, sealed: bytes) -> bytes:
+    """Raises `WrongKeyError` when the sealed schema does not open under this account's keys."""
+    return _unwrap(_schema_key(keys), sealed, b"local schema", "account key")
 
 
 def default_kdf_params(random_bytes: RandomBytes) -> KdfParams:
     return KdfParams(salt=random_bytes(SALT_BYTES))
-
-
-def new_account(
-    passphrase: str,
-    random_bytes: RandomBytes,
-    params: KdfParams | None = None,
-    schema: bytes | None = None,
-) -> NewAccount:
-    """Make an account id, an account key and a recovery key, and wrap the key twice."""
-    check_new_passphrase(passphrase)
-    params = params or default_kdf_params(random_bytes)
-    account_key = random_bytes(KEY_BYTES)
-    recovery_key = format_recovery_key(random_bytes(KEY_BYTES))
-    login = passphrase_login_keys(passphrase, params)
-    recovery = recovery_login_keys(recovery_key)
-    recovery_auth_hash = auth_key_hash(recovery.auth_key)
-    info = AccountInfo(
-        account_id=random_bytes(ACCOUNT_ID_BYTES),
-        key_epoch=0,
-        schema=schema,
-        recovery_auth_hash=recovery_auth_hash,
-    )
-    bundle = KeyBundle(
-        version=BUNDLE_VERSION,
-        kdf=params,
-        passphrase_wrap=_wrap(login.wrapping_key, account_key, b"passphrase", random_bytes),
-        recovery_wrap=_wrap(recovery.wrapping_key, account_key, b"recovery key", random_bytes),
-        sealed_info=seal_info(account_key, info, random_bytes),
-    )
-    keys = AccountKeys(account_key, info)
-    return NewAccount(bundle, keys, recovery_key, login.auth_key, recovery_auth_hash)
-
-
-def unlock_with_passphrase(bundle: KeyBundle, passphrase: str) -> AccountKeys:
-    return unlock_with_login_keys(bundle, passphrase_login_keys(passphrase, bundle.kdf))
 
 
 def unlock_with_login_keys(bundle: KeyBundle, login: LoginKeys) -> AccountKeys:
@@ -412,22 +404,30 @@ def unlock_with_account_key(bundle: KeyBundle, account_key: bytes) -> AccountKey
     """The keyring path: the raw account key, checked against the bundle's sealed info."""
     if len(account_key) != KEY_BYTES:
         raise WrongKeyError(f"a raw account key is {KEY_BYTES} bytes, got {len(account_key)}")
-    return AccountKeys(account_key, open_info(account_key, bundle.sealed_info))
+    return AccountKeys.v1(account_key, open_info(account_key, bundle.sealed_info))
+
+
+def new_passphrase_login_keys(
+    old: KdfParams, new_passphrase: str, random_bytes: RandomBytes
+) -> tuple[KdfParams, LoginKeys]:
+    """A new passphrase's parameters (a fresh salt, the same costs) and keys, if it is strong
+    enough."""
+    check_new_passphrase(new_passphrase)
+    params = KdfParams(
+        salt=random_bytes(SALT_BYTES),
+        memory_kib=old.memory_kib,
+        iterations=old.iterations,
+        lanes=old.lanes,
+    )
+    return params, passphrase_login_keys(new_passphrase, params)
 
 
 def change_passphrase(
     bundle: KeyBundle, keys: AccountKeys, new_passphrase: str, random_bytes: RandomBytes
 ) -> tuple[KeyBundle, LoginKeys]:
     """Re-wrap the account key under a new passphrase and salt; records stay as they are."""
-    check_new_passphrase(new_passphrase)
-    params = KdfParams(
-        salt=random_bytes(SALT_BYTES),
-        memory_kib=bundle.kdf.memory_kib,
-        iterations=bundle.kdf.iterations,
-        lanes=bundle.kdf.lanes,
-    )
-    login = passphrase_login_keys(new_passphrase, params)
-    wrapped = _wrap(login.wrapping_key, keys.account_key, b"passphrase", random_bytes)
+    params, login = new_passphrase_login_keys(bundle.kdf, new_passphrase, random_bytes)
+    wrapped = _wrap(login.wrapping_key, keys.unlock_key, b"passphrase", random_bytes)
     return msgspec.structs.replace(bundle, kdf=params, passphrase_wrap=wrapped), login
 
 
@@ -436,5 +436,5 @@ def with_info(
 ) -> KeyBundle:
     """The bundle with new sealed info (a new key epoch or schema)."""
     return msgspec.structs.replace(
-        bundle, sealed_info=seal_info(keys.account_key, info, random_bytes)
+        bundle, sealed_info=seal_info(keys.unlock_key, info, random_bytes)
     )

@@ -15,30 +15,26 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from replica import held, repair, write
+from replica.bundles import (
+    AnyBundle,
+    NewAccount,
+    bundle_bytes,
+    new_account,
+    parse_bundle,
+    recovery_auth_hash,
+    unlock_by_key,
+    unlock_by_login,
+    unlock_by_recovery_key,
+    with_new_passphrase,
+    with_schema,
+)
 from replica.core import Core, rows_by_key
 from replica.envelope import Identity
 from replica.errors import DegradedError, StaleContextError, StoreError
 from replica.events import Subscriber
 from replica.files import create_private_file
-from replica.keys import (
-    AccountKeys,
-    KeyBundle,
-    LoginKeys,
-    NewAccount,
-    bundle_from_bytes,
-    bundle_to_bytes,
-    change_passphrase,
-    new_account,
-    open_info,
-    unlock_with_account_key,
-    unlock_with_login_keys,
-    unlock_with_passphrase,
-    unlock_with_recovery_key,
-    with_info,
-)
+from replica.keys import AccountKeys, LoginKeys, passphrase_login_keys
 from replica.limits import check_document, check_name
 from replica.options import ReplicaOptions
 from replica.record import Context, Record, Version, record_from_siblings
@@ -52,7 +48,7 @@ from replica.schema import (
 from replica.status import Status, read_status
 from replica.store import Store
 from replica.sync import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_COUNT, SyncSession
-from replica.wire import KdfParams, check_kdf_params
+from replica.wire import KdfParams
 
 HELD_RECHECK_ON_UNLOCK = ("sealed", "epoch", "collection")
 """Unlocking gives keys, and reloads the schema another process may have declared."""
@@ -100,8 +96,7 @@ class Replica:
         options: ReplicaOptions | None = None,
     ) -> Replica:
         """A new replica of an existing account, from its key bundle; locked until `unlock`."""
-        parsed = bundle_from_bytes(bundle)
-        check_kdf_params(parsed.kdf)
+        parsed = parse_bundle(bundle)
         return cls._new_file(Path(path), parsed, schema, options or ReplicaOptions())
 
     @classmethod
@@ -117,7 +112,7 @@ class Replica:
 
     @classmethod
     def _new_file(
-        cls, path: Path, bundle: KeyBundle, schema: Schema | None, options: ReplicaOptions
+        cls, path: Path, bundle: AnyBundle, schema: Schema | None, options: ReplicaOptions
     ) -> Replica:
         if path.exists() and path.stat().st_size > 0:
             raise StoreError(f"{path} already exists", hint="open it with Replica.open")
@@ -125,7 +120,7 @@ class Replica:
         store = Store(path, synchronous=options.synchronous, busy_timeout_s=options.busy_timeout_s)
         with store.transaction():  # one transaction: a crash leaves no half-made replica
             store.migrate()
-            store.set_meta("bundle", bundle_to_bytes(bundle))
+            store.set_meta("bundle", bundle_bytes(bundle))
             store.set_meta("node", str(options.new_node_id()))
             store.set_meta("clock", 0)
             if schema is not None:  # locked: sealed by the first unlock
@@ -134,19 +129,20 @@ class Replica:
 
     def unlock(self, passphrase: str) -> None:
         """Unlock with the account's passphrase (runs Argon2id)."""
-        self._unlocked(unlock_with_passphrase(self._core.bundle(), passphrase))
+        bundle = self._core.bundle()
+        self._unlocked(unlock_by_login(bundle, passphrase_login_keys(passphrase, bundle.kdf)))
 
     def unlock_with_login_keys(self, login: LoginKeys) -> None:
         """Unlock with `passphrase_login_keys(passphrase, self.kdf_params())`: a caller that
         also logs in to the relay with that passphrase runs Argon2id once, not twice."""
-        self._unlocked(unlock_with_login_keys(self._core.bundle(), login))
+        self._unlocked(unlock_by_login(self._core.bundle(), login))
 
     def unlock_with_recovery_key(self, recovery_key: str) -> None:
-        self._unlocked(unlock_with_recovery_key(self._core.bundle(), recovery_key))
+        self._unlocked(unlock_by_recovery_key(self._core.bundle(), recovery_key))
 
-    def unlock_with_key(self, account_key: bytes) -> None:
-        """The keyring path: the raw account key from `account_key()` of an unlocked replica."""
-        self._unlocked(unlock_with_account_key(self._core.bundle(), account_key))
+    def unlock_with_key(self, unlock_key: bytes) -> None:
+        """The keyring path: the raw key from `unlock_key()` of an unlocked replica."""
+        self._unlocked(unlock_by_key(self._core.bundle(), unlock_key))
 
     def _unlocked(self, keys: AccountKeys) -> None:
         core = self._core
@@ -196,20 +192,20 @@ class Replica:
     def path(self) -> Path:
         return self._core.store.path
 
-    def account_key(self) -> bytes:
-        """The raw account key, for a keyring. Treat it as the passphrase's equal."""
-        return self._core.keys().account_key
+    def unlock_key(self) -> bytes:
+        """The raw key a keyring keeps: treat it as the passphrase's equal. It is the account
+        key of a version-1 bundle, the generation key of a version-2 one."""
+        return self._core.keys().unlock_key
 
     def key_bundle(self) -> bytes:
-        return bundle_to_bytes(self._core.bundle())
+        return bundle_bytes(self._core.bundle())
 
     def recovery_auth_hash(self) -> bytes | None:
         """The relay's hash of the recovery key's auth key, sealed in the bundle: with it and
         the passphrase any unlocked device can register the account again on a relay that
         lost it. None for accounts made before it was kept there (then `auth_key_hash` of
         `recovery_login_keys(key).auth_key`)."""
-        keys = self._core.keys()
-        return open_info(keys.account_key, self._core.bundle().sealed_info).recovery_auth_hash
+        return recovery_auth_hash(self._core.bundle(), self._core.keys())
 
     def kdf_params(self) -> KdfParams:
         """The passphrase's Argon2id parameters and salt (works while locked): the relay hands
@@ -227,13 +223,13 @@ class Replica:
             return node
 
     def change_passphrase(self, new_passphrase: str) -> LoginKeys:
-        """Re-wrap the account key under a new passphrase; no record is re-encrypted."""
+        """Wrap the account's keys under a new passphrase; no record is re-encrypted."""
         core = self._core
         with core.mutex, core.write_transaction():  # read and replace under one lock
-            bundle, login = change_passphrase(
+            bundle, login = with_new_passphrase(
                 core.bundle(), core.keys(), new_passphrase, core.options.random_bytes
             )
-            core.store.set_meta("bundle", bundle_to_bytes(bundle))
+            core.store.set_meta("bundle", bundle_bytes(bundle))
             return login
 
     def declare(self, schema: Schema) -> None:
@@ -241,12 +237,10 @@ class Replica:
         core = self._core
         with core.mutex:
             with core.write_transaction():  # read and replace the bundle under one lock
-                keys, bundle = core.keys(), core.bundle()
-                info = open_info(keys.account_key, bundle.sealed_info)
-                info = msgspec.structs.replace(info, schema=schema_to_bytes(schema))
-                sealed = with_info(bundle, keys, info, core.options.random_bytes)
-                core.store.set_meta("bundle", bundle_to_bytes(sealed))
-                core.store_schema(schema, keys.account_key)
+                keys, random_bytes = core.keys(), core.options.random_bytes
+                sealed = with_schema(core.bundle(), keys, schema_to_bytes(schema), random_bytes)
+                core.store.set_meta("bundle", bundle_bytes(sealed))
+                core.store_schema(schema, keys)
             core.recheck_held(("collection",))
 
     # -- profiles -------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from replica import Collection, Replica, ReplicaOptions, Schema
+from tests.replica.v1 import V1Account, load_v1_account
 
 settings.register_profile(
     "default",
@@ -57,6 +58,7 @@ class FakeClock:
 class Account:
     bundle: bytes
     key: bytes
+    """The unlock key a keyring would keep: generation 1's key."""
     recovery_key: str
 
 
@@ -65,9 +67,15 @@ def account(tmp_path_factory: pytest.TempPathFactory) -> Account:
     path = tmp_path_factory.mktemp("account") / "first.db"
     replica, new = Replica.create(path, SCHEMA, PASSPHRASE)
     try:
-        return Account(replica.key_bundle(), replica.account_key(), new.recovery_key)
+        return Account(replica.key_bundle(), replica.unlock_key(), new.recovery_key)
     finally:
         replica.close()
+
+
+@pytest.fixture(scope="session")
+def v1() -> V1Account:
+    """An account made before bundle version 2 (tests/replica/fixtures/bundle_v1.json)."""
+    return load_v1_account()
 
 
 ReplicaFactory = Callable[..., Replica]

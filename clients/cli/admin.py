@@ -145,7 +145,7 @@ def change_passphrase(
     *,
     end_other_sessions: bool = False,
 ) -> None:
-    """Re-wrap the account key under `new` and replace the relay's bundle by compare-and-set
+    """Re-wrap the bundle's key under `new` and replace the relay's bundle by compare-and-set
     (ending every other device's session with it, if asked).
 
     The relay takes a new bundle only with the current passphrase's auth key (a stolen token

@@ -2,7 +2,7 @@
 
 The relay runs on loopback in this process (the command line is the composition root: it may
 import `relay`). The account is made once with Argon2id; the second device unlocks with the
-raw account key, as a keyring would, so the demo spends its time syncing, not hashing.
+raw unlock key, as a keyring would, so the demo spends its time syncing, not hashing.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def make_devices(url: str, folder: Path) -> tuple[Device, Device]:
     client.login(LoginRequest(account, new.auth_key, "laptop"))
     bundle = client.key_bundle(new.auth_key).bundle
     laptop_replica = Replica.join(folder / "laptop.db", bundle, options=OPTIONS)
-    laptop_replica.unlock_with_key(replica.account_key())
+    laptop_replica.unlock_with_key(replica.unlock_key())
     return phone, Device("laptop", laptop_replica, client)
 
 

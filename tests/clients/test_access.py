@@ -32,9 +32,8 @@ from replica import (
     passphrase_login_keys,
     recovery_login_keys,
 )
+from replica.bundles import parse_bundle
 from replica.keys import (
-    AccountKeys,
-    bundle_from_bytes,
     bundle_to_bytes,
     format_recovery_key,
     open_info,
@@ -42,24 +41,23 @@ from replica.keys import (
 )
 from tests.conftest import PASSPHRASE, Account
 from tests.relay.server import RelayProcess
+from tests.replica.v1 import V1Account
 
 
 def login_keys(account: Account) -> LoginKeys:
     """The passphrase's keys for the session account (one Argon2id run)."""
-    return passphrase_login_keys(PASSPHRASE, bundle_from_bytes(account.bundle).kdf)
+    return passphrase_login_keys(PASSPHRASE, parse_bundle(account.bundle).kdf)
 
 
 def unexpected() -> str:
     raise AssertionError("the recovery key was asked for")
 
 
-def bundle_without_recovery_auth_hash(account: Account) -> bytes:
-    """The account's bundle as sealed before `AccountInfo.recovery_auth_hash` existed."""
-    bundle = bundle_from_bytes(account.bundle)
-    info = open_info(account.key, bundle.sealed_info)
+def bundle_without_recovery_auth_hash(v1: V1Account) -> bytes:
+    """A version-1 bundle as sealed before `AccountInfo.recovery_auth_hash` existed."""
+    info = open_info(v1.keys.unlock_key, v1.bundle.sealed_info)
     old = msgspec.structs.replace(info, recovery_auth_hash=None)
-    keys = AccountKeys(account.key, info)
-    return bundle_to_bytes(with_info(bundle, keys, old, os.urandom))
+    return bundle_to_bytes(with_info(v1.bundle, v1.keys, old, os.urandom))
 
 
 def test_reseed_access_registers_a_lost_account_then_logs_in_then_leaves_a_working_session(
@@ -85,22 +83,22 @@ def test_reseed_access_registers_a_lost_account_then_logs_in_then_leaves_a_worki
 
 
 def test_an_older_bundle_registers_again_only_with_the_accounts_recovery_key(
-    start_relay: Callable[..., RelayProcess], account: Account, tmp_path: Path
+    start_relay: Callable[..., RelayProcess], v1: V1Account, tmp_path: Path
 ) -> None:
     relay = start_relay()
-    with Replica.join(tmp_path / "r.db", bundle_without_recovery_auth_hash(account)) as replica:
-        replica.unlock_with_key(account.key)
+    with Replica.join(tmp_path / "r.db", bundle_without_recovery_auth_hash(v1)) as replica:
+        replica.unlock_with_key(v1.keys.unlock_key)
         assert replica.recovery_auth_hash() is None
-        login = login_keys(account)
+        login = v1.login
         with RelayClient(relay.url) as client:
             another = format_recovery_key(os.urandom(32))
             with pytest.raises(WrongKeyError):
                 register_again(client, replica, Reentry("ann", login, "laptop", lambda: another))
             assert not has_account(client, replica, "ann")  # nothing was registered
-            reentry = Reentry("ann", login, "laptop", lambda: account.recovery_key)
+            reentry = Reentry("ann", login, "laptop", lambda: v1.recovery_key)
             register_again(client, replica, reentry)
         with RelayClient(relay.url) as client:
-            log_in(client, "ann", recovery_login_keys(account.recovery_key), "phone")
+            log_in(client, "ann", recovery_login_keys(v1.recovery_key), "phone")
 
 
 def test_a_lost_account_on_an_invite_only_relay_is_registered_again_only_with_an_invite(

@@ -67,7 +67,7 @@ def shared_account() -> tuple[bytes, bytes]:
     if not _ACCOUNT:
         folder = Path(tempfile.mkdtemp(prefix="sealsync-account-"))
         replica, _ = Replica.create(folder / "first.db", SCHEMA, "convergence passphrase")
-        _ACCOUNT.update(bundle=replica.key_bundle(), key=replica.account_key())
+        _ACCOUNT.update(bundle=replica.key_bundle(), key=replica.unlock_key())
         replica.close()
         shutil.rmtree(folder)
     return _ACCOUNT["bundle"], _ACCOUNT["key"]

@@ -58,7 +58,7 @@ EPOCH_FIELD = range(2, 6)
 
 def keys_for(account_key_hex: str, account_id_hex: str, epoch: int) -> AccountKeys:
     info = AccountInfo(account_id=bytes.fromhex(account_id_hex), key_epoch=epoch)
-    return AccountKeys(bytes.fromhex(account_key_hex), info)
+    return AccountKeys.v1(bytes.fromhex(account_key_hex), info)
 
 
 ACCOUNT = VECTORS["account"]
@@ -121,7 +121,7 @@ def test_envelope_vector_intermediates_match_the_code(vector: dict[str, Any]) ->
     epoch = given_["key_epoch"]
     vv = vector_from_json(given_["vector"])
     assert keys.index_key.hex() == steps["index_key"] == ACCOUNT["index_key"]
-    epoch_key = hkdf(keys.account_key, f"sealsync epoch v1 {epoch}".encode())
+    epoch_key = hkdf(keys.unlock_key, f"sealsync epoch v1 {epoch}".encode())
     assert epoch_key.hex() == steps["epoch_key"] == ACCOUNT["epoch_keys"][str(epoch)]
     key_input = length_prefixed(identity.profile, identity.collection, identity.id)
     assert key_input.hex() == steps["opaque_key_input"]
@@ -564,7 +564,7 @@ def seal_raw_fields(fields: list[Any], nonce: bytes) -> bytes:
     body = msgspec.msgpack.encode(fields)
     framed = struct.pack(">I", len(body)) + body
     padded = framed + bytes(padme_length(len(framed)) - len(framed))
-    ciphertext = AESGCM(hkdf(READER.account_key, b"sealsync epoch v1 0")).encrypt(
+    ciphertext = AESGCM(hkdf(READER.unlock_key, b"sealsync epoch v1 0")).encrypt(
         nonce, padded, header + READER.account_id
     )
     return header + nonce + ciphertext
@@ -668,7 +668,7 @@ def seal_raw_fields_with_header(fields: list[Any], header_fields: list[Any], non
     body = msgspec.msgpack.encode(fields)
     framed = struct.pack(">I", len(body)) + body
     padded = framed + bytes(padme_length(len(framed)) - len(framed))
-    ciphertext = AESGCM(hkdf(READER.account_key, b"sealsync epoch v1 0")).encrypt(
+    ciphertext = AESGCM(hkdf(READER.unlock_key, b"sealsync epoch v1 0")).encrypt(
         nonce, padded, header + READER.account_id
     )
     return header + nonce + ciphertext

@@ -79,7 +79,7 @@ def resealed_under_other_key(account_id: bool) -> Damage:
 
     def damage(envelope: bytes, others: dict[str, bytes]) -> bytes:
         info = AccountInfo(others["account_id"] if account_id else b"\x07" * 16, 0)
-        stranger = AccountKeys(b"\x42" * 32, info)
+        stranger = AccountKeys.v1(b"\x42" * 32, info)
         forged = sealed_as_r2(stranger, envelope, {"forged": True}, b"\x00" * 12)
         return forged[:6] + parse_header(envelope).key + forged[22:]
 
@@ -87,9 +87,10 @@ def resealed_under_other_key(account_id: bool) -> Damage:
 
 
 def sealed_at_epoch_1_relabelled_to_0(envelope: bytes, others: dict[str, bytes]) -> bytes:
-    """Sealed for this record by the account's own key at epoch 1, then labelled epoch 0 (a
-    known epoch, so only authentication can tell)."""
-    keys = AccountKeys(others["account_key"], AccountInfo(others["account_id"], 1))
+    """Sealed for this record with the account's id at epoch 1 under a key derived from the
+    account's own unlock key, then labelled epoch 0 (a known epoch, so only authentication can
+    tell)."""
+    keys = AccountKeys.v1(others["unlock_key"], AccountInfo(others["account_id"], 1))
     genuine = sealed_as_r2(keys, envelope, {"id": "r2"}, b"\x01" * 12)
     assert parse_header(genuine).epoch == 1
     return genuine[:2] + struct.pack(">I", 0) + genuine[6:]
@@ -147,7 +148,7 @@ def populated(make_replica: ReplicaFactory, account: Account) -> tuple[Replica, 
     replica.put("threads", "r2", {"id": "thread"})
     replica.put("notes", "r2", {"id": "work"}, profile="work")
     keys = replica._core.keys()
-    others = {"account_id": keys.account_id, "account_key": replica.account_key()}
+    others = {"account_id": keys.account_id, "unlock_key": replica.unlock_key()}
     with sqlite3.connect(replica.path) as db:
         for name, identity in {
             "r3": Identity("default", "notes", "r3"),
@@ -227,7 +228,7 @@ def test_a_damaged_envelope_in_a_page_is_quarantined_and_the_rest_merges(
         by_identity[opened.identity] = envelope
     others = {
         "account_id": keys.account_id,
-        "account_key": writer.account_key(),
+        "unlock_key": writer.unlock_key(),
         "r3": by_identity[Identity("default", "notes", "r3")],
         "threads/r2": by_identity[Identity("default", "threads", "r2")],
         "work/r2": by_identity[Identity("work", "notes", "r2")],

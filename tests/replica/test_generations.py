@@ -8,11 +8,8 @@ No Argon2id runs here: the passphrase's KEK is a random 32-byte key, as it is af
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import struct
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -38,27 +35,24 @@ from replica.generations import (
     bundle_v2_to_bytes,
     clear_digest,
     migrate_v1,
+    open_with_generation_key,
     open_with_kek,
     open_with_recovery_key,
     recovery_public_key,
+    reseal_secrets,
     rotate,
     seal_generation,
     sign_chain,
     verify_chain,
 )
 from replica.keys import (
-    AccountKeys,
-    KeyBundle,
-    LoginKeys,
     bundle_from_bytes,
     hkdf,
     open_info,
-    parse_recovery_key,
-    passphrase_login_keys,
-    unlock_with_login_keys,
 )
 from replica.wire import KdfParams
 from tests.replica.test_keys import assert_no_leak
+from tests.replica.v1 import V1Account
 
 KDF = KdfParams(salt=bytes(range(16)))
 FRONTIER = Frontier({7: 1 << 20, 9: 3 << 16}, head=42)
@@ -227,6 +221,21 @@ def test_secrets_that_contradict_the_clear_fields_are_refused(
     assert open_with_kek(sealed_by_hand(bundle, opened, kek), kek) == opened  # the control
 
 
+def test_resealing_refuses_secrets_that_would_contradict_the_clear_fields(
+    sealed: tuple[OpenedGeneration, KeyBundleV2],
+) -> None:
+    """A bundle whose secrets contradict its clear fields opens for nobody, so it is never
+    made: resealing may change only what the wraps do not bind."""
+    opened, bundle = sealed
+    renamed = msgspec.structs.replace(opened.secrets, schema=b"\x91")
+    resealed = reseal_secrets(bundle, OpenedGeneration(opened.key, renamed), os.urandom)
+    assert open_with_generation_key(resealed, opened.key).secrets == renamed
+    for change in ({"key_epoch": 1}, {"generation": 2}, {"signing_key": os.urandom(32)}):
+        contradicting = msgspec.structs.replace(opened.secrets, **change)
+        with pytest.raises(ValueError, match="clear fields"):
+            reseal_secrets(bundle, OpenedGeneration(opened.key, contradicting), os.urandom)
+
+
 def test_a_current_epoch_without_its_key_is_refused(recovery_raw: bytes, kek: bytes) -> None:
     no_epoch = generation_one(recovery_raw, key_epoch=3)
     with pytest.raises(ProtocolError, match="do not match"):
@@ -341,27 +350,6 @@ def test_a_new_recovery_key_at_rotation_replaces_the_old_one(
         open_with_recovery_key(bundle, recovery_raw)
 
 
-V1_FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "bundle_v1.json").read_text())
-"""A version-1 bundle as sealsync made it before version 2 existed, with its secrets."""
-
-
-@dataclass(frozen=True)
-class V1Account:
-    bundle: KeyBundle
-    keys: AccountKeys
-    recovery_raw: bytes
-    login: LoginKeys
-
-
-@pytest.fixture(scope="module")
-def v1() -> V1Account:
-    bundle = bundle_from_bytes(bytes.fromhex(V1_FIXTURE["bundle"]))
-    login = passphrase_login_keys(V1_FIXTURE["passphrase"], bundle.kdf)  # Argon2id, once
-    keys = unlock_with_login_keys(bundle, login)
-    assert keys.account_key == bytes.fromhex(V1_FIXTURE["account_key"])
-    return V1Account(bundle, keys, parse_recovery_key(V1_FIXTURE["recovery_key"]), login)
-
-
 def migrate(v1: V1Account, recovery_raw: bytes, *, new: bool = False) -> OpenedGeneration:
     return migrate_v1(
         v1.bundle,
@@ -382,7 +370,7 @@ def test_migrating_a_v1_account_keeps_its_epochs_and_names_but_no_v1_secret_open
     migration, say) opens nothing of generation 1; versions sealed under v1 stay readable,
     and the same passphrase opens the new bundle."""
     one = migrate(v1, v1.recovery_raw)
-    info = open_info(v1.keys.account_key, v1.bundle.sealed_info)
+    info = open_info(v1.keys.unlock_key, v1.bundle.sealed_info)
     s = one.secrets
     assert (s.generation, s.key_epoch, s.account_id) == (1, info.key_epoch + 1, info.account_id)
     assert (s.index_key, s.scope_key) == (v1.keys.index_key, v1.keys.scope_key)
@@ -391,12 +379,12 @@ def test_migrating_a_v1_account_keeps_its_epochs_and_names_but_no_v1_secret_open
     v1_sealed = v1.keys.aead(0).encrypt(nonce, b"plaintext", header)
     assert AESGCM(s.epoch_keys[0]).decrypt(nonce, v1_sealed, header) == b"plaintext"
     assert s.frontiers == {e: FRONTIER for e in range(info.key_epoch + 1)}
-    assert v1.keys.account_key not in (one.key, s.signing_key, s.epoch_keys[s.key_epoch])
+    assert v1.keys.unlock_key not in (one.key, s.signing_key, s.epoch_keys[s.key_epoch])
     bundle = seal_generation(one, v1.bundle.kdf, v1.login.wrapping_key, os.urandom, None)
     assert open_with_kek(bundle, v1.login.wrapping_key) == one
     assert open_with_recovery_key(bundle, v1.recovery_raw) == one
     with pytest.raises(WrongKeyError):
-        open_with_kek(bundle, v1.keys.account_key)
+        open_with_kek(bundle, v1.keys.unlock_key)
 
 
 def test_migrating_with_a_recovery_key_of_another_account_is_refused(v1: V1Account) -> None:
@@ -407,7 +395,7 @@ def test_migrating_with_a_recovery_key_of_another_account_is_refused(v1: V1Accou
     assert one.secrets.recovery_public == recovery_public_key(fresh)
     assert (
         one.secrets.recovery_auth_hash
-        != open_info(v1.keys.account_key, v1.bundle.sealed_info).recovery_auth_hash
+        != open_info(v1.keys.unlock_key, v1.bundle.sealed_info).recovery_auth_hash
     )
 
 

@@ -18,30 +18,47 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from cryptography.hazmat.primitives import hpke
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.argon2 import Argon2id
 
-from replica import KdfParametersError, Replica, WeakPassphraseError, WrongKeyError
+from replica import (
+    Collection,
+    KdfParametersError,
+    Replica,
+    Schema,
+    WeakPassphraseError,
+    WrongKeyError,
+)
+from replica.bundles import (
+    NewAccount,
+    new_account,
+    parse_bundle,
+    unlock_by_key,
+    unlock_by_recovery_key,
+)
 from replica.errors import ProtocolError, ReplicaLockedError, SealsyncError
+from replica.generations import (
+    bundle_v2_from_bytes,
+    bundle_v2_to_bytes,
+    clear_digest,
+    open_with_generation_key,
+    recovery_private_key,
+)
 from replica.keys import (
     ACCOUNT_ID_BYTES,
     AccountInfo,
     AccountKeys,
     LoginKeys,
-    NewAccount,
-    bundle_from_bytes,
-    bundle_to_bytes,
     format_recovery_key,
     hkdf,
-    new_account,
     open_info,
     parse_recovery_key,
     passphrase_login_keys,
     recovery_login_keys,
-    unlock_with_account_key,
-    unlock_with_passphrase,
-    unlock_with_recovery_key,
 )
+from replica.schema import schema_to_bytes
 from replica.wire import (
     MAX_ITERATIONS,
     MAX_LANES,
@@ -58,6 +75,7 @@ from replica.wire import (
     encode_message,
 )
 from tests.conftest import PASSPHRASE, Account, ReplicaFactory
+from tests.replica.v1 import V1Account
 
 SALT = bytes(range(SALT_BYTES))
 BASE32_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
@@ -103,8 +121,8 @@ def test_kdf_params_outside_the_bounds_are_refused_when_served(params: KdfParams
 
 
 def with_kdf(account: Account, params: KdfParams) -> bytes:
-    bundle = bundle_from_bytes(account.bundle)
-    return bundle_to_bytes(msgspec.structs.replace(bundle, kdf=params))
+    bundle = bundle_v2_from_bytes(account.bundle)
+    return bundle_v2_to_bytes(msgspec.structs.replace(bundle, kdf=params))
 
 
 @pytest.mark.parametrize("params", REFUSED_PARAMS)
@@ -113,7 +131,7 @@ def test_kdf_params_outside_the_bounds_are_refused_when_a_stored_bundle_carries_
 ) -> None:
     bundle = with_kdf(account, params)
     with pytest.raises(KdfParametersError):
-        unlock_with_passphrase(bundle_from_bytes(bundle), PASSPHRASE)
+        parse_bundle(bundle)
     with pytest.raises(KdfParametersError):
         Replica.join(tmp_path / "refused.db", bundle)
     with replica_storing(tmp_path, account, bundle) as replica:
@@ -138,22 +156,43 @@ def replica_storing(tmp_path: Path, account: Account, bundle: bytes) -> Replica:
 def test_change_passphrase_refuses_to_carry_over_stored_costs_outside_the_bounds(
     params: KdfParams, account: Account, tmp_path: Path
 ) -> None:
+    """The stored bundle is refused before any key is tried, the keyring's raw key too, so
+    no passphrase change can start from it."""
     with replica_storing(tmp_path, account, with_kdf(account, params)) as replica:
-        replica.unlock_with_key(account.key)
+        with pytest.raises(KdfParametersError):
+            replica.unlock_with_key(account.key)
         with pytest.raises(KdfParametersError):
             replica.change_passphrase(NEW_PASSPHRASE)
+        assert replica.is_locked
 
 
 # ---- key derivation -------------------------------------------------------------------------------
 
 
-def test_account_keys_derive_with_the_spec_info_strings(account: Account) -> None:
-    keys = unlock_with_account_key(bundle_from_bytes(account.bundle), account.key)
-    assert keys.index_key == hkdf(account.key, b"sealsync index v1")
-    assert keys.scope_key == hkdf(account.key, b"sealsync scope v1")
-    assert len({keys.account_key, keys.index_key, keys.scope_key}) == 3
-    info = open_info(account.key, bundle_from_bytes(account.bundle).sealed_info)
+def test_v1_account_keys_derive_with_the_spec_info_strings(v1: V1Account) -> None:
+    keys, account_key = v1.keys, v1.keys.unlock_key
+    assert keys.index_key == hkdf(account_key, b"sealsync index v1")
+    assert keys.scope_key == hkdf(account_key, b"sealsync scope v1")
+    assert len({keys.unlock_key, keys.index_key, keys.scope_key}) == 3
+    info = open_info(account_key, v1.bundle.sealed_info)
     assert len(info.account_id) == ACCOUNT_ID_BYTES and info.key_epoch == 0
+
+
+def test_a_new_account_is_generation_1_with_no_key_derived_from_another(
+    account: Account,
+) -> None:
+    """Bundle version 2: the generation key seals random keys, so a device that once held
+    it learns nothing of the next generation's (docs/key-generations.md §2)."""
+    bundle = bundle_v2_from_bytes(account.bundle)
+    assert (bundle.version, bundle.generation, bundle.key_epoch) == (2, 1, 0)
+    assert bundle.chain_signature is None
+    secrets = open_with_generation_key(bundle, account.key).secrets
+    keys = [account.key, secrets.index_key, secrets.scope_key, secrets.signing_key]
+    keys += [secrets.epoch_keys[0]]
+    assert len(set(keys)) == len(keys) and list(secrets.epoch_keys) == [0]
+    derived = {hkdf(account.key, b"sealsync " + label) for label in (b"index v1", b"scope v1")}
+    assert not derived & set(keys) and hkdf(account.key, b"sealsync epoch v1 0") not in keys
+    assert len(secrets.account_id) == ACCOUNT_ID_BYTES
 
 
 def test_recovery_login_keys_are_hkdf_of_the_raw_recovery_key() -> None:
@@ -177,32 +216,89 @@ def test_passphrase_login_keys_are_argon2id_of_the_nfc_passphrase_then_hkdf() ->
     assert login.wrapping_key == hkdf(master, b"sealsync kek v1")
 
 
-def test_key_bundle_layout_follows_the_spec(account: Account) -> None:
+def test_v1_key_bundle_layout_follows_the_spec(v1: V1Account) -> None:
     """Opened with the primitives alone: a MessagePack map, AES-256-GCM wraps with labels."""
-    fields = msgspec.msgpack.decode(account.bundle)
+    fields = msgspec.msgpack.decode(v1.bundle_bytes)
     assert list(fields) == ["version", "kdf", "passphrase_wrap", "recovery_wrap", "sealed_info"]
     assert list(fields["kdf"]) == ["salt", "memory_kib", "iterations", "lanes"]
     assert fields["version"] == 1 and len(fields["kdf"]["salt"]) == SALT_BYTES
-    raw = parse_recovery_key(account.recovery_key)
-    kek = hkdf(raw, b"sealsync recovery kek v1")
+    kek = hkdf(v1.recovery_raw, b"sealsync recovery kek v1")
     wrap = fields["recovery_wrap"]
     assert len(wrap) == 12 + 32 + 16
-    assert AESGCM(kek).decrypt(wrap[:12], wrap[12:], b"sealsync wrap v1 recovery key") == (
-        account.key
-    )
+    account_key = AESGCM(kek).decrypt(wrap[:12], wrap[12:], b"sealsync wrap v1 recovery key")
+    assert account_key == v1.keys.unlock_key
     sealed = fields["sealed_info"]
-    info_key = hkdf(account.key, b"sealsync info v1")
+    info_key = hkdf(account_key, b"sealsync info v1")
     info = msgspec.msgpack.decode(
         AESGCM(info_key).decrypt(sealed[:12], sealed[12:], b"sealsync wrap v1 info")
     )
     assert list(info) == ["account_id", "key_epoch", "schema", "recovery_auth_hash"]
     assert len(info["account_id"]) == ACCOUNT_ID_BYTES and info["key_epoch"] == 0
-    recovery_auth_key = hkdf(raw, b"sealsync recovery auth v1")
+    recovery_auth_key = hkdf(v1.recovery_raw, b"sealsync recovery auth v1")
     assert (
         info["recovery_auth_hash"]
         == hashlib.sha256(b"sealsync auth key v1\0" + recovery_auth_key).digest()
     )  # what the relay stores, never the key that logs in
     assert len(fields["passphrase_wrap"]) == 12 + 32 + 16
+
+
+V2_FIELDS = ["version", "generation", "key_epoch", "kdf", "signing_public", "recovery_public"]
+V2_FIELDS += ["chain_signature", "passphrase_wrap", "recovery_wrap", "sealed_secrets"]
+
+
+def test_v2_key_bundle_layout_follows_the_spec(account: Account) -> None:
+    """specs/envelope.md §2.3, opened with the primitives alone: the recovery key's X25519
+    key opens the HPKE wrap, the generation key the sealed secrets, both bound to `C`."""
+    fields = msgspec.msgpack.decode(account.bundle)
+    assert list(fields) == V2_FIELDS
+    c = clear_digest(bundle_v2_from_bytes(account.bundle))
+    raw = parse_recovery_key(account.recovery_key)
+    x25519 = recovery_private_key(raw)
+    assert x25519.private_bytes_raw() == hkdf(raw, b"sealsync recovery x25519 v2")
+    assert fields["recovery_public"] == x25519.public_key().public_bytes_raw()
+    assert len(fields["recovery_wrap"]) == 32 + 32 + 16
+    suite = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.AES_256_GCM)
+    info = b"sealsync recovery v2\0" + c
+    assert suite.decrypt(fields["recovery_wrap"], x25519, info=info) == account.key
+    assert len(fields["passphrase_wrap"]) == 12 + 32 + 16
+    sealed = fields["sealed_secrets"]
+    plain = AESGCM(hkdf(account.key, b"sealsync secrets v2")).decrypt(
+        sealed[:12], sealed[12:], b"sealsync wrap v2 secrets\0" + c
+    )
+    secrets = msgspec.msgpack.decode(plain)
+    assert list(secrets)[:9] == [
+        "account_id",
+        "generation",
+        "key_epoch",
+        "epoch_keys",
+        "index_key",
+        "scope_key",
+        "signing_key",
+        "recovery_public",
+        "recovery_auth_hash",
+    ]
+    recovery_auth_key = hkdf(raw, b"sealsync recovery auth v1")
+    assert secrets["recovery_auth_hash"] == auth_key_hash(recovery_auth_key)
+    signing = Ed25519PrivateKey.from_private_bytes(secrets["signing_key"])
+    assert signing.public_key().public_bytes_raw() == fields["signing_public"]
+
+
+def test_declaring_a_schema_reseals_the_secrets_and_keeps_both_wraps(
+    make_replica: ReplicaFactory, account: Account
+) -> None:
+    """The schema is not a clear field, so declaring one leaves C and both wraps as they are."""
+    replica = make_replica()
+    before = bundle_v2_from_bytes(replica.key_bundle())
+    declared = Schema((*replica.schema.collections, Collection("later", "lww")))
+    replica.declare(declared)
+    after = bundle_v2_from_bytes(replica.key_bundle())
+    assert after.sealed_secrets != before.sealed_secrets
+    assert msgspec.structs.replace(after, sealed_secrets=b"") == msgspec.structs.replace(
+        before, sealed_secrets=b""
+    )
+    secrets = open_with_generation_key(after, account.key).secrets
+    assert secrets.schema == schema_to_bytes(declared)
+    assert unlock_by_recovery_key(after, account.recovery_key).unlock_key == account.key
 
 
 def test_the_recovery_auth_hash_sealed_in_the_bundle_survives_a_declare_and_a_passwd(
@@ -233,17 +329,45 @@ def test_a_bundle_sealed_before_the_recovery_auth_hash_was_kept_opens_without_it
 
 
 def test_account_keys_after_drop_refuse_with_locked_error(account: Account) -> None:
-    keys = unlock_with_account_key(bundle_from_bytes(account.bundle), account.key)
+    keys = unlock_by_key(parse_bundle(account.bundle), account.key)
     keys.drop()
-    for read in (lambda: keys.account_key, lambda: keys.index_key, lambda: keys.aead(0)):
+    for read in (lambda: keys.unlock_key, lambda: keys.index_key, lambda: keys.aead(0)):
         with pytest.raises(ReplicaLockedError):
             read()
 
 
-def test_key_bundle_of_another_version_is_refused(account: Account) -> None:
-    bundle = msgspec.structs.replace(bundle_from_bytes(account.bundle), version=2)
-    with pytest.raises(ProtocolError, match="version 2"):
-        bundle_from_bytes(bundle_to_bytes(bundle))
+@pytest.mark.parametrize(("version", "hint"), [(0, None), (3, "upgrade sealsync")])
+def test_key_bundle_of_another_version_is_refused(
+    account: Account, version: int, hint: str | None
+) -> None:
+    bundle = msgspec.structs.replace(bundle_v2_from_bytes(account.bundle), version=version)
+    with pytest.raises(ProtocolError, match=f"version {version}") as refused:
+        parse_bundle(bundle_v2_to_bytes(bundle))
+    assert refused.value.hint == hint
+
+
+def test_a_v1_account_still_unlocks_by_each_secret_and_changes_its_passphrase(
+    v1: V1Account, tmp_path: Path
+) -> None:
+    """Accounts made before version 2 keep working as they are until they migrate."""
+    with Replica.join(tmp_path / "old.db", v1.bundle_bytes) as replica:
+        replica.unlock_with_login_keys(v1.login)
+        replica.put("threads", "t1", {"title": "kept"})
+        assert replica.unlock_key() == v1.keys.unlock_key
+        expected = auth_key_hash(recovery_login_keys(v1.recovery_key).auth_key)
+        assert replica.recovery_auth_hash() == expected
+        replica.change_passphrase(NEW_PASSPHRASE)
+        assert parse_bundle(replica.key_bundle()).version == 1
+        unlocks: list[Callable[[], None]] = [
+            lambda: replica.unlock(NEW_PASSPHRASE),
+            lambda: replica.unlock_with_recovery_key(v1.recovery_key),
+            lambda: replica.unlock_with_key(v1.keys.unlock_key),
+        ]
+        for unlock in unlocks:
+            replica.lock()
+            unlock()
+            record = replica.get("threads", "t1")
+            assert record is not None and record.document == {"title": "kept"}
 
 
 # ---- wrong keys -------------------------------------------------------------------------------------
@@ -290,9 +414,9 @@ def test_unlock_with_a_wrong_raw_key_raises_wrong_key(
     assert replica.is_locked
 
 
-def test_unlock_with_the_recovery_key_yields_the_account_key(account: Account) -> None:
-    keys = unlock_with_recovery_key(bundle_from_bytes(account.bundle), account.recovery_key)
-    assert keys.account_key == account.key
+def test_unlock_with_the_recovery_key_yields_the_generation_key(account: Account) -> None:
+    keys = unlock_by_recovery_key(parse_bundle(account.bundle), account.recovery_key)
+    assert keys.unlock_key == account.key
 
 
 # ---- recovery key checksum ------------------------------------------------------------------------
@@ -396,30 +520,28 @@ def test_change_passphrase_rewraps_the_key_and_rewrites_no_record(
     replica.put("versioned", "v1", {"v": 2})
     path = replica.path
     before = row_digests(path)
-    old_bundle = bundle_from_bytes(replica.key_bundle())
+    old_bundle = bundle_v2_from_bytes(replica.key_bundle())
 
     login = replica.change_passphrase(NEW_PASSPHRASE)
 
     assert row_digests(path) == before
     assert [len(before[t]) for t in ("versions", "local", "history")] == [4, 1, 1]
-    new_bundle = bundle_from_bytes(replica.key_bundle())
+    new_bundle = bundle_v2_from_bytes(replica.key_bundle())
     assert new_bundle.passphrase_wrap != old_bundle.passphrase_wrap
     assert new_bundle.kdf.salt != old_bundle.kdf.salt
-    assert (new_bundle.recovery_wrap, new_bundle.sealed_info) == (
-        old_bundle.recovery_wrap,
-        old_bundle.sealed_info,
-    )
+    same = ("generation", "key_epoch", "signing_public", "recovery_public", "chain_signature")
+    assert [getattr(new_bundle, f) for f in same] == [getattr(old_bundle, f) for f in same]
     replica.close()
     with Replica.open(path) as reopened:
         with pytest.raises(WrongKeyError) as wrong:
             reopened.unlock(PASSPHRASE)
         reopened.unlock(NEW_PASSPHRASE)
-        assert reopened.account_key() == account.key
+        assert reopened.unlock_key() == account.key
         record = reopened.get("notes", "n1")
         assert record is not None and record.document == {"title": "one"}
         reopened.lock()
         reopened.unlock_with_recovery_key(account.recovery_key)
-        assert reopened.account_key() == account.key
+        assert reopened.unlock_key() == account.key
     assert row_digests(path) == before
     secrets = {
         "auth key": login.auth_key,
@@ -438,12 +560,14 @@ WINDOW_BYTES = 8
 def secrets_of(account: Account) -> dict[str, bytes]:
     """Every key of the session account, and the recovery key as bytes and as text."""
     recovery = recovery_login_keys(account.recovery_key)
+    opened = open_with_generation_key(bundle_v2_from_bytes(account.bundle), account.key)
     return {
-        "account key": account.key,
-        "index key": hkdf(account.key, b"sealsync index v1"),
-        "scope key": hkdf(account.key, b"sealsync scope v1"),
-        "epoch 0 key": hkdf(account.key, b"sealsync epoch v1 0"),
-        "info key": hkdf(account.key, b"sealsync info v1"),
+        "generation key": account.key,
+        "index key": opened.secrets.index_key,
+        "scope key": opened.secrets.scope_key,
+        "epoch 0 key": opened.secrets.epoch_keys[0],
+        "signing key": opened.secrets.signing_key,
+        "secrets key": hkdf(account.key, b"sealsync secrets v2"),
         "recovery key raw": parse_recovery_key(account.recovery_key),
         "recovery key as shown": account.recovery_key.encode(),
         "recovery key compact": account.recovery_key.replace("-", "").encode(),
@@ -500,8 +624,8 @@ def test_leak_check_finds_a_key_in_a_default_dataclass_repr() -> None:
 
 def test_no_key_material_in_any_repr_or_str(make_replica: ReplicaFactory, account: Account) -> None:
     secrets = secrets_of(account)
-    bundle = bundle_from_bytes(account.bundle)
-    keys = unlock_with_account_key(bundle, account.key)
+    bundle = bundle_v2_from_bytes(account.bundle)
+    keys = unlock_by_key(bundle, account.key)
     keys.aead(0)
     recovery = recovery_login_keys(account.recovery_key)
     new = NewAccount(bundle, keys, account.recovery_key, os.urandom(32), recovery.auth_key)
@@ -513,7 +637,7 @@ def test_no_key_material_in_any_repr_or_str(make_replica: ReplicaFactory, accoun
     )
     info = AccountInfo(bytes(ACCOUNT_ID_BYTES), 0, recovery_auth_hash=secrets["recovery auth hash"])
     shown: list[object] = [keys, new, bundle, recovery, LoginKeys(account.key, keys.index_key)]
-    shown += [replica, request, bundle.kdf, info, AccountKeys(account.key, info)]
+    shown += [replica, request, bundle.kdf, info, AccountKeys.v1(account.key, info)]
     for value in shown:
         assert_no_leak(repr(value) + "\n" + str(value), secrets)
 

@@ -16,6 +16,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from replica import Collection, Replica, Schema
 from replica.errors import ReplicaClosedError, ReplicaLockedError, StoreError
+from replica.generations import bundle_v2_from_bytes, open_with_generation_key
 from replica.keys import hkdf
 from replica.schema import schema_to_bytes
 from tests.conftest import PASSPHRASE, Account
@@ -141,7 +142,8 @@ def test_the_sealed_schema_opens_with_the_primitives_the_spec_names(
     sealed = meta_schema(path)
     with sqlite3.connect(path) as db:
         assert db.execute("SELECT 1 FROM meta WHERE name = 'clear_schema'").fetchone() is None
-    scope_key = hkdf(account.key, b"sealsync scope v1")  # envelope.md's key table
+    bundle = bundle_v2_from_bytes(account.bundle)
+    scope_key = open_with_generation_key(bundle, account.key).secrets.scope_key  # stored
     key = hkdf(scope_key, b"sealsync local schema v1")
     plain = AESGCM(key).decrypt(sealed[:12], sealed[12:], b"sealsync wrap v1 local schema")
     assert msgspec.msgpack.decode(plain) == msgspec.msgpack.decode(schema_to_bytes(SECRET_SCHEMA))

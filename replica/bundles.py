@@ -1,0 +1,172 @@
+"""The key bundle in either format, behind the few operations a replica needs.
+
+Version 1 wraps one account key from which every other key derives (replica/keys.py);
+version 2 wraps a random generation key that seals stored keys (replica/generations.py).
+New accounts start at version 2, generation 1. A version-1 account keeps unlocking, changing
+its passphrase and declaring schemas as it is, until it migrates (docs/key-generations.md §5,
+not built yet).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+
+from replica.errors import ProtocolError
+from replica.generations import (
+    KeyBundleV2,
+    OpenedGeneration,
+    bundle_v2_from_bytes,
+    first_generation,
+    generation_keys,
+    open_with_generation_key,
+    open_with_kek,
+    open_with_recovery_key,
+    reseal_secrets,
+    seal_generation,
+)
+from replica.keys import (
+    BUNDLE_VERSION,
+    KEY_BYTES,
+    AccountKeys,
+    KeyBundle,
+    LoginKeys,
+    RandomBytes,
+    bundle_from_bytes,
+    bundle_version,
+    change_passphrase,
+    default_kdf_params,
+    format_recovery_key,
+    new_passphrase_login_keys,
+    open_info,
+    parse_recovery_key,
+    passphrase_login_keys,
+    recovery_account_key,
+    unlock_with_account_key,
+    unlock_with_login_keys,
+    with_info,
+)
+from replica.passphrase import check_new_passphrase
+from replica.wire import KdfParams, check_kdf_params
+
+AnyBundle = KeyBundle | KeyBundleV2
+
+
+@dataclass(frozen=True)
+class NewAccount:
+    """A fresh account: the bundle to store, the unlocked keys, and the secrets shown once."""
+
+    bundle: KeyBundleV2
+    keys: AccountKeys
+    recovery_key: str = field(repr=False)
+    auth_key: bytes = field(repr=False)
+    recovery_auth_hash: bytes = field(repr=False)
+    """What the relay stores to check the recovery key's logins (the bundle seals it too)."""
+
+
+def new_account(
+    passphrase: str,
+    random_bytes: RandomBytes,
+    params: KdfParams | None = None,
+    schema: bytes | None = None,
+) -> NewAccount:
+    """Generation 1 of a new account, its key wrapped under the passphrase and to a new
+    recovery key."""
+    check_new_passphrase(passphrase)
+    params = params or default_kdf_params(random_bytes)
+    login = passphrase_login_keys(passphrase, params)
+    recovery_raw = random_bytes(KEY_BYTES)
+    opened = first_generation(random_bytes, recovery_raw, schema)
+    bundle = seal_generation(opened, params, login.wrapping_key, random_bytes, None)
+    return NewAccount(
+        bundle,
+        generation_keys(opened),
+        format_recovery_key(recovery_raw),
+        login.auth_key,
+        opened.secrets.recovery_auth_hash,
+    )
+
+
+def parse_bundle(data: bytes) -> AnyBundle:
+    """A bundle of either version, its KDF parameters within bounds; any other version is
+    refused, with "upgrade sealsync" when it is newer."""
+    try:
+        version = bundle_version(data)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"malformed key bundle: {exc}") from exc
+    if version != BUNDLE_VERSION:
+        return bundle_v2_from_bytes(data)  # refuses every version but 2
+    bundle = bundle_from_bytes(data)
+    check_kdf_params(bundle.kdf)
+    return bundle
+
+
+def bundle_bytes(bundle: AnyBundle) -> bytes:
+    return msgspec.msgpack.encode(bundle)
+
+
+def unlock_by_login(bundle: AnyBundle, login: LoginKeys) -> AccountKeys:
+    """Unlock with the passphrase's keys, derived under `bundle.kdf`."""
+    if isinstance(bundle, KeyBundleV2):
+        return generation_keys(open_with_kek(bundle, login.wrapping_key))
+    return unlock_with_login_keys(bundle, login)
+
+
+def unlock_by_recovery_key(bundle: AnyBundle, recovery_key: str) -> AccountKeys:
+    raw = parse_recovery_key(recovery_key)
+    if isinstance(bundle, KeyBundleV2):
+        return generation_keys(open_with_recovery_key(bundle, raw))
+    return unlock_with_account_key(bundle, recovery_account_key(bundle, raw))
+
+
+def unlock_by_key(bundle: AnyBundle, unlock_key: bytes) -> AccountKeys:
+    """The keyring path: `AccountKeys.unlock_key` of an earlier unlock."""
+    if isinstance(bundle, KeyBundleV2):
+        return generation_keys(open_with_generation_key(bundle, unlock_key))
+    return unlock_with_account_key(bundle, unlock_key)
+
+
+def sealed_schema(bundle: AnyBundle, keys: AccountKeys) -> bytes | None:
+    """The schema the bundle seals (the account's, as last declared), if any."""
+    if isinstance(bundle, KeyBundleV2):
+        return _reopened(bundle, keys).secrets.schema
+    return open_info(keys.unlock_key, bundle.sealed_info).schema
+
+
+def recovery_auth_hash(bundle: AnyBundle, keys: AccountKeys) -> bytes | None:
+    """The relay's hash of the recovery key's auth key, if the bundle seals it."""
+    if isinstance(bundle, KeyBundleV2):
+        return _reopened(bundle, keys).secrets.recovery_auth_hash
+    return open_info(keys.unlock_key, bundle.sealed_info).recovery_auth_hash
+
+
+def with_schema(
+    bundle: AnyBundle, keys: AccountKeys, schema: bytes, random_bytes: RandomBytes
+) -> AnyBundle:
+    """The bundle sealing a new schema; its keys and wraps stay as they are."""
+    if isinstance(bundle, KeyBundleV2):
+        opened = _reopened(bundle, keys)
+        secrets = msgspec.structs.replace(opened.secrets, schema=schema)
+        return reseal_secrets(bundle, OpenedGeneration(opened.key, secrets), random_bytes)
+    info = msgspec.structs.replace(open_info(keys.unlock_key, bundle.sealed_info), schema=schema)
+    return with_info(bundle, keys, info, random_bytes)
+
+
+def with_new_passphrase(
+    bundle: AnyBundle, keys: AccountKeys, new_passphrase: str, random_bytes: RandomBytes
+) -> tuple[AnyBundle, LoginKeys]:
+    """The bundle wrapped under a new passphrase (and salt), and that passphrase's keys; no
+    record is re-encrypted, and a version-2 bundle stays in its generation."""
+    if not isinstance(bundle, KeyBundleV2):
+        return change_passphrase(bundle, keys, new_passphrase, random_bytes)
+    params, login = new_passphrase_login_keys(bundle.kdf, new_passphrase, random_bytes)
+    opened = _reopened(bundle, keys)
+    sealed = seal_generation(
+        opened, params, login.wrapping_key, random_bytes, bundle.chain_signature
+    )
+    return sealed, login
+
+
+def _reopened(bundle: KeyBundleV2, keys: AccountKeys) -> OpenedGeneration:
+    return open_with_generation_key(bundle, keys.unlock_key)

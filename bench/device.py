@@ -20,6 +20,14 @@ import msgspec
 from harness import DOCUMENT_BYTES, BenchmarkError
 from load import Connection, request_bytes
 
+from replica.generations import (
+    OpenedGeneration,
+    PushSigner,
+    bundle_v2_to_bytes,
+    first_generation,
+    seal_generation,
+    sign_push,
+)
 from replica.wire import (
     KdfParams,
     LoginRequest,
@@ -62,12 +70,33 @@ def headers(token: str | None) -> dict[str, str]:
     return {"content-type": MSGPACK, "accept": MSGPACK, **auth}
 
 
-def register(conn: Connection, account: str) -> Session:
-    """A new account with its first device, through POST /v1/register."""
+def register(conn: Connection, account: str, bundle: bytes = b"bundle") -> Session:
+    """A new account with its first device, through POST /v1/register. The default bundle
+    is no version-2 one, so the account's pushes go unsigned (as a version-1 account's)."""
     request = RegisterRequest(
-        account, DEVICE_KEY, os.urandom(32), KdfParams(os.urandom(16)), b"bundle", "device-0"
+        account, DEVICE_KEY, os.urandom(32), KdfParams(os.urandom(16)), bundle, "device-0"
     )
     return _session.decode(post(conn, "/v1/register", request))
+
+
+@dataclass(frozen=True)
+class SigningAccount:
+    """A version-2 account's generation, which signs its pushes (specs/protocol.md §4.7)."""
+
+    generation: OpenedGeneration
+
+    @classmethod
+    def new(cls) -> SigningAccount:
+        return cls(first_generation(os.urandom, os.urandom(32), None))
+
+    def bundle(self) -> bytes:
+        kdf, kek = KdfParams(os.urandom(16)), os.urandom(32)
+        return bundle_v2_to_bytes(seal_generation(self.generation, kdf, kek, os.urandom, None))
+
+    def sign(self, batch: PushBatch, counter: int, session: Session) -> PushBatch:
+        secrets = self.generation.secrets
+        signer = PushSigner(session.account, session.device_id, session.state)
+        return sign_push(batch, secrets.signing_key, secrets.generation, counter, signer)
 
 
 def login(conn: Connection, account: str, device_name: str) -> Session:
@@ -90,7 +119,7 @@ def pool_key(account: str, i: int) -> bytes:
 
 def make_envelope(key: bytes, node: int, hlc: int) -> bytes:
     """A DOCUMENT_BYTES envelope: a valid header, then random bytes for nonce, ciphertext, tag."""
-    header = encode_header(1, key, hlc, node, {node: hlc})
+    header = encode_header(0, key, hlc, node, {node: hlc})
     return header + os.urandom(DOCUMENT_BYTES - len(header))
 
 
@@ -105,8 +134,8 @@ class HlcClock:
         return self.last
 
 
-def push_request(token: str, envelopes: list[bytes]) -> bytes:
-    return request_bytes("POST", "/v1/push", headers(token), msgspec_body(PushBatch(envelopes)))
+def push_request(token: str, batch: PushBatch) -> bytes:
+    return request_bytes("POST", "/v1/push", headers(token), msgspec_body(batch))
 
 
 def pull_request(token: str, cursor: int, limit: int) -> bytes:
@@ -169,7 +198,7 @@ class Device:
         ]
         self.sent = [(key, self.node, self.clock.next()) for key in keys]
         self.pushes += 1
-        return push_request(self.token, [make_envelope(*dot) for dot in self.sent])
+        return push_request(self.token, PushBatch([make_envelope(*dot) for dot in self.sent]))
 
     def on_answer(self, status: int, body: bytes) -> str | None:
         if status != 200:

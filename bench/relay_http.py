@@ -22,6 +22,7 @@ from device import (
     Device,
     DeviceReport,
     Dot,
+    SigningAccount,
     account_sessions,
     decode_page,
     decode_push_result,
@@ -42,7 +43,7 @@ from harness import (
 from load import Connection, LoadResult, Plan, percentile, request_bytes, run_load, split
 from server import Served, cpu_seconds, serving
 
-from replica.wire import VersionVector, parse_header
+from replica.wire import PushBatch, Session, VersionVector, parse_header
 
 GENERATOR_PROCESSES = 2
 """The machine has 2 cores: the server takes one, the generator processes share the other."""
@@ -155,14 +156,21 @@ def bench_starlette_echo(bench: Bench) -> list[Line]:
 # ---- relay.push and relay.pull --------------------------------------------------------------
 
 
-def push_bodies(token: str, count: int, batch: int) -> list[bytes]:
-    """Requests pushing `count` envelopes of new keys, `batch` per request, from one device."""
+def push_bodies(
+    session: Session, count: int, batch: int, signing: SigningAccount | None
+) -> list[bytes]:
+    """Requests pushing `count` envelopes of new keys, `batch` per request, from one device;
+    signed by `signing` (in the setup, outside the timing), or unsigned."""
+    token = session.access_token
     device = Device("bench", token, seed=0, push_share=1.0, envelopes_per_push=batch)
     requests = []
-    for start in range(0, count, batch):
+    for counter, start in enumerate(range(0, count, batch), start=1):
         size = min(batch, count - start)
         dots = [(device.rng.randbytes(16), device.node, device.clock.next()) for _ in range(size)]
-        requests.append(push_request(token, [make_envelope(*dot) for dot in dots]))
+        push = PushBatch([make_envelope(*dot) for dot in dots])
+        if signing is not None:
+            push = signing.sign(push, counter, session)
+        requests.append(push_request(token, push))
     return requests
 
 
@@ -188,35 +196,48 @@ def push_all(conn: Connection, transfer: Transfer) -> None:
         transfer.envelopes += sum(r.status == "stored" for r in receipts)
 
 
-def new_push(conn: Connection, account: str, n: int, batch: int) -> Transfer:
-    token = register(conn, account).access_token
-    return Transfer(token, push_bodies(token, n, batch))
+def new_push(conn: Connection, account: str, n: int, batch: int, signed: bool) -> Transfer:
+    signing = SigningAccount.new() if signed else None
+    session = register(conn, account, signing.bundle() if signing else b"bundle")
+    return Transfer(session.access_token, push_bodies(session, n, batch, signing))
 
 
-@benchmark("relay.push", needs=("raw.sqlite_upsert",))
+@benchmark("relay.push.unsigned", needs=("raw.sqlite_upsert",))
+def bench_relay_push_unsigned(bench: Bench) -> list[Line]:
+    """`relay.push` into accounts that sign nothing (a version-1 account's pushes): the
+    relay.push baseline, so the ratio is what verifying a signature costs. Against SQLite
+    alone upserting rows of the same size: what HTTP, parsing, the sibling lookup of each
+    key and a commit per 1000 cost."""
+    return [push_line(bench, "relay.push.unsigned", "raw.sqlite_upsert", signed=False)]
+
+
+@benchmark("relay.push", needs=("relay.push.unsigned",))
 def bench_relay_push(bench: Bench) -> list[Line]:
     """Envelopes/s pushed at PAGE_ENTRIES (1000) per request, one connection, each request
-    one durable commit; new keys, so every envelope is stored. Against SQLite alone
-    upserting rows of the same size: the ratio is what HTTP, parsing, the sibling lookup of
-    each key and a commit per 1000 cost. Best of `repeats`, each into a new account."""
+    signed (specs/protocol.md §4.7) and one durable commit; new keys, so every envelope is
+    stored. Against the same pushes unsigned. Best of `repeats`, each into a new account."""
+    return [push_line(bench, "relay.push", "relay.push.unsigned", signed=True)]
+
+
+def push_line(bench: Bench, name: str, baseline: str, *, signed: bool) -> Line:
     n, batch = bench.sizes.relay_envelopes, min(PAGE_ENTRIES, bench.sizes.relay_envelopes)
     done: list[Transfer] = []
 
     def verify(transfer: Transfer) -> None:
-        check_equal("relay.push envelopes stored", transfer.envelopes, n)
+        check_equal(f"{name} envelopes stored", transfer.envelopes, n)
         done.append(transfer)
 
-    with relay_server(bench, "relay-push") as served, connection(served.port) as conn:
+    with relay_server(bench, name.replace(".", "-")) as served, connection(served.port) as conn:
         seconds = best_seconds(
             bench,
             bench.sizes.repeats,
-            lambda: new_push(conn, f"push-{len(done)}", n, batch),
+            lambda: new_push(conn, f"{name}-{len(done)}", n, batch, signed),
             lambda transfer: push_all(conn, transfer),
             verify,
         )
     latency_ms = [x for transfer in done for x in transfer.latency_ms]
     extra = {"n": n, "batch": batch, "request_p50_ms": round(percentile(latency_ms, 0.5), 1)}
-    return [Line("relay.push", n / seconds, "envelopes/s", "raw.sqlite_upsert", extra)]
+    return Line(name, n / seconds, "envelopes/s", baseline, extra)
 
 
 def pull_everything(conn: Connection, token: str, cursor: int = 0) -> list[bytes]:
@@ -243,7 +264,7 @@ def bench_relay_pull(bench: Bench) -> list[Line]:
     holding `relay_envelopes` (pushed first, untimed). Best of `repeats`."""
     n, batch = bench.sizes.relay_envelopes, min(PAGE_ENTRIES, bench.sizes.relay_envelopes)
     with relay_server(bench, "relay-pull") as served, connection(served.port) as conn:
-        pushed = new_push(conn, "pull", n, batch)
+        pushed = new_push(conn, "pull", n, batch, signed=True)
         push_all(conn, pushed)
         check_equal("relay.pull envelopes stored", pushed.envelopes, n)
         seconds = best_seconds(

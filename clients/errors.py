@@ -43,11 +43,14 @@ class RelayRefusedError(RelayClientError):
         *,
         retry_after_s: float | None = None,
         hint: str | None = None,
+        last_counter: int | None = None,
     ) -> None:
         super().__init__(f"relay refused ({status} {code}): {message}", hint=hint)
         self.status = status
         self.code = code
         self.retry_after_s = retry_after_s
+        self.last_counter = last_counter
+        """With `counter_stale`: the relay's last push counter of this device."""
         self.retryable = status == 429
 
 

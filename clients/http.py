@@ -74,6 +74,8 @@ HINT_BY_CODE: dict[ErrorCode, str] = {
     ErrorCode.QUOTA_EXCEEDED: "the account is at its storage quota on this relay: ask the operator",
     ErrorCode.TOO_LARGE: "the request is over the relay's limits (GET /v1/info)",
     ErrorCode.RATE_LIMITED: "wait a little and try again",
+    ErrorCode.KEY_RETIRED: "the account's keys were rotated on another device: unlock with the "
+    "new passphrase or the recovery key; this device's unsent writes are kept",
 }
 UNKNOWN_OUTCOME_HINT = "the relay may or may not have acted; sending the same request is safe"
 
@@ -477,6 +479,7 @@ def _raise_for(response: httpx2.Response) -> None:
             error.message,
             retry_after_s=float(retry_after) if retry_after.isdigit() else None,
             hint=HINT_BY_CODE.get(error.code),
+            last_counter=error.last_counter,
         )
     raise ProtocolMismatchError(f"{path}: unexpected HTTP status {status} from the relay")
 

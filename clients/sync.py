@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar, cast
 
-from clients.errors import RelayClientError
+from clients.errors import NoSessionError, RelayClientError, RelayRefusedError
 from clients.http import RelayClient
 from clients.live import HeadFeed
 from clients.retry import Backoff, Retrier
@@ -336,6 +336,8 @@ class SyncDriver:
     def _round(self, session: SyncSession, tally: _Tally) -> None:
         tally.rounds += 1
         session.restart()
+        if not session.knows_relay_state():  # a reseed forgot it: pushes are signed for it
+            session.check_relay_state(self._retrier.call(self._client.state))
         report = _Reporter(self._progress, session, tally, session.cursor)
         self._push_all(session, tally, report)
         self._pull_all(session, tally, report)
@@ -348,7 +350,7 @@ class SyncDriver:
         batch = session.next_batch()
         if batch is None:
             return
-        in_flight = self._send(batch, report)
+        in_flight = self._send(session, batch, report)
         while True:
             following = session.next_batch()
             result = in_flight.result()
@@ -356,7 +358,7 @@ class SyncDriver:
             report.step("push_answered", size)
             session.verify_answer(batch, result)
             if following is not None:
-                in_flight = self._send(following, report)
+                in_flight = self._send(session, following, report)
             acknowledged = session.acknowledge(batch, result)
             tally.pushed += size
             tally.stored += acknowledged.stored
@@ -367,11 +369,32 @@ class SyncDriver:
                 return
             batch = following
 
-    def _send(self, batch: PushBatch, report: _Reporter) -> _Request[PushResult]:
+    def _send(
+        self, session: SyncSession, batch: PushBatch, report: _Reporter
+    ) -> _Request[PushResult]:
         report.step("push_sending", len(batch.envelopes))
-        return _Request(
-            functools.partial(self._retrier.call, functools.partial(self._client.push, batch))
-        )
+        push = functools.partial(self._push_signed, session, batch)
+        return _Request(functools.partial(self._retrier.call, push))
+
+    def _push_signed(self, session: SyncSession, batch: PushBatch) -> PushResult:
+        """Signed afresh for each attempt: a retry after an unknown outcome gets a new counter,
+        and a `counter_stale` (a replica file restored from an older copy) one more try
+        above the relay's last counter (specs/protocol.md §4.7). A `forbidden` push was
+        signed for a relay state that is gone (a reseed, a wipe) if `GET /v1/state` says so:
+        then the `RollbackError` is what this device needs to hear."""
+        signer = self._client.session
+        if signer is None:
+            raise NoSessionError("pushing takes a device session", hint="log in first")
+        account, device_id = signer.account, signer.device_id
+        try:
+            return self._client.push(session.sign(batch, account, device_id))
+        except RelayRefusedError as exc:
+            if exc.code == ErrorCode.FORBIDDEN:
+                session.check_relay_state(self._client.state())
+            if exc.code != ErrorCode.COUNTER_STALE or exc.last_counter is None:
+                raise
+            session.sign_above(exc.last_counter)
+            return self._client.push(session.sign(batch, account, device_id))
 
     def _pull_all(self, session: SyncSession, tally: _Tally, report: _Reporter) -> None:
         """Pipelined: the next page is on its way while this one merges. It is asked for

@@ -30,6 +30,7 @@ from relay.bodylimit import BodyLimit
 from relay.config import RelayConfig
 from relay.errors import (
     BadCredentialsError,
+    CounterStaleError,
     ForbiddenError,
     InvalidError,
     NotFoundError,
@@ -41,6 +42,7 @@ from relay.errors import (
 from relay.feed import HeadHub
 from relay.gate import Caller, Gate, in_worker_thread
 from relay.openapi import openapi_document
+from relay.signing import Pusher, bundle_keys, check_bundle_change
 from relay.storage import AccountRecord, Device, Storage, TokenRecord
 from replica.errors import KdfParametersError
 from replica.wire import (
@@ -144,6 +146,7 @@ class RelayApi:
             check_kdf_params(body.kdf)
         except KdfParametersError as exc:
             raise InvalidError(str(exc)) from exc
+        bundle_keys(body.bundle)  # a version-2 bundle's clear fields must be well formed
         invite = None
         if not self.config.open_signup:
             invite = tokens.token_hash(body.invite) if body.invite else None
@@ -255,7 +258,9 @@ class RelayApi:
             check_kdf_params(body.kdf)
         except KdfParametersError as exc:
             raise InvalidError(str(exc)) from exc
-        await self.prove(caller, body.current_auth_key, "replacing the key bundle")
+        record = await self.prove(caller, body.current_auth_key, "replacing the key bundle")
+        if record.bundle_version == body.expected_version:  # else the compare-and-set fails
+            check_bundle_change(record.keys, bundle_keys(body.bundle))
         version = await self.call(
             functools.partial(
                 self.storage.put_key_bundle,
@@ -312,15 +317,23 @@ class RelayApi:
                 f"{len(batch.envelopes)} envelopes in one push, bound "
                 f"{self.config.max_push_envelopes}"
             )
+        return codec.respond(request, await self.call(self._store_push, caller, batch))
+
+    def _store_push(self, caller: Caller, batch: PushBatch) -> PushResult:
+        """In a worker thread: hashing the envelopes for the signature takes time too. An
+        oversized envelope is refused alone and blocks nothing else."""
+        pusher = Pusher.of(caller.device_id, batch)  # signed over every envelope, fitting or not
         limit = self.config.max_envelope_bytes
         fitting = [e for e in batch.envelopes if len(e) <= limit]
-        result = await self.call(self.storage.push, caller.account, PushBatch(fitting))
-        if len(fitting) < len(batch.envelopes):  # one oversized envelope blocks nothing else
-            stored = iter(result.receipts)
-            too_large = Receipt("refused", code=ErrorCode.TOO_LARGE)
-            receipts = [next(stored) if len(e) <= limit else too_large for e in batch.envelopes]
-            result = PushResult(receipts, result.state)
-        return codec.respond(request, result)
+        result = self.storage.push(
+            caller.account, msgspec.structs.replace(batch, envelopes=fitting), pusher
+        )
+        if len(fitting) == len(batch.envelopes):
+            return result
+        stored = iter(result.receipts)
+        too_large = Receipt("refused", code=ErrorCode.TOO_LARGE)
+        receipts = [next(stored) if len(e) <= limit else too_large for e in batch.envelopes]
+        return PushResult(receipts, result.state)
 
     async def pull(self, request: Request) -> Response:
         caller = await self.gate.caller(request)
@@ -504,7 +517,9 @@ ENDPOINTS = (
 def _error_response(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RelayError)
     headers = {"retry-after": str(exc.retry_after_s)} if exc.retry_after_s else None
-    return codec.respond(request, ErrorBody(exc.code, exc.message), exc.status, headers)
+    last_counter = exc.last_counter if isinstance(exc, CounterStaleError) else None
+    body = ErrorBody(exc.code, exc.message, last_counter)
+    return codec.respond(request, body, exc.status, headers)
 
 
 _CODE_BY_HTTP_STATUS = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}

@@ -74,7 +74,11 @@ CREATE TABLE login_failures (
 CREATE INDEX login_failures_by_name ON login_failures (name, at_ms);
 CREATE INDEX login_failures_by_time ON login_failures (at_ms)
 """
-SCHEMA_STEPS = (SCHEMA, LOGIN_FAILURES)
+PUSH_COUNTERS = """
+-- the highest signed-push counter each device used: a captured push cannot be sent again
+ALTER TABLE devices ADD COLUMN push_counter {int} NOT NULL DEFAULT 0
+"""
+SCHEMA_STEPS = (SCHEMA, LOGIN_FAILURES, PUSH_COUNTERS)
 """Step n makes a database of schema n - 1 one of schema n; a new one runs them all."""
 SCHEMA_VERSION = len(SCHEMA_STEPS)
 

@@ -68,6 +68,13 @@ class ForbiddenError(RelayError):
     code = ErrorCode.FORBIDDEN
 
 
+class KeyRetiredError(RelayError):
+    """A push signed by a generation the account has left: the device needs the new one."""
+
+    status = 403
+    code = ErrorCode.KEY_RETIRED
+
+
 class NotFoundError(RelayError):
     status = 404
     code = ErrorCode.NOT_FOUND
@@ -86,6 +93,17 @@ class AccountExistsError(ConflictError):
 
 class VersionConflictError(ConflictError):
     code = ErrorCode.VERSION_CONFLICT
+
+
+class CounterStaleError(ConflictError):
+    """A signed push whose counter is not above the last one this device used: a replay,
+    or a device restored from a backup, which signs again above `last_counter`."""
+
+    code = ErrorCode.COUNTER_STALE
+
+    def __init__(self, last_counter: int) -> None:
+        super().__init__(f"push counter not above {last_counter}, the last one this device used")
+        self.last_counter = last_counter
 
 
 class TooLargeError(RelayError):

@@ -17,7 +17,15 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from relay.errors import AccountExistsError, ForbiddenError, NotFoundError, QuotaExceededError
+from relay.errors import (
+    AccountExistsError,
+    CounterStaleError,
+    ForbiddenError,
+    NotFoundError,
+    QuotaExceededError,
+    UnauthorizedError,
+)
+from relay.signing import BundleKeys, Pusher, authorize_push, refuse_epochs_ahead
 from relay.storage import (
     DEFAULT_MAX_ACCOUNT_BYTES,
     DEFAULT_MAX_DRIFT_MS,
@@ -59,6 +67,8 @@ class _Account:
     """seq → envelope of every stored version."""
     seqs: list[int] = field(default_factory=list)
     devices: dict[str, Device] = field(default_factory=dict)
+    push_counters: dict[str, int] = field(default_factory=dict)
+    """device id → the highest signed-push counter it used."""
 
 
 @dataclass(frozen=True)
@@ -355,13 +365,14 @@ class MemoryRelay:
 
     # -- push -------------------------------------------------------------------------------
 
-    def push(self, name: str, batch: PushBatch) -> PushResult:
+    def push(self, name: str, batch: PushBatch, pusher: Pusher | None = None) -> PushResult:
         with self._mutex:
             account = self._account(name)
             before = account.head
+            keys = self._authorized(name, account, batch, pusher)
             saved = (account.stored_bytes, dict(account.by_key), dict(account.by_seq))
             now_ms = self._rules.clock_ms()
-            receipts = [self._push_one(account, e, now_ms) for e in batch.envelopes]
+            receipts = [self._push_one(account, keys, e, now_ms) for e in batch.envelopes]
             if is_over_quota(account.stored_bytes, saved[0], self._rules.max_account_bytes):
                 account.stored_bytes, account.by_key, account.by_seq = saved
                 account.head = before
@@ -376,8 +387,28 @@ class MemoryRelay:
                 listener(name, account.head)
         return result
 
-    def _push_one(self, account: _Account, envelope: bytes, now_ms: int) -> Receipt:
-        header = check_envelope(envelope, now_ms, self._rules.max_drift_ms)
+    def _authorized(
+        self, name: str, account: _Account, batch: PushBatch, pusher: Pusher | None
+    ) -> BundleKeys:
+        """The account's keys once the push is authorized, its counter recorded (an account
+        made by a push alone, as the sans-I/O tests make them, has none)."""
+        keys = account.record.keys if account.record is not None else BundleKeys()
+        state = RelayState(self._storage_id, account.epoch, account.head)
+        if authorize_push(name, keys, state, batch, pusher):
+            assert pusher is not None, "a signed push has its pusher"
+            if pusher.device_id not in account.devices:
+                raise UnauthorizedError()
+            last = account.push_counters.get(pusher.device_id, 0)
+            if batch.counter <= last:
+                raise CounterStaleError(last)
+            account.push_counters[pusher.device_id] = batch.counter
+        return keys
+
+    def _push_one(
+        self, account: _Account, keys: BundleKeys, envelope: bytes, now_ms: int
+    ) -> Receipt:
+        checked = check_envelope(envelope, now_ms, self._rules.max_drift_ms)
+        header = refuse_epochs_ahead(keys, [checked])[0]
         if isinstance(header, Receipt):
             return header
         siblings = account.by_key.get(header.key, [])

@@ -28,6 +28,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
 from relay import dialect
+from relay.signing import Pusher
 from relay.sql import SQLStorage
 from relay.storage import HeadListener, VersionRules, new_random_id
 from replica.errors import InvalidArgumentError
@@ -252,10 +253,12 @@ class PostgresStorage(SQLStorage):
 
     # -- pushes -----------------------------------------------------------------------------
 
-    def push(self, name: str, batch: PushBatch) -> PushResult:
-        checked = self._check_batch(batch)
+    def push(self, name: str, batch: PushBatch, pusher: Pusher | None = None) -> PushResult:
+        pending = self._check_batch(name, batch, pusher)
         with self._write() as tx:
-            result, moved = self._apply_push(tx, name, checked, batch.envelopes)
+            result, moved = self._apply_push(tx, pending)
+        if pending.refusal is not None:  # over quota: raised once its counter is committed
+            raise pending.refusal
         if moved:
             self._tell_listeners(name, result.state.head)
         return result

@@ -17,9 +17,25 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 
 from relay.dialect import Transaction
-from relay.errors import AccountExistsError, ForbiddenError, NotFoundError, QuotaExceededError
+from relay.errors import (
+    AccountExistsError,
+    CounterStaleError,
+    ForbiddenError,
+    NotFoundError,
+    QuotaExceededError,
+    RelayError,
+    UnauthorizedError,
+)
+from relay.signing import (
+    BundleKeys,
+    Pusher,
+    authorize_push,
+    bundle_keys,
+    refuse_epochs_ahead,
+)
 from relay.storage import (
     AccountRecord,
     AccountSummary,
@@ -65,6 +81,18 @@ _INSERT_ACCOUNT = (
     "INSERT INTO accounts (name, auth_hash, recovery_hash, kdf, bundle, bundle_version,"
     " created_ms, epoch) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING RETURNING id"
 )
+
+
+@dataclass
+class PendingPush:
+    """A push on its way into a transaction: headers parsed, and, after `_apply_push`, the
+    refusal to raise once the transaction commits (so the push's counter is kept)."""
+
+    name: str
+    batch: PushBatch
+    pusher: Pusher | None
+    checked: list[Header | Receipt]
+    refusal: RelayError | None = None
 
 
 STORED_VERSIONS = (
@@ -405,42 +433,47 @@ class SQLStorage(ABC):
         for listener in list(self._listeners):
             listener(name, head)
 
-    def _check_batch(self, batch: PushBatch) -> list[Header | Receipt]:
+    def _check_batch(self, name: str, batch: PushBatch, pusher: Pusher | None) -> PendingPush:
         """Each envelope's header, or the refusal it earns before storage is read."""
         now_ms = self._rules.clock_ms()
-        return [check_envelope(e, now_ms, self._rules.max_drift_ms) for e in batch.envelopes]
+        checked = [check_envelope(e, now_ms, self._rules.max_drift_ms) for e in batch.envelopes]
+        return PendingPush(name, batch, pusher, checked)
 
-    def _apply_push(
-        self, tx: Transaction, name: str, checked: list[Header | Receipt], envelopes: list[bytes]
-    ) -> tuple[PushResult, bool]:
+    def _apply_push(self, tx: Transaction, push: PendingPush) -> tuple[PushResult, bool]:
         """One push inside a write transaction: its receipts, and whether the head moved.
 
-        The stored versions of every key in the batch are read at once (one query on
-        PostgreSQL, chunks on SQLite), the batch is decided in memory (`PushPlan`), and what
-        stays is written with one statement per table. The account's row is locked first
-        (`FOR NO KEY UPDATE`: pushes of one account take turns, without blocking the
-        foreign-key checks of a device or token added meanwhile)."""
+        The account's row is locked first (`FOR NO KEY UPDATE`: pushes of one account take
+        turns, without blocking the foreign-key checks of a device or token added meanwhile)
+        and the push authorized under it. The stored versions of every key in the batch are
+        read at once (one query on PostgreSQL, chunks on SQLite), the batch is decided in
+        memory (`PushPlan`), and what stays is written with one statement per table. A push
+        over quota raises `QuotaExceededError` only once its counter is recorded: the
+        caller commits, then raises (`PendingPush.refusal`)."""
         row = tx.one(
-            "SELECT id, epoch, head, stored_bytes FROM accounts WHERE name = ? FOR NO KEY UPDATE",
-            (name,),
+            "SELECT id, epoch, head, stored_bytes, bundle FROM accounts WHERE name = ?"
+            " FOR NO KEY UPDATE",
+            (push.name,),
         )
         if row is None:
             raise NotFoundError("no such account")
-        account_id, epoch, before, stored_bytes = row
+        account_id, epoch, before, stored_bytes, bundle = row
+        state = RelayState(self._storage_id, epoch, before)
+        checked = _authorized(tx, account_id, bundle_keys(bundle), state, push)
         keys = [header.key for header in checked if isinstance(header, Header)]
         plan = PushPlan(before, stored_bytes, _stored_versions(tx, account_id, keys))
         receipts = [
             h if isinstance(h, Receipt) else plan.add(h, e)
-            for h, e in zip(checked, envelopes, strict=True)
+            for h, e in zip(checked, push.batch.envelopes, strict=True)
         ]
         if is_over_quota(plan.stored_bytes, stored_bytes, self._rules.max_account_bytes):
-            raise QuotaExceededError(
+            push.refusal = QuotaExceededError(
                 f"the batch would take the account past its quota of "
                 f"{self._rules.max_account_bytes} bytes"
             )
+            return PushResult([], state), False
         if plan.head != before:
             _write_plan(tx, account_id, plan)
-            tx.announce(name, plan.head)
+            tx.announce(push.name, plan.head)
         state = RelayState(self._storage_id, epoch, plan.head)
         return PushResult(receipts, state), plan.head != before
 
@@ -466,6 +499,33 @@ class SQLStorage(ABC):
         next_cursor = entries[-1].seq if has_more else max(head, cursor)
         state = RelayState(self._storage_id, epoch, head)
         return Page(cursor, entries, next_cursor, has_more, state)
+
+
+def _authorized(
+    tx: Transaction, account_id: int, keys: BundleKeys, state: RelayState, push: PendingPush
+) -> list[Header | Receipt]:
+    """The push's checked headers once the account's key is found to have signed it (its
+    counter then recorded), with every envelope of a key epoch not reached refused."""
+    if authorize_push(push.name, keys, state, push.batch, push.pusher):
+        assert push.pusher is not None, "a signed push has its pusher"
+        _record_counter(tx, account_id, push.pusher.device_id, push.batch.counter)
+    return refuse_epochs_ahead(keys, push.checked)
+
+
+def _record_counter(tx: Transaction, account_id: int, device_id: str, counter: int) -> None:
+    """Take `counter` as the device's last, or raise `CounterStaleError` with the last one
+    when it is not above it (`UnauthorizedError` when the device was revoked meanwhile)."""
+    if tx.run(
+        "UPDATE devices SET push_counter = ? WHERE account = ? AND id = ? AND push_counter < ?",
+        (counter, account_id, device_id, counter),
+    ):
+        return
+    row = tx.one(
+        "SELECT push_counter FROM devices WHERE account = ? AND id = ?", (account_id, device_id)
+    )
+    if row is None:
+        raise UnauthorizedError()
+    raise CounterStaleError(row[0])
 
 
 def _account_values(account: AccountRecord) -> tuple[object, ...]:

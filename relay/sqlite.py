@@ -21,10 +21,11 @@ from typing import Any
 
 from relay import dialect
 from relay.errors import RelayError, StoreFailedError
-from relay.sql import SQLStorage
+from relay.signing import Pusher
+from relay.sql import PendingPush, SQLStorage
 from relay.storage import VersionRules, new_random_id
 from replica.errors import InvalidArgumentError
-from replica.wire import Header, PushBatch, PushResult, Receipt
+from replica.wire import PushBatch, PushResult
 
 WAL_CHECKPOINT_PAGES = 10_000
 """Checkpoint the WAL after ~40 MB, not SQLite's ~4 MB: a push inserts into the key index at
@@ -108,9 +109,7 @@ class SQLiteTransaction(dialect.Transaction):
 class _Push:
     """One push waiting for the group commit, and what became of it."""
 
-    name: str
-    envelopes: list[bytes]
-    checked: list[Header | Receipt]
+    pending: PendingPush
     result: PushResult | None = None
     moved: bool = False
     failure: RelayError | None = None
@@ -216,11 +215,11 @@ class SQLiteStorage(SQLStorage):
 
     # -- pushes -----------------------------------------------------------------------------
 
-    def push(self, name: str, batch: PushBatch) -> PushResult:
+    def push(self, name: str, batch: PushBatch, pusher: Pusher | None = None) -> PushResult:
         """Group commit: the push joins a queue; whoever holds the writer next applies every
         queued push (each in its own savepoint) and commits them with one fsync. Headers are
         parsed before the queue, outside the single writer."""
-        job = _Push(name, batch.envelopes, self._check_batch(batch))
+        job = _Push(self._check_batch(name, batch, pusher))
         with self._queue_lock:
             self._queue.append(job)
         with self._write_lock:
@@ -248,10 +247,9 @@ class SQLiteStorage(SQLStorage):
             for job in jobs:
                 db.execute("SAVEPOINT push")
                 try:
-                    job.result, job.moved = self._apply_push(
-                        tx, job.name, job.checked, job.envelopes
-                    )
-                except RelayError as exc:  # this push only (over quota, account gone)
+                    job.result, job.moved = self._apply_push(tx, job.pending)
+                    job.failure = job.pending.refusal  # over quota: its counter is kept
+                except RelayError as exc:  # this push only (not authorized, account gone)
                     db.execute("ROLLBACK TO push")
                     job.failure = exc
                 db.execute("RELEASE push")

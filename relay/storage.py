@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from relay.signing import BundleKeys, Pusher, bundle_keys
 from replica.wire import KdfParams, Page, PushBatch, PushResult, RelayState
 
 TokenKind = Literal["access", "refresh", "spent"]
@@ -33,6 +34,11 @@ class AccountRecord:
     bundle: bytes = field(repr=False)
     bundle_version: int
     created_ms: int
+
+    @property
+    def keys(self) -> BundleKeys:
+        """The signing key and generation its bundle registers (none for version 1)."""
+        return bundle_keys(self.bundle)
 
 
 @dataclass(frozen=True)
@@ -187,10 +193,12 @@ class Storage(Protocol):
         """A new account epoch, data kept: every device then knows to push what it holds."""
         ...
 
-    def push(self, name: str, batch: PushBatch) -> PushResult:
-        """One receipt per envelope, after a durable commit. Raises `QuotaExceededError`
-        (nothing stored) when the batch would grow the account past its quota
-        (`relay.versions.is_over_quota`)."""
+    def push(self, name: str, batch: PushBatch, pusher: Pusher | None = None) -> PushResult:
+        """One receipt per envelope, after a durable commit. A version-2 account's push must
+        be signed for `pusher` (`relay.signing.authorize_push`, checked under the account's
+        lock) with a counter above the device's last, which is recorded even when the push
+        is then refused. Raises `QuotaExceededError` (nothing stored) when the batch would
+        grow the account past its quota (`relay.versions.is_over_quota`)."""
         ...
 
     def pull(self, name: str, cursor: int, limit: int | None = None) -> Page:

@@ -45,7 +45,15 @@ from replica.keys import (
     v1_index_key,
     v1_scope_key,
 )
-from replica.wire import KdfParams, Redacted, auth_key_hash, check_kdf_params
+from replica.wire import (
+    KdfParams,
+    PushBatch,
+    Redacted,
+    RelayState,
+    auth_key_hash,
+    check_kdf_params,
+    push_signed_bytes,
+)
 
 BUNDLE_VERSION_2 = 2
 
@@ -273,6 +281,29 @@ def first_generation(
     return OpenedGeneration(random_bytes(KEY_BYTES), secrets)
 
 
+@dataclass(frozen=True)
+class PushSigner:
+    """Whom a push is signed for: the account, this device, and the relay state last seen."""
+
+    account: str
+    device_id: str
+    state: RelayState
+
+
+def sign_push(
+    batch: PushBatch, signing_key: bytes, generation: int, counter: int, signed_for: PushSigner
+) -> PushBatch:
+    """`batch` signed by a generation's key (specs/protocol.md §4.7): for one device of one
+    account on one relay and account epoch, under `counter`."""
+    unsigned = msgspec.structs.replace(batch, generation=generation, counter=counter)
+    digests = [hashlib.sha256(e).digest() for e in batch.envelopes]
+    message = push_signed_bytes(
+        signed_for.account, signed_for.device_id, signed_for.state, unsigned, digests
+    )
+    signature = Ed25519PrivateKey.from_private_bytes(signing_key).sign(message)
+    return msgspec.structs.replace(unsigned, signature=signature)
+
+
 def generation_keys(opened: OpenedGeneration) -> AccountKeys:
     """The keys a replica works with, taken from a generation's secrets (none derived)."""
     secrets = opened.secrets
@@ -283,6 +314,8 @@ def generation_keys(opened: OpenedGeneration) -> AccountKeys:
         epoch_key=functools.partial(_stored_epoch_key, dict(secrets.epoch_keys)),
         index_key=secrets.index_key,
         scope_key=secrets.scope_key,
+        signing_key=secrets.signing_key,
+        generation=secrets.generation,
     )
 
 

@@ -240,8 +240,13 @@ class AccountKeys:
         epoch_key: Callable[[int], bytes],
         index_key: bytes,
         scope_key: bytes,
+        signing_key: bytes | None = None,
+        generation: int = 0,
     ) -> None:
         self._unlock_key: bytes | None = unlock_key
+        self._signing_key = signing_key
+        self.generation = generation
+        """The key generation (0: a version-1 account, which signs nothing)."""
         self.account_id = account_id
         self.key_epoch = key_epoch
         self._epoch_key: Callable[[int], bytes] | None = epoch_key
@@ -272,6 +277,13 @@ class AccountKeys:
         if self._unlock_key is None:
             raise _dropped()
         return self._unlock_key
+
+    @property
+    def signing_key(self) -> bytes | None:
+        """The generation's Ed25519 seed, which signs pushes; None for a version-1 account."""
+        if self._unlock_key is None:
+            raise _dropped()
+        return self._signing_key
 
     @property
     def index_key(self) -> bytes:
@@ -317,6 +329,7 @@ class AccountKeys:
     def drop(self) -> None:
         """Forget the key material (best effort: Python cannot zero immutable bytes)."""
         self._unlock_key = None
+        self._signing_key = None
         self._epoch_key = None
         self._index_key = None
         self._scope_key = None

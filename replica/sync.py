@@ -23,6 +23,7 @@ import msgspec
 
 from replica import clock
 from replica.errors import InvalidArgumentError, ProtocolError, RollbackError
+from replica.generations import PushSigner, sign_push
 from replica.store import Row
 from replica.wire import (
     ErrorCode,
@@ -252,7 +253,42 @@ class SyncSession:
             if skew > self._store.get_int("skew_seen_ms", -(1 << 62)):
                 self._store.set_meta("skew_seen_ms", skew)
 
+    # -- signing ------------------------------------------------------------------------------
+
+    def sign(self, batch: PushBatch, account: str, device_id: str) -> PushBatch:
+        """`batch` signed for this device and the relay last seen, under a counter above every
+        one this file used, committed before the batch is sent: a crash skips numbers, never
+        reuses one. A version-1 account signs nothing (specs/protocol.md §4.7)."""
+        with self._core.mutex:
+            keys = self._core.keys()
+            signing_key = keys.signing_key
+            if signing_key is None:
+                return batch
+            with self._store.transaction():
+                stored = self._store.get_bytes("relay_state")
+                counter = self._store.get_int("push_counter") + 1
+                self._store.set_meta("push_counter", counter)
+        if stored is None:
+            raise ProtocolError(
+                "no relay state is known to sign a push for", hint="pull before pushing"
+            )
+        state = msgspec.msgpack.decode(stored, type=RelayState)
+        signer = PushSigner(account, device_id, state)
+        return sign_push(batch, signing_key, keys.generation, counter, signer)
+
+    def sign_above(self, last_counter: int) -> None:
+        """Sign from above `last_counter` on: the relay's last counter of this device, higher
+        than this file's when the file was restored from an older copy."""
+        with self._core.mutex, self._store.transaction():
+            if self._store.get_int("push_counter") < last_counter:
+                self._store.set_meta("push_counter", last_counter)
+
     # -- relay state: wipe and rollback ---------------------------------------------------------
+
+    def knows_relay_state(self) -> bool:
+        """Whether a relay state was seen since the last reseed (pushes are signed for it)."""
+        with self._core.mutex:
+            return self._store.get_bytes("relay_state") is not None
 
     def check_relay_state(self, state: RelayState) -> None:
         """Raise `RollbackError` if `state` shows a wiped or rolled-back relay; adopt it first time."""

@@ -28,13 +28,14 @@ import enum
 import hashlib
 import struct
 import time
+from collections.abc import Sequence
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
 
 from replica.errors import InvalidArgumentError, KdfParametersError, ProtocolError
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 FORMAT_VERSION = 1
 ALGORITHM_AES_256_GCM = 1
 KEY_BYTES = 16
@@ -60,6 +61,8 @@ FIXED_HEADER_BYTES = _FIXED.size
 _MIN_ENVELOPE_BYTES = FIXED_HEADER_BYTES + NONCE_BYTES + TAG_BYTES
 _MIN_ONE_ENTRY_ENVELOPE_BYTES = _FIXED_ONE_ENTRY.size + NONCE_BYTES + TAG_BYTES
 _ONE_ENTRY_COUNT = struct.pack(">H", 1)
+_LENGTH = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
 """The vector-count field (the fixed header's last two bytes) of a one-writer envelope."""
 
 VersionVector = dict[int, int]
@@ -306,12 +309,54 @@ class ErrorCode(enum.StrEnum):
     RATE_LIMITED = "rate_limited"
     CLOCK_AHEAD = "clock_ahead"
     IDENTITY_CONFLICT = "identity_conflict"
+    EPOCH_AHEAD = "epoch_ahead"
+    KEY_RETIRED = "key_retired"
+    COUNTER_STALE = "counter_stale"
+
+
+U32 = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
+Signature = Annotated[bytes, msgspec.Meta(min_length=64, max_length=64)]
+PUSH_LABEL = b"sealsync push v1\0"
 
 
 class PushBatch(msgspec.Struct, frozen=True):
-    """Envelopes a device pushes; the relay answers one receipt per envelope, in order."""
+    """Envelopes a device pushes; the relay answers one receipt per envelope, in order.
+
+    An account whose bundle is version 2 takes only signed pushes: `signature` is the
+    generation's Ed25519 signature over `push_signed_bytes`, and `counter` is above every
+    counter this device used before, so a captured request cannot be sent again. Version-1
+    accounts push unsigned until they migrate (specs/protocol.md §4.7)."""
 
     envelopes: list[bytes]
+    generation: U32 = 0
+    counter: Seq = 0
+    signature: Signature | None = None
+
+    def __repr__(self) -> str:
+        signed = self.signature is not None
+        return f"PushBatch({len(self.envelopes)} envelopes, counter={self.counter}, {signed=})"
+
+
+def push_signed_bytes(
+    account: str,
+    device_id: str,
+    state: RelayState,
+    batch: PushBatch,
+    digests: Sequence[bytes],
+) -> bytes:
+    """What a push's signature covers: who pushes to which relay and account epoch, with which
+    generation and counter, and the SHA-256 of each envelope in order."""
+    names = (account, device_id, state.storage_id, state.account_epoch)
+    return b"".join(
+        (
+            PUSH_LABEL,
+            *(_LENGTH.pack(len(b)) + b for b in (n.encode() for n in names)),
+            _LENGTH.pack(batch.generation),
+            _U64.pack(batch.counter),
+            _LENGTH.pack(len(digests)),
+            *digests,
+        )
+    )
 
 
 ReceiptStatus = Literal["stored", "superseded", "refused"]
@@ -516,11 +561,24 @@ class Health(msgspec.Struct, frozen=True):
     status: Literal["ok"]
 
 
-class ErrorBody(msgspec.Struct, frozen=True):
+class ErrorBody(msgspec.Struct, frozen=True, omit_defaults=True):
     """Every refusal: a stable machine-readable code and a message naming the bound."""
 
     code: ErrorCode
     message: str
+    last_counter: Seq | None = None
+    """With `counter_stale`: the highest counter the relay has seen from this device."""
+
+
+class BundleHead(msgspec.Struct, frozen=True):
+    """The clear fields of a version-2 key bundle the relay reads (envelope.md §2.3.1): which
+    generation, which key verifies its pushes, the newest key epoch. Its other fields are
+    opaque to the relay, and so is every field of a version-1 bundle."""
+
+    version: int
+    generation: U32
+    key_epoch: U32
+    signing_public: Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -90,7 +90,8 @@ def test_bench_tiny_run_has_every_required_line_with_its_baseline() -> None:
                      "replica.merge": "rows/s"}  # fmt: skip
     merge_envelopes = by_name["replica.merge"]["envelope_bytes"]
     assert merge_envelopes == by_name["raw.upsert_aead"]["envelope_bytes"]  # one size, fair
-    assert by_name["relay.push"]["baseline"] == "raw.sqlite_upsert"
+    assert by_name["relay.push"]["baseline"] == "relay.push.unsigned"
+    assert by_name["relay.push.unsigned"]["baseline"] == "raw.sqlite_upsert"
     assert by_name["relay.push"]["n"] == by_name["relay.pull"]["n"] == 100
 
 

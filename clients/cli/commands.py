@@ -159,6 +159,7 @@ def init(
                 with closing(replica):
                     bundle = replica.key_bundle()
                     session = register_account(client, account, new, bundle, device_name, invite)
+                    follow_relay(replica, session)  # its first push is signed for this state
                     save_settings(path, relay.with_session(session))
     out.print(f"account {account!r} created on {relay.url}; this device's replica: {path}")
     out.print("recovery key (shown once; keep it somewhere safe, it unlocks the account):")

@@ -85,7 +85,7 @@ class Fleet:
             client.register(
                 RegisterRequest(
                     self.account, self.auth_key, os.urandom(32), KdfParams(os.urandom(16)),
-                    b"bundle", name,
+                    replica.key_bundle(), name,
                 )
             )  # fmt: skip
         options = {"backoff": FAST_BACKOFF, **self.driver_options}

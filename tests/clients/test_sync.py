@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
+import sqlite3
 import threading
 import time
 from collections import Counter
@@ -15,7 +16,7 @@ import pytest
 
 from clients.http import RelayClient
 from clients.sync import Progress, SyncDriver, is_epoch_change
-from replica import RollbackError
+from replica import Replica, RollbackError
 from replica.wire import LoginRequest, parse_header
 from tests.clients.chaos import ChaosTransport, FirstReplyLost
 from tests.clients.conftest import Device, Fleet, contents
@@ -27,6 +28,32 @@ START_MS = int(time.time() * 1000) - 60_000
 """Both runs of the chaos test start their replicas' clocks here (behind the relay's)."""
 CHAOS_STEPS = 400
 """Long enough for a few hundred requests, so 5% + 5% fault rates give dozens of faults."""
+
+
+def push_counter(replica: Replica) -> int:
+    with sqlite3.connect(replica.path) as db:
+        row = db.execute("SELECT value FROM meta WHERE name = 'push_counter'").fetchone()
+    return int(row[0])
+
+
+def test_a_replica_whose_push_counter_went_back_signs_again_above_the_relays(
+    start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet]
+) -> None:
+    """A file restored from an older copy reuses counters the relay has seen: the relay
+    answers `counter_stale` with its last one, and the device signs again above it."""
+    relay = start_relay()
+    device = fleets(relay.url).add("laptop")
+    for round in range(3):
+        device.replica.put("notes", f"n{round}", {"title": "signed"})
+        assert device.driver.sync().stored == 1
+    seen = push_counter(device.replica)
+    with sqlite3.connect(device.replica.path) as db:
+        db.execute("UPDATE meta SET value = 1 WHERE name = 'push_counter'")
+    db.close()
+    device.replica.put("notes", "after", {"title": "restored"})
+    report = device.driver.sync()
+    assert (report.stored, report.refused, device.replica.status().dirty) == (1, 0, 0)
+    assert push_counter(device.replica) == seen + 1
 
 
 def relay_contents(fleet: Fleet) -> tuple[list[tuple[bytes, int, int]], list[int], int]:
@@ -107,7 +134,8 @@ def test_no_batch_goes_out_once_an_answer_shows_the_relay_changed(
 ) -> None:
     """A batch leaves before the previous one's receipts are saved, but never before the
     previous answer's relay state is checked: B reseeds while A's first batch is answered,
-    A's second answer shows the new epoch, and A's third batch is never sent."""
+    A's second batch, signed for the old epoch, is refused and the relay's state read shows
+    the new epoch, and A's third batch is never sent."""
     relay = start_relay("max_push_envelopes=2")
     events: list[Progress] = []
 
@@ -127,8 +155,8 @@ def test_no_batch_goes_out_once_an_answer_shows_the_relay_changed(
 
     assert is_epoch_change(raised.value)
     assert [e.phase for e in events].count("push_sending") == 2
-    assert len(relay_contents(fleet)[0]) == 4
-    assert a.replica.status().dirty == 6  # the second batch's receipts were never saved
+    assert len(relay_contents(fleet)[0]) == 2  # the second batch was signed for the old epoch
+    assert a.replica.status().dirty == 6
 
 
 class Interrupted(Exception):

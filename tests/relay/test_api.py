@@ -17,6 +17,7 @@ from relay.app import create_app
 from relay.config import RelayConfig
 from relay.errors import StoreFailedError
 from relay.memory import MemoryRelay
+from relay.signing import Pusher
 from relay.sqlite import SQLiteStorage
 from relay.storage import Storage
 from replica.wire import (
@@ -86,7 +87,7 @@ def client(make_client: AppFactory) -> TestClient:
 
 def test_info_tells_the_protocol_version_and_limits(make_client: AppFactory) -> None:
     info = decode(make_client(page_size=7).get("/v1/info").content, RelayInfo)
-    assert info.protocol_version == PROTOCOL_VERSION == 2
+    assert info.protocol_version == PROTOCOL_VERSION == 3
     assert info.limits.page_size == 7 and info.open_signup
 
 
@@ -391,7 +392,7 @@ def test_the_openapi_document_lists_every_error_code(client: TestClient) -> None
 class FailingDiskRelay(MemoryRelay):
     """The reference storage over a disk that fails every push's commit."""
 
-    def push(self, name: str, batch: PushBatch) -> PushResult:
+    def push(self, name: str, batch: PushBatch, pusher: Pusher | None = None) -> PushResult:
         raise StoreFailedError("the commit this push joined failed")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from relay.memory import MemoryRelay
+from relay.signing import Pusher
 from replica import (
     Page,
     ProtocolError,
@@ -275,9 +276,9 @@ class DroppingRelay(MemoryRelay):
 
     dropping = True
 
-    def push(self, name: str, batch: PushBatch) -> PushResult:
+    def push(self, name: str, batch: PushBatch, pusher: Pusher | None = None) -> PushResult:
         if not self.dropping:
-            return super().push(name, batch)
+            return super().push(name, batch, pusher)
         return PushResult([Receipt("superseded") for _ in batch.envelopes], self.state(name))
 
 

@@ -1,0 +1,132 @@
+"""Signed pushes (specs/protocol.md §4.7): which key an account's bundle registers, and
+whether a push may be stored.
+
+A version-2 key bundle names its generation's Ed25519 public key in clear. The relay keeps
+it, with the generation and the newest key epoch, and from then on stores a push only when
+that key signed it for this device, relay, account epoch and counter: a stolen token alone
+can no longer make the relay store, compact or acknowledge anything. The relay holds no
+secret that signs. A version-1 account registers no key and pushes unsigned until it
+migrates (docs/key-generations.md §5).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import msgspec
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from relay.errors import ConflictError, ForbiddenError, InvalidError, KeyRetiredError
+from replica.wire import (
+    BundleHead,
+    ErrorCode,
+    Header,
+    PushBatch,
+    Receipt,
+    RelayState,
+    push_signed_bytes,
+)
+
+EPOCH_AHEAD = Receipt("refused", code=ErrorCode.EPOCH_AHEAD)
+
+
+@dataclass(frozen=True)
+class BundleKeys:
+    """What the relay knows of an account's keys: none for a version-1 bundle."""
+
+    signing_public: bytes | None = None
+    generation: int = 0
+    key_epoch: int = 0
+
+
+@dataclass(frozen=True)
+class Pusher:
+    """Who sent a push, as the relay knows it before storage is read: the device of the
+    token, and the SHA-256 of each envelope (hashed outside the account's lock)."""
+
+    device_id: str
+    digests: list[bytes] = field(repr=False)
+
+    @classmethod
+    def of(cls, device_id: str, batch: PushBatch) -> Pusher:
+        """Hashes only what a signature covers: an unsigned push needs no digests."""
+        if batch.signature is None:
+            return cls(device_id, [])
+        return cls(device_id, [hashlib.sha256(e).digest() for e in batch.envelopes])
+
+
+class _Versioned(msgspec.Struct):
+    version: int
+
+
+def bundle_keys(bundle: bytes) -> BundleKeys:
+    """The keys a bundle registers. A bundle that is not a version-2 map stays opaque and
+    registers none; a version-2 one with malformed clear fields is refused."""
+    try:
+        version = msgspec.msgpack.decode(bundle, type=_Versioned).version
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return BundleKeys()
+    if version < 2:
+        return BundleKeys()
+    try:
+        head = msgspec.msgpack.decode(bundle, type=BundleHead)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise InvalidError(f"the key bundle's clear fields are malformed: {exc}") from None
+    if head.generation < 1:
+        raise InvalidError("a version-2 key bundle starts at generation 1")
+    return BundleKeys(head.signing_public, head.generation, head.key_epoch)
+
+
+def check_bundle_change(old: BundleKeys, new: BundleKeys) -> None:
+    """Refuse a replacement that would step back: a lower generation, a signing key changed
+    within a generation, or a version-2 account's key dropped."""
+    if old.signing_public is None:
+        return  # a version-1 account may migrate, or stay
+    if new.signing_public is None:
+        raise ConflictError("a key bundle with a signing key cannot be replaced by one without")
+    if new.generation < old.generation:
+        raise ConflictError(
+            f"the key bundle is at generation {old.generation}; "
+            f"generation {new.generation} would go back"
+        )
+    if new.generation == old.generation and new.signing_public != old.signing_public:
+        raise ConflictError("a new signing key takes a new key generation")
+
+
+def authorize_push(
+    name: str, keys: BundleKeys, state: RelayState, batch: PushBatch, pusher: Pusher | None
+) -> bool:
+    """Raise unless the account's key signed `batch` for `pusher` and this relay state;
+    whether the push was signed (so its counter must be recorded). Decided from the clear
+    `generation` first: a retired key costs no verification."""
+    if keys.signing_public is None:
+        return False
+    if batch.signature is None or pusher is None:
+        raise ForbiddenError("this account takes only signed pushes")
+    if batch.generation < keys.generation:
+        raise KeyRetiredError(
+            f"the push is signed by generation {batch.generation}; "
+            f"the account is at generation {keys.generation}"
+        )
+    if batch.generation > keys.generation:
+        raise ForbiddenError(f"the account has not reached key generation {batch.generation}")
+    message = push_signed_bytes(name, pusher.device_id, state, batch, pusher.digests)
+    try:
+        Ed25519PublicKey.from_public_bytes(keys.signing_public).verify(batch.signature, message)
+    except InvalidSignature:
+        raise ForbiddenError("the push's signature does not verify") from None
+    return True
+
+
+def refuse_epochs_ahead(
+    keys: BundleKeys, checked: list[Header | Receipt]
+) -> list[Header | Receipt]:
+    """Refuse every envelope of a key epoch the account has not reached: held forever by
+    every device, it would hide the record it names (only known for version-2 accounts)."""
+    if keys.signing_public is None:
+        return checked
+    return [
+        EPOCH_AHEAD if isinstance(h, Header) and h.epoch > keys.key_epoch else h for h in checked
+    ]

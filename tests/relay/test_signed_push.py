@@ -1,0 +1,338 @@
+"""Signed pushes (specs/protocol.md §4.7): a version-2 account's relay stores a push only when
+the account's generation key signed it for this device, relay, account epoch and counter.
+
+The matrix below is what a stolen access token alone (no key) can send, through the real
+HTTP API over SQLite and PostgreSQL: each is refused with a 4xx and a stable code, and the
+account's stored envelopes, head and byte count are the same afterwards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx2
+import msgspec
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from relay.errors import ConflictError, CounterStaleError, QuotaExceededError
+from relay.signing import BundleKeys, Pusher, check_bundle_change
+from relay.storage import AccountSummary, Device, Storage, TokenRecord
+from replica.generations import (
+    Frontier,
+    OpenedGeneration,
+    PushSigner,
+    bundle_v2_to_bytes,
+    first_generation,
+    rotate,
+    seal_generation,
+    sign_push,
+)
+from replica.wire import (
+    MAX_HLC,
+    ErrorBody,
+    KeyProof,
+    Page,
+    PushBatch,
+    PushResult,
+    PutKeyBundle,
+    RegisterRequest,
+    RelayState,
+    Session,
+    auth_key_hash,
+)
+from tests.relay.api import KDF, MSGPACK, Keys, bearer, body, decode, new_keys
+from tests.relay.conftest import HLC, NOW_MS, StorageFactory, account_record, envelope
+from tests.relay.harness import BACKENDS, Relay, open_relays
+
+KEK = os.urandom(32)
+
+
+@dataclass
+class Owner:
+    """An account registered with a version-2 bundle, and what only its devices hold."""
+
+    relay: Relay
+    name: str
+    keys: Keys
+    generation: OpenedGeneration
+    session: Session
+
+    def signer(self) -> PushSigner:
+        return PushSigner(self.name, self.session.device_id, self.state())
+
+    def state(self) -> RelayState:
+        answer = self.relay.client.get("/v1/state", headers=bearer(self.session))
+        return decode(answer.content, RelayState)
+
+    def sign(self, envelopes: list[bytes], counter: int) -> PushBatch:
+        secrets = self.generation.secrets
+        return sign_push(
+            PushBatch(envelopes), secrets.signing_key, secrets.generation, counter, self.signer()
+        )
+
+    def push(self, batch: PushBatch) -> httpx2.Response:
+        return self.relay.client.post("/v1/push", content=body(batch), headers=bearer(self.session))
+
+    def stored(self) -> tuple[list[bytes], int, AccountSummary]:
+        """Every stored envelope, the head, and the account's byte count."""
+        answer = self.relay.client.get("/v1/pull?cursor=0", headers=bearer(self.session))
+        page = decode(answer.content, Page)
+        assert not page.has_more
+        summary = self.relay.storage.accounts(self.name)[0]
+        return [e.envelope for e in page.entries], page.state.head, summary
+
+
+def generation_one() -> OpenedGeneration:
+    return first_generation(os.urandom, os.urandom(32), None)
+
+
+def sealed(opened: OpenedGeneration, chain: bytes | None = None) -> bytes:
+    return bundle_v2_to_bytes(seal_generation(opened, KDF, KEK, os.urandom, chain))
+
+
+def register_owner(relay: Relay, name: str = "ann") -> Owner:
+    keys, opened = new_keys(), generation_one()
+    request = RegisterRequest(
+        name, keys.auth_key, auth_key_hash(keys.recovery_auth_key), KDF, sealed(opened), "laptop"
+    )
+    answer = relay.client.post("/v1/register", content=body(request), headers=MSGPACK)
+    assert answer.status_code == 201, answer.content
+    return Owner(relay, name, keys, opened, decode(answer.content, Session))
+
+
+@pytest.fixture(params=BACKENDS)
+def owner(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Owner]:
+    for relays in open_relays(tmp_path, request.param):
+        owner = register_owner(relays())
+        first = owner.push(owner.sign([record(b"k" * 16, 1)], counter=1))
+        assert first.status_code == 200, first.content  # the real versions a forger aims at
+        yield owner
+
+
+def record(key: bytes, tick: int, vector: dict[int, int] | None = None) -> bytes:
+    return envelope(key, 7, HLC + tick, vector or {7: HLC + tick})
+
+
+def answer_code(answer: httpx2.Response) -> str:
+    return decode(answer.content, ErrorBody).code
+
+
+# -- what a token alone can send --------------------------------------------------------------
+
+Forgery = Callable[[Owner], PushBatch]
+
+
+def unsigned_forged_vector(owner: Owner) -> PushBatch:
+    """The review's forged vector: MAX_HLC for the node seen, plus a fresh dot."""
+    return PushBatch([envelope(b"k" * 16, 99, HLC + 2, {7: MAX_HLC, 99: HLC + 2})])
+
+
+def unsigned_future_epoch(owner: Owner) -> PushBatch:
+    forged = bytearray(record(b"k" * 16, 2))
+    forged[2:6] = (2**32 - 1).to_bytes(4, "big")
+    return PushBatch([bytes(forged)])
+
+
+def unsigned_random_bodies(owner: Owner) -> PushBatch:
+    return PushBatch([record(b"k" * 16, 2), record(b"j" * 16, 3)])
+
+
+def signed_by_another_key(owner: Owner) -> PushBatch:
+    batch = owner.sign([record(b"k" * 16, 2)], counter=2)
+    stranger = Ed25519PrivateKey.generate().sign(b"anything")
+    return msgspec.structs.replace(batch, signature=stranger)
+
+
+def a_generation_not_reached(owner: Owner) -> PushBatch:
+    return msgspec.structs.replace(owner.sign([record(b"k" * 16, 2)], counter=2), generation=2)
+
+
+def with_an_envelope_added(owner: Owner) -> PushBatch:
+    batch = owner.sign([record(b"k" * 16, 2)], counter=2)
+    return msgspec.structs.replace(batch, envelopes=[*batch.envelopes, record(b"j" * 16, 3)])
+
+
+def with_an_envelope_removed(owner: Owner) -> PushBatch:
+    batch = owner.sign([record(b"k" * 16, 2), record(b"j" * 16, 3)], counter=2)
+    return msgspec.structs.replace(batch, envelopes=batch.envelopes[:1])
+
+
+def with_envelopes_reordered(owner: Owner) -> PushBatch:
+    batch = owner.sign([record(b"k" * 16, 2), record(b"j" * 16, 3)], counter=2)
+    return msgspec.structs.replace(batch, envelopes=batch.envelopes[::-1])
+
+
+def with_an_envelope_swapped(owner: Owner) -> PushBatch:
+    batch = owner.sign([record(b"k" * 16, 2)], counter=2)
+    return msgspec.structs.replace(
+        batch, envelopes=[record(b"k" * 16, 2, {7: HLC + 2, 8: MAX_HLC})]
+    )
+
+
+def with_another_counter(owner: Owner) -> PushBatch:
+    return msgspec.structs.replace(owner.sign([record(b"k" * 16, 2)], counter=2), counter=9)
+
+
+FORGERIES: dict[str, tuple[Forgery, str]] = {
+    "unsigned, forged vector": (unsigned_forged_vector, "forbidden"),
+    "unsigned, key epoch 2**32-1": (unsigned_future_epoch, "forbidden"),
+    "unsigned, random bodies": (unsigned_random_bodies, "forbidden"),
+    "signed by another key": (signed_by_another_key, "forbidden"),
+    "a generation not reached": (a_generation_not_reached, "forbidden"),
+    "an envelope added": (with_an_envelope_added, "forbidden"),
+    "an envelope removed": (with_an_envelope_removed, "forbidden"),
+    "envelopes reordered": (with_envelopes_reordered, "forbidden"),
+    "an envelope swapped": (with_an_envelope_swapped, "forbidden"),
+    "another counter": (with_another_counter, "forbidden"),
+}
+
+
+@pytest.mark.parametrize("forgery", FORGERIES, ids=str)
+def test_a_push_the_accounts_key_did_not_sign_changes_nothing(owner: Owner, forgery: str) -> None:
+    make, code = FORGERIES[forgery]
+    before = owner.stored()
+    answer = owner.push(make(owner))
+    assert (answer.status_code, answer_code(answer)) == (403, code)
+    assert owner.stored() == before
+    genuine = owner.push(owner.sign([record(b"k" * 16, 5)], counter=10))
+    assert genuine.status_code == 200, genuine.content  # the owner's next write is stored
+    receipts = decode(genuine.content, PushResult).receipts
+    assert [r.status for r in receipts] == ["stored"]
+
+
+def test_a_captured_request_sent_again_is_refused_and_names_the_last_counter(
+    owner: Owner,
+) -> None:
+    captured = owner.sign([record(b"k" * 16, 2)], counter=5)
+    assert owner.push(captured).status_code == 200
+    before = owner.stored()
+    again = owner.push(captured)
+    assert (again.status_code, answer_code(again)) == (409, "counter_stale")
+    assert decode(again.content, ErrorBody).last_counter == 5
+    assert owner.stored() == before
+    assert owner.push(owner.sign([record(b"k" * 16, 3)], counter=6)).status_code == 200
+
+
+def test_a_captured_request_sent_again_after_a_reseed_is_refused(owner: Owner) -> None:
+    """The account epoch is signed: a request captured before a reseed opens nothing after
+    it, even with a counter the device never reached."""
+    captured = owner.sign([record(b"k" * 16, 2)], counter=50)
+    proof = KeyProof(owner.keys.auth_key)
+    reseeded = owner.relay.client.post(
+        "/v1/reseed", content=body(proof), headers=bearer(owner.session)
+    )
+    assert reseeded.status_code == 200
+    before = owner.stored()
+    answer = owner.push(captured)
+    assert (answer.status_code, answer_code(answer)) == (403, "forbidden")
+    assert owner.stored() == before
+
+
+def test_a_push_signed_by_a_retired_generation_is_refused_as_key_retired(owner: Owner) -> None:
+    """After a rotation the old key is refused with its own code, never an unknown outcome;
+    the new generation's key is taken."""
+    old = owner.sign([record(b"k" * 16, 2)], counter=2)
+    second = rotate(
+        owner.generation.secrets,
+        os.urandom,
+        frontier=Frontier({7: HLC + 1}, 1),
+        revoked_device=None,
+        rotated_by=owner.session.device_id,
+        now_ms=NOW_MS,
+    )
+    put_bundle(owner, sealed(second), expected_version=1)
+    before = owner.stored()
+    answer = owner.push(old)
+    assert (answer.status_code, answer_code(answer)) == (403, "key_retired")
+    assert owner.stored() == before
+    owner.generation = second
+    assert owner.push(owner.sign([record(b"k" * 16, 3)], counter=3)).status_code == 200
+
+
+def test_an_envelope_of_a_key_epoch_not_reached_is_refused_alone(owner: Owner) -> None:
+    ahead = bytearray(record(b"j" * 16, 2))
+    ahead[2:6] = (1).to_bytes(4, "big")
+    answer = owner.push(owner.sign([bytes(ahead), record(b"i" * 16, 3)], counter=2))
+    receipts = decode(answer.content, PushResult).receipts
+    assert [(r.status, r.code) for r in receipts] == [("refused", "epoch_ahead"), ("stored", None)]
+
+
+def put_bundle(owner: Owner, bundle: bytes, expected_version: int) -> httpx2.Response:
+    request = PutKeyBundle(bundle, KDF, owner.keys.auth_key, expected_version, owner.keys.auth_key)
+    answer = owner.relay.client.put(
+        "/v1/keys", content=body(request), headers=bearer(owner.session)
+    )
+    return answer
+
+
+def test_a_bundle_never_steps_back_a_generation_or_drops_its_signing_key(
+    owner: Owner,
+) -> None:
+    another_key = dataclasses.replace(
+        owner.generation,
+        secrets=msgspec.structs.replace(owner.generation.secrets, signing_key=os.urandom(32)),
+    )
+    for bundle in (sealed(another_key), b"an opaque version-1 bundle"):
+        answer = put_bundle(owner, bundle, expected_version=1)
+        assert (answer.status_code, answer_code(answer)) == (409, "conflict")
+    assert put_bundle(owner, sealed(owner.generation), expected_version=1).status_code == 200
+
+
+# -- storage: counters on every backend --------------------------------------------------------
+
+
+def signed_account(storage: Storage) -> tuple[OpenedGeneration, PushSigner]:
+    opened = generation_one()
+    record_ = dataclasses.replace(account_record("bob"), bundle=sealed(opened))
+    token = TokenRecord(os.urandom(32), "bob", "d1", "access", NOW_MS)
+    state = storage.create_account(record_, Device("d1", "laptop", NOW_MS), [token], None, NOW_MS)
+    return opened, PushSigner("bob", "d1", state)
+
+
+def test_a_counter_is_kept_even_when_the_push_is_refused_for_quota(
+    make_storage: StorageFactory,
+) -> None:
+    storage = make_storage(max_account_bytes=200)
+    opened, signer = signed_account(storage)
+    secrets = opened.secrets
+
+    def push(counter: int, size: int) -> PushResult:
+        envelopes = [envelope(os.urandom(16), 7, HLC + counter, {7: HLC + counter}, b"x" * size)]
+        batch = sign_push(PushBatch(envelopes), secrets.signing_key, 1, counter, signer)
+        return storage.push("bob", batch, Pusher.of("d1", batch))
+
+    with pytest.raises(QuotaExceededError):
+        push(4, 500)
+    with pytest.raises(CounterStaleError) as stale:
+        push(4, 44)
+    assert stale.value.last_counter == 4
+    assert [r.status for r in push(5, 44).receipts] == ["stored"]
+
+
+def test_a_version_1_account_still_pushes_unsigned(make_storage: StorageFactory) -> None:
+    """Until it migrates (docs/key-generations.md §5): its bundle names no signing key."""
+    storage = make_storage()
+    storage.create_account(account_record("old"), Device("d1", "laptop", NOW_MS), [], None, NOW_MS)
+    result = storage.push("old", PushBatch([record(b"k" * 16, 1)]))
+    assert [r.status for r in result.receipts] == ["stored"]
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (BundleKeys(b"a" * 32, 2, 1), BundleKeys(b"a" * 32, 1, 1)),
+        (BundleKeys(b"a" * 32, 2, 1), BundleKeys(b"b" * 32, 2, 1)),
+        (BundleKeys(b"a" * 32, 2, 1), BundleKeys()),
+    ],
+    ids=["generation down", "new key, same generation", "key dropped"],
+)
+def test_bundle_changes_that_step_back_are_refused(old: BundleKeys, new: BundleKeys) -> None:
+    with pytest.raises(ConflictError):
+        check_bundle_change(old, new)
+    check_bundle_change(old, dataclasses.replace(new, signing_public=b"c" * 32, generation=3))
+    check_bundle_change(BundleKeys(), new)  # a version-1 account may migrate, or stay

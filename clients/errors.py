@@ -74,6 +74,13 @@ class NoSessionError(RelayClientError):
     code = "no_session"
 
 
+class KeysChangedError(RelayClientError):
+    """The relay's key bundle is not this device's: another device changed the account's
+    keys, so this one must take them before it changes them itself."""
+
+    code = "keys_changed"
+
+
 class AccessLostError(RelayClientError):
     """The relay no longer takes this device's session, or no longer has its account; the
     message says which, the hint the way back (`login`, or `sync --reseed`)."""

@@ -13,13 +13,15 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from replica.errors import ProtocolError
+from replica.errors import InvalidArgumentError, ProtocolError
 from replica.generations import (
+    Frontier,
     KeyBundleV2,
     OpenedGeneration,
     bundle_v2_from_bytes,
     first_generation,
     generation_keys,
+    migrate_v1,
     open_with_generation_key,
     open_with_kek,
     open_with_recovery_key,
@@ -102,6 +104,11 @@ def parse_bundle(data: bytes) -> AnyBundle:
     return bundle
 
 
+def generation_of(bundle: AnyBundle) -> int:
+    """The bundle's key generation; 0 for version 1, which has none."""
+    return bundle.generation if isinstance(bundle, KeyBundleV2) else 0
+
+
 def bundle_bytes(bundle: AnyBundle) -> bytes:
     return msgspec.msgpack.encode(bundle)
 
@@ -166,6 +173,57 @@ def with_new_passphrase(
         opened, params, login.wrapping_key, random_bytes, bundle.chain_signature
     )
     return sealed, login
+
+
+def upgraded(
+    bundle: AnyBundle, login: LoginKeys, recovery_key: str, migration: Migration
+) -> KeyBundleV2:
+    """Generation 1 of a version-1 account (docs/key-generations.md §5): its derived keys
+    stored, a new random epoch for new writes, wrapped under the same passphrase and to the
+    account's own recovery key (`WrongKeyError` for another's)."""
+    if isinstance(bundle, KeyBundleV2):
+        raise InvalidArgumentError(f"the account is at key bundle version {bundle.version}")
+    keys = unlock_with_login_keys(bundle, login)  # WrongKeyError for another passphrase
+    opened = migrate_v1(
+        bundle,
+        keys,
+        parse_recovery_key(recovery_key),
+        migration.random_bytes,
+        new_recovery_key=False,
+        frontier=migration.frontier,
+        rotated_by=migration.rotated_by,
+        now_ms=migration.now_ms,
+    )
+    return seal_generation(opened, bundle.kdf, login.wrapping_key, migration.random_bytes, None)
+
+
+@dataclass(frozen=True)
+class Migration:
+    """Who migrates an account's keys, when, and what the replica knew then."""
+
+    frontier: Frontier
+    rotated_by: str
+    now_ms: int
+    random_bytes: RandomBytes
+
+
+def is_newer(candidate: AnyBundle, current: AnyBundle) -> bool:
+    """Whether a device may take `candidate` for `current`: a later version, or a later
+    generation of version 2. Never an older one."""
+    if not isinstance(candidate, KeyBundleV2):
+        return False
+    return not isinstance(current, KeyBundleV2) or candidate.generation > current.generation
+
+
+def check_same_account(candidate: AccountKeys, current: AccountKeys) -> None:
+    """A newer bundle keeps the account's id and its index and scope keys (every generation
+    carries them): anything else is another account's, and would strand every record."""
+    kept = ("account_id", "index_key", "scope_key")
+    if any(getattr(candidate, k) != getattr(current, k) for k in kept):
+        raise ProtocolError(
+            "the relay's key bundle opens with the passphrase but is another account's",
+            hint="nothing was changed; check the relay and the account name",
+        )
 
 
 def _reopened(bundle: KeyBundleV2, keys: AccountKeys) -> OpenedGeneration:

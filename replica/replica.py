@@ -18,14 +18,19 @@ from typing import Any
 from replica import held, repair, write
 from replica.bundles import (
     AnyBundle,
+    Migration,
     NewAccount,
     bundle_bytes,
+    check_same_account,
+    generation_of,
+    is_newer,
     new_account,
     parse_bundle,
     recovery_auth_hash,
     unlock_by_key,
     unlock_by_login,
     unlock_by_recovery_key,
+    upgraded,
     with_new_passphrase,
     with_schema,
 )
@@ -34,6 +39,7 @@ from replica.envelope import Identity
 from replica.errors import DegradedError, StaleContextError, StoreError
 from replica.events import Subscriber
 from replica.files import create_private_file
+from replica.frontier import frontier_of
 from replica.keys import AccountKeys, LoginKeys, passphrase_login_keys
 from replica.limits import check_document, check_name
 from replica.options import ReplicaOptions
@@ -231,6 +237,50 @@ class Replica:
             )
             core.store.set_meta("bundle", bundle_bytes(bundle))
             return login
+
+    @property
+    def key_generation(self) -> int:
+        """The key bundle's generation (works while locked): 0 for a version-1 account,
+        whose pushes go unsigned until `upgrade_keys`."""
+        return generation_of(self._core.bundle())
+
+    def upgrade_keys(self, login: LoginKeys, recovery_key: str, *, device: str) -> None:
+        """Move a version-1 account to generation 1 of key bundle version 2, whose pushes are
+        signed (docs/key-generations.md §5): the account's own recovery key is asked once,
+        the passphrase kept, and no record re-encrypted. The bundle is stored inside one
+        write transaction (the caller's `batch`, so it commits once the relay took it);
+        its keys take effect at the next unlock."""
+        core = self._core
+        with core.mutex, core.write_transaction():
+            frontier = frontier_of(core.store)
+            now_ms = core.options.wall_clock_ms()
+            migration = Migration(frontier, device, now_ms, core.options.random_bytes)
+            bundle = upgraded(core.bundle(), login, recovery_key, migration)
+            core.store.set_meta("bundle", bundle_bytes(bundle))
+
+    def held_for_keys(self) -> int:
+        """Versions held because they are sealed under a key epoch this file's bundle does not
+        have: another device installed newer keys (cheap, unlike `status()`)."""
+        with self._core.mutex:
+            self._core.check_open()
+            return self._core.store.count_held().get("epoch", 0)
+
+    def adopt_bundle(self, data: bytes, login: LoginKeys) -> bool:
+        """Take the relay's key bundle when it is newer than this file's (another device
+        upgraded or rotated the account's keys) and the passphrase's keys open it; False
+        when it is not newer, for a device never goes back. `WrongKeyError` when the
+        passphrase does not open it, `ProtocolError` when it is another account's."""
+        candidate = parse_bundle(data)
+        core = self._core
+        with core.mutex:
+            with core.write_transaction():
+                if not is_newer(candidate, core.bundle()):
+                    return False
+                keys = unlock_by_login(candidate, login)
+                check_same_account(keys, core.keys())
+                core.store.set_meta("bundle", bundle_bytes(candidate))
+            self._unlocked(keys)
+        return True
 
     def declare(self, schema: Schema) -> None:
         """Replace the schema; versions held for an undeclared collection are then merged."""

@@ -17,8 +17,9 @@ from rich.table import Table
 from clients.cli.console import err, fail, out, user_errors
 from clients.cli.settings import CliSettings
 from clients.device import device_client, load_settings, opened_replica
-from clients.errors import RelayRefusedError, UnknownOutcomeError
+from clients.errors import RelayRefusedError
 from clients.http import RelayClient
+from clients.keys import put_key_bundle, upgrade_keys
 from replica import Replica, passphrase_login_keys
 from replica.errors import InvalidArgumentError
 from replica.wire import DeviceInfo, ErrorCode, PutKeyBundle
@@ -177,16 +178,27 @@ def change_passphrase(
         put_key_bundle(client, request, is_stored=stored)
 
 
-def put_key_bundle(
-    client: RelayClient, request: PutKeyBundle, is_stored: Callable[[], bool]
-) -> None:
-    """PUT the bundle; when the answer is lost, ask whether the relay stored it (a second PUT
-    would be refused: the relay then holds the new passphrase's auth key, not the old one)."""
-    try:
-        client.put_key_bundle(request)
-    except UnknownOutcomeError:
-        if not is_stored():
-            raise
+@click.command("upgrade")
+@click.pass_obj
+def upgrade(settings: CliSettings) -> None:
+    """Move a version-1 account's keys to version 2, whose pushes the relay verifies. Asks
+    for the recovery key once; the passphrase stays. Other devices take the new keys at
+    their next sync."""
+    path = settings.replica_path
+    with user_errors(), opened_replica(path) as replica:
+        relay = load_settings(path)
+        if replica.key_generation:
+            out.print(
+                f"the account's keys are already version 2 (generation {replica.key_generation})"
+            )
+            return
+        login = passphrase_login_keys(settings.passphrase(), replica.kdf_params())
+        replica.unlock_with_login_keys(login)  # a wrong passphrase stops here, before sending
+        recovery_key = settings.recovery_key()
+        with device_client(path, relay) as client:
+            upgrade_keys(client, replica, login, recovery_key)
+    out.print("the account's keys are version 2 now: its pushes are signed, and other devices")
+    out.print("take the new keys at their next sync (with the passphrase)")
 
 
-ADMIN_COMMANDS = (devices, profiles, passwd)
+ADMIN_COMMANDS = (devices, profiles, passwd, upgrade)

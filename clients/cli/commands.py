@@ -46,7 +46,9 @@ from clients.device import (
     save_settings,
     sidecar_path,
 )
+from clients.errors import RelayRefusedError
 from clients.http import RelayClient, check_relay_url
+from clients.keys import adopt_relay_keys, needs_newer_keys
 from clients.retry import Backoff
 from clients.schema import CHAT_SCHEMA
 from clients.sync import SyncDriver, SyncReport
@@ -266,21 +268,67 @@ def sync(
         device_client(path, relay) as client,
         explained_refusals(client, replica, relay.account),
     ):
-        proof = None
-        if reseed:  # Argon2id once: the unlock, the login or registration and the proof
-            login = passphrase_login_keys(settings.passphrase(), replica.kdf_params())
-            replica.unlock_with_login_keys(login)
-            reentry = Reentry(
-                relay.account, login, default_device_name(), settings.recovery_key, invite
-            )
-            regained = regain_access(client, replica, reentry)
-            if regained is not None:
-                out.print(REGAINED_MESSAGE[regained].format(account=relay.account, url=relay.url))
-            proof = login.auth_key
-        report_sync(run_sync(replica, client, retry_for_s, reseed_with=proof, mode=progress_mode))
+        proof = reseed_proof(settings, replica, client, relay, invite) if reseed else None
+
+        def once() -> SyncReport:
+            return run_sync(replica, client, retry_for_s, reseed_with=proof, mode=progress_mode)
+
+        report_sync(with_newer_keys(replica, client, settings, once))
+        if not replica.key_generation:
+            err.print(f"[yellow]note:[/yellow] {VERSION_1_NOTE}", markup=True)
         if watch:
             backoff = Backoff(max_elapsed_s=retry_for_s)
             watch_live(SyncDriver(replica, client, backoff=backoff), idle_sync_s)
+
+
+def reseed_proof(
+    settings: CliSettings,
+    replica: Replica,
+    client: RelayClient,
+    relay: RelaySettings,
+    invite: str | None,
+) -> bytes:
+    """The auth key a reseed is asked with, once access is regained (the account registered
+    again, or this device logged in again): Argon2id runs once for the unlock, the login or
+    registration and the proof."""
+    login = passphrase_login_keys(settings.passphrase(), replica.kdf_params())
+    replica.unlock_with_login_keys(login)
+    reentry = Reentry(relay.account, login, default_device_name(), settings.recovery_key, invite)
+    regained = regain_access(client, replica, reentry)
+    if regained is not None:
+        out.print(REGAINED_MESSAGE[regained].format(account=relay.account, url=relay.url))
+    return login.auth_key
+
+
+VERSION_1_NOTE = (
+    "this account's keys are version 1, so its pushes are not signed and a stolen device "
+    "token could push in its name; `sealsync upgrade` moves them to version 2 (it asks for "
+    "the recovery key once)"
+)
+
+
+def with_newer_keys(
+    replica: Replica, client: RelayClient, settings: CliSettings, run: Callable[[], SyncReport]
+) -> SyncReport:
+    """`run`, and once more after taking the relay's newer keys (upgraded or rotated on
+    another device) when a push was refused for keys behind the account's, or versions are
+    held for a key epoch this device lacks: only keys the passphrase opens, only newer
+    ones, only this account's."""
+    try:
+        report = run()
+    except RelayRefusedError as exc:
+        if not needs_newer_keys(exc) or not took_newer_keys(replica, client, settings):
+            raise
+    else:
+        if not replica.held_for_keys() or not took_newer_keys(replica, client, settings):
+            return report
+    out.print("took the account's newer keys from the relay (changed on another device)")
+    return run()
+
+
+def took_newer_keys(replica: Replica, client: RelayClient, settings: CliSettings) -> bool:
+    login = passphrase_login_keys(settings.passphrase(), replica.kdf_params())
+    return adopt_relay_keys(client, replica, login)
 
 
 def refuse_invite_without_reseed(invite: str | None, reseed: bool) -> None:

@@ -1,0 +1,130 @@
+"""Moving a version-1 replica to key bundle version 2 (`Replica.upgrade_keys`), and another
+device taking the newer bundle (`Replica.adopt_bundle`), from the committed v1 fixture
+(docs/key-generations.md §5, §7)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from relay.memory import MemoryRelay
+from replica import Replica, WrongKeyError
+from replica.bundles import new_account, parse_bundle
+from replica.errors import InvalidArgumentError, ProtocolError
+from replica.generations import KeyBundleV2, bundle_v2_to_bytes, open_with_kek
+from replica.wire import parse_header
+from tests.replica.test_sync_session import push_and_pull
+from tests.replica.v1 import V1Account
+
+
+def wall_clock_ms() -> int:
+    """The replicas' own clock (the default): the relay's drift bound compares with it."""
+    return time.time_ns() // 1_000_000
+
+
+@pytest.fixture
+def relay() -> MemoryRelay:
+    return MemoryRelay(clock_ms=wall_clock_ms)
+
+
+@pytest.fixture
+def pair(tmp_path: Path, v1: V1Account, relay: MemoryRelay) -> Iterator[tuple[Replica, Replica]]:
+    """Two devices of the version-1 account, unlocked, each with a record synced."""
+    replicas = []
+    for name in ("a", "b"):
+        replica = Replica.join(tmp_path / f"{name}.db", v1.bundle_bytes)
+        replica.unlock_with_login_keys(v1.login)
+        replica.put("threads", f"from-{name}", {"title": name})
+        push_and_pull(replica.sync_session(), relay)
+        replicas.append(replica)
+    push_and_pull(replicas[0].sync_session(), relay)
+    yield replicas[0], replicas[1]
+    for replica in replicas:
+        replica.close()
+
+
+def upgrade(replica: Replica, v1: V1Account, recovery_key: str) -> None:
+    with replica.batch():
+        replica.upgrade_keys(v1.login, recovery_key, device="desk")
+    replica.unlock_with_login_keys(v1.login)
+
+
+def stored_epochs(path: Path) -> set[int]:
+    with sqlite3.connect(path) as db:
+        rows = db.execute("SELECT envelope FROM versions").fetchall()
+    db.close()
+    return {parse_header(envelope).epoch for (envelope,) in rows}
+
+
+def test_an_upgraded_replica_keeps_every_record_and_writes_under_a_new_epoch(
+    pair: tuple[Replica, Replica], v1: V1Account
+) -> None:
+    a, _ = pair
+    assert a.key_generation == 0
+    upgrade(a, v1, v1.recovery_key)
+    bundle = parse_bundle(a.key_bundle())
+    assert isinstance(bundle, KeyBundleV2) and (bundle.generation, bundle.key_epoch) == (1, 1)
+    assert a.key_generation == 1 and bundle.kdf == v1.bundle.kdf  # the passphrase stays
+    for record in ("from-a", "from-b"):
+        found = a.get("threads", record)
+        assert found is not None and found.document == {"title": record[-1]}
+    a.put("threads", "after", {"title": "new"})
+    assert stored_epochs(a.path) == {0, 1}
+    secrets = open_with_kek(bundle, v1.login.wrapping_key).secrets
+    assert secrets.frontiers[0].vector  # what the replica knew, for slice 4's checks
+    a.lock()
+    a.unlock_with_recovery_key(v1.recovery_key)  # the account's recovery key opens it too
+    assert a.get("threads", "after") is not None
+    a.lock()
+    with pytest.raises(WrongKeyError):
+        a.unlock_with_key(v1.keys.unlock_key)  # the v1 account key opens nothing of it
+
+
+def test_an_upgrade_takes_only_the_accounts_own_recovery_key_and_happens_once(
+    pair: tuple[Replica, Replica], v1: V1Account
+) -> None:
+    a, _ = pair
+    before = a.key_bundle()
+    with pytest.raises(WrongKeyError):
+        upgrade(a, v1, "AAAA-" * 13 + "AAAA")
+    assert a.key_bundle() == before and a.key_generation == 0
+    upgrade(a, v1, v1.recovery_key)
+    with pytest.raises(InvalidArgumentError, match="version 2"):
+        upgrade(a, v1, v1.recovery_key)
+
+
+def test_the_other_device_adopts_the_newer_bundle_and_never_an_older_one(
+    pair: tuple[Replica, Replica], v1: V1Account, relay: MemoryRelay
+) -> None:
+    a, b = pair
+    upgrade(a, v1, v1.recovery_key)
+    a.put("threads", "after", {"title": "under epoch 1"})
+    push_and_pull(a.sync_session(), relay)
+    push_and_pull(b.sync_session(), relay)
+    assert b.get("threads", "after") is None  # sealed under an epoch b does not know yet
+    assert b.status().held_other == {"epoch": 1}
+    assert not b.adopt_bundle(v1.bundle_bytes, v1.login)  # the same version: nothing to take
+    assert b.adopt_bundle(a.key_bundle(), v1.login)
+    assert b.key_bundle() == a.key_bundle() and b.key_generation == 1
+    found = b.get("threads", "after")  # the held version merged with the new keys
+    assert found is not None and found.document == {"title": "under epoch 1"}
+    assert not b.adopt_bundle(v1.bundle_bytes, v1.login)  # never back to version 1
+    assert not b.adopt_bundle(a.key_bundle(), v1.login)
+
+
+def test_a_newer_bundle_of_another_account_is_refused_and_changes_nothing(
+    pair: tuple[Replica, Replica], v1: V1Account
+) -> None:
+    """It opens with the same passphrase (same salt and costs), but it is not this account:
+    taking it would strand every record under another index key."""
+    _, b = pair
+    stranger = new_account(v1.passphrase, os.urandom, v1.bundle.kdf)
+    before = b.key_bundle()
+    with pytest.raises(ProtocolError, match="another account"):
+        b.adopt_bundle(bundle_v2_to_bytes(stranger.bundle), v1.login)
+    assert b.key_bundle() == before and b.key_generation == 0

@@ -133,13 +133,15 @@ class SyncDevice:
 
 def new_device(bench: Bench, url: str, name: str, account: str, auth_key: bytes) -> SyncDevice:
     """A replica of the run's account, logged in to the relay account (registered by the
-    first device, "a"). The relay's auth key protects nothing here, so it is random."""
+    first device, "a", with the account's real bundle, so the relay verifies every push as
+    it does in use). The relay's auth key protects nothing here, so it is random."""
     replica, path = bench.replica(f"sync-{name}", DEVICE_OPTIONS)
     wire = WireCounter()
     client = RelayClient(url, transport=CountingTransport(wire))
     if name == "a":
         kdf = KdfParams(os.urandom(16))
-        client.register(RegisterRequest(account, auth_key, os.urandom(32), kdf, b"bundle", name))
+        bundle = replica.key_bundle()
+        client.register(RegisterRequest(account, auth_key, os.urandom(32), kdf, bundle, name))
     else:
         client.login(LoginRequest(account, auth_key, name))
     return SyncDevice(replica, path, client, SyncDriver(replica, client), wire)

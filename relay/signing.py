@@ -93,6 +93,10 @@ def check_bundle_change(old: BundleKeys, new: BundleKeys) -> None:
         )
     if new.generation == old.generation and new.signing_public != old.signing_public:
         raise ConflictError("a new signing key takes a new key generation")
+    if new.key_epoch < old.key_epoch:
+        raise ConflictError(
+            f"the key bundle is at key epoch {old.key_epoch}; epoch {new.key_epoch} would go back"
+        )
 
 
 def authorize_push(

@@ -3,8 +3,9 @@
 Version 1 wraps one account key from which every other key derives (replica/keys.py);
 version 2 wraps a random generation key that seals stored keys (replica/generations.py).
 New accounts start at version 2, generation 1. A version-1 account keeps unlocking, changing
-its passphrase and declaring schemas as it is, until it migrates (docs/key-generations.md §5,
-not built yet).
+its passphrase and declaring schemas as it is, until `upgraded` migrates it
+(docs/key-generations.md §5); another device then takes the newer bundle (`is_newer`,
+`check_same_account`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from replica.generations import (
     open_with_recovery_key,
     reseal_secrets,
     seal_generation,
+    verify_chain,
 )
 from replica.keys import (
     BUNDLE_VERSION,
@@ -215,14 +217,32 @@ def is_newer(candidate: AnyBundle, current: AnyBundle) -> bool:
     return not isinstance(current, KeyBundleV2) or candidate.generation > current.generation
 
 
-def check_same_account(candidate: AccountKeys, current: AccountKeys) -> None:
-    """A newer bundle keeps the account's id and its index and scope keys (every generation
-    carries them): anything else is another account's, and would strand every record."""
+def check_successor(
+    candidate: KeyBundleV2, keys: AccountKeys, current: AnyBundle, current_keys: AccountKeys
+) -> None:
+    """A newer bundle keeps the account's id, its index and scope keys and every epoch key
+    (each generation carries them), and a later generation is vouched for by the current
+    one's signing key: anything else is another account's, or a fork, and taking it would
+    strand every record."""
     kept = ("account_id", "index_key", "scope_key")
-    if any(getattr(candidate, k) != getattr(current, k) for k in kept):
+    if any(getattr(keys, k) != getattr(current_keys, k) for k in kept):
         raise ProtocolError(
             "the relay's key bundle opens with the passphrase but is another account's",
             hint="nothing was changed; check the relay and the account name",
+        )
+    if not keys.keeps_epochs_of(current_keys):
+        raise ProtocolError(
+            "the relay's key bundle drops or replaces epoch keys this account's records need",
+            hint="nothing was changed; ask the device that changed the keys to run again",
+        )
+    if isinstance(current, KeyBundleV2) and not (
+        candidate.generation == current.generation + 1
+        and verify_chain(candidate, current.signing_public)
+    ):
+        raise ProtocolError(
+            f"key generation {candidate.generation} is not vouched for by generation "
+            f"{current.generation}",
+            hint="nothing was changed; it was not made by a device holding this account's keys",
         )
 
 

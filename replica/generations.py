@@ -8,8 +8,9 @@ without holding it. Every wrap binds the bundle's clear fields through their can
 `C`, so a relay that swaps one gets a bundle that opens nothing.
 
 This module is the pure core of that design: making, sealing, opening, rotating and migrating
-a version-1 bundle. New accounts start at generation 1 (replica/bundles.py); the relay does
-not verify anything with it yet, and nothing rotates yet (the next slices).
+a version-1 bundle, and signing pushes. New accounts start at generation 1, version-1 ones
+migrate to it (replica/bundles.py), and the relay verifies every push of a version-2
+account (relay/signing.py); nothing rotates to a generation 2 yet (the next slice).
 """
 
 from __future__ import annotations

@@ -326,6 +326,16 @@ class AccountKeys:
             self._aead_by_epoch[epoch] = cipher
         return cipher
 
+    def keeps_epochs_of(self, other: AccountKeys) -> bool:
+        """Whether these keys hold every epoch key of `other`, unchanged: a newer generation
+        carries the old epochs, so records sealed under them stay readable."""
+        if self._epoch_key is None or other._epoch_key is None:
+            raise _dropped()
+        if self.key_epoch < other.key_epoch:
+            return False
+        mine, theirs = self._epoch_key, other._epoch_key
+        return all(hmac.compare_digest(mine(e), theirs(e)) for e in range(other.key_epoch + 1))
+
     def drop(self) -> None:
         """Forget the key material (best effort: Python cannot zero immutable bytes)."""
         self._unlock_key = None

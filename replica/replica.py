@@ -21,7 +21,7 @@ from replica.bundles import (
     Migration,
     NewAccount,
     bundle_bytes,
-    check_same_account,
+    check_successor,
     generation_of,
     is_newer,
     new_account,
@@ -40,6 +40,7 @@ from replica.errors import DegradedError, StaleContextError, StoreError
 from replica.events import Subscriber
 from replica.files import create_private_file
 from replica.frontier import frontier_of
+from replica.generations import KeyBundleV2
 from replica.keys import AccountKeys, LoginKeys, passphrase_login_keys
 from replica.limits import check_document, check_name
 from replica.options import ReplicaOptions
@@ -276,8 +277,9 @@ class Replica:
             with core.write_transaction():
                 if not is_newer(candidate, core.bundle()):
                     return False
+                assert isinstance(candidate, KeyBundleV2), "only version 2 is newer"
                 keys = unlock_by_login(candidate, login)
-                check_same_account(keys, core.keys())
+                check_successor(candidate, keys, core.bundle(), core.keys())
                 core.store.set_meta("bundle", bundle_bytes(candidate))
             self._unlocked(keys)
         return True

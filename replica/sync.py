@@ -22,10 +22,12 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from replica import clock
-from replica.errors import InvalidArgumentError, ProtocolError, RollbackError
+from replica.bundles import generation_of
+from replica.errors import InvalidArgumentError, ProtocolError, ReplicaLockedError, RollbackError
 from replica.generations import PushSigner, sign_push
 from replica.store import Row
 from replica.wire import (
+    MAX_HLC,
     ErrorCode,
     Page,
     PushBatch,
@@ -261,6 +263,12 @@ class SyncSession:
         reuses one. A version-1 account signs nothing (specs/protocol.md §4.7)."""
         with self._core.mutex:
             keys = self._core.keys()
+            if generation_of(self._core.bundle()) != keys.generation:
+                raise ReplicaLockedError(
+                    "the account's keys in this file changed since it was unlocked (another "
+                    "process upgraded them, or took newer ones)",
+                    hint="unlock the replica again (restart `sync --watch`)",
+                )
             signing_key = keys.signing_key
             if signing_key is None:
                 return batch
@@ -279,6 +287,8 @@ class SyncSession:
     def sign_above(self, last_counter: int) -> None:
         """Sign from above `last_counter` on: the relay's last counter of this device, higher
         than this file's when the file was restored from an older copy."""
+        if not 0 <= last_counter < MAX_HLC:
+            raise ProtocolError(f"the relay names push counter {last_counter}, out of bounds")
         with self._core.mutex, self._store.transaction():
             if self._store.get_int("push_counter") < last_counter:
                 self._store.set_meta("push_counter", last_counter)

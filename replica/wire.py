@@ -61,9 +61,9 @@ FIXED_HEADER_BYTES = _FIXED.size
 _MIN_ENVELOPE_BYTES = FIXED_HEADER_BYTES + NONCE_BYTES + TAG_BYTES
 _MIN_ONE_ENTRY_ENVELOPE_BYTES = _FIXED_ONE_ENTRY.size + NONCE_BYTES + TAG_BYTES
 _ONE_ENTRY_COUNT = struct.pack(">H", 1)
+"""The vector-count field (the fixed header's last two bytes) of a one-writer envelope."""
 _LENGTH = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
-"""The vector-count field (the fixed header's last two bytes) of a one-writer envelope."""
 
 VersionVector = dict[int, int]
 """node id → highest hlc of that node's writes a version descends from."""

@@ -273,7 +273,7 @@ def sync(
         def once() -> SyncReport:
             return run_sync(replica, client, retry_for_s, reseed_with=proof, mode=progress_mode)
 
-        report_sync(with_newer_keys(replica, client, settings, once))
+        report_sync(with_newer_keys(replica, client, settings, relay.account, once))
         if not replica.key_generation:
             err.print(f"[yellow]note:[/yellow] {VERSION_1_NOTE}", markup=True)
         if watch:
@@ -308,7 +308,11 @@ VERSION_1_NOTE = (
 
 
 def with_newer_keys(
-    replica: Replica, client: RelayClient, settings: CliSettings, run: Callable[[], SyncReport]
+    replica: Replica,
+    client: RelayClient,
+    settings: CliSettings,
+    account: str,
+    run: Callable[[], SyncReport],
 ) -> SyncReport:
     """`run`, and once more after taking the relay's newer keys (upgraded or rotated on
     another device) when a push was refused for keys behind the account's, or versions are
@@ -317,18 +321,24 @@ def with_newer_keys(
     try:
         report = run()
     except RelayRefusedError as exc:
-        if not needs_newer_keys(exc) or not took_newer_keys(replica, client, settings):
+        if not needs_newer_keys(exc) or not took_newer_keys(replica, client, settings, account):
             raise
     else:
-        if not replica.held_for_keys() or not took_newer_keys(replica, client, settings):
+        if not replica.held_for_keys() or not took_newer_keys(replica, client, settings, account):
             return report
     out.print("took the account's newer keys from the relay (changed on another device)")
     return run()
 
 
-def took_newer_keys(replica: Replica, client: RelayClient, settings: CliSettings) -> bool:
-    login = passphrase_login_keys(settings.passphrase(), replica.kdf_params())
-    return adopt_relay_keys(client, replica, login)
+def took_newer_keys(
+    replica: Replica, client: RelayClient, settings: CliSettings, account: str
+) -> bool:
+    """Under the relay's KDF salt: when it is not this replica's, the passphrase was changed
+    on another device, and only the changed one opens the relay's bundle."""
+    kdf = client.prelogin(account).kdf
+    changed = kdf != replica.kdf_params()
+    passphrase = settings.changed_passphrase() if changed else settings.passphrase()
+    return adopt_relay_keys(client, replica, passphrase_login_keys(passphrase, kdf))
 
 
 def refuse_invite_without_reseed(invite: str | None, reseed: bool) -> None:

@@ -104,6 +104,12 @@ class CliSettings:
         """`passwd`'s new passphrase: SEALSYNC_NEW_PASSPHRASE, else a prompt typed twice."""
         return os.environ.get(ENV_NEW_PASSPHRASE) or hidden_prompt("new passphrase", confirm=True)
 
+    def changed_passphrase(self) -> str:
+        """The account's passphrase as another device changed it: SEALSYNC_NEW_PASSPHRASE,
+        else a prompt (this device's replica still opens with the old one)."""
+        label = "the account's passphrase, changed on another device"
+        return os.environ.get(ENV_NEW_PASSPHRASE) or hidden_prompt(label)
+
     def recovery_key(self) -> str:
         """The recovery key: SEALSYNC_RECOVERY_KEY, else a hidden prompt."""
         return os.environ.get(ENV_RECOVERY_KEY) or hidden_prompt("recovery key")

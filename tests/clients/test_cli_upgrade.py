@@ -32,11 +32,12 @@ def register_v1(url: str, v1: V1Account) -> None:
         client.register(request)
 
 
-def run(cli: Cli, v1: V1Account, replica: Path, *args: str, recovery_key: str = "") -> Result:
+def run(
+    cli: Cli, v1: V1Account, replica: Path, *args: str, recovery_key: str = "", **env: str
+) -> Result:
     env = {"SEALSYNC_PASSPHRASE": v1.passphrase, "SEALSYNC_RECOVERY_KEY": recovery_key,
-           "XDG_CONFIG_HOME": str(cli.home / "config")}  # fmt: skip
-    result = cli.runner.invoke(main, ["--replica", str(replica), *args], env=env)
-    return result
+           "XDG_CONFIG_HOME": str(cli.home / "config"), **env}  # fmt: skip
+    return cli.runner.invoke(main, ["--replica", str(replica), *args], env=env)
 
 
 def ok(result: Result) -> Result:
@@ -89,8 +90,43 @@ def test_a_version_1_account_upgrades_and_its_other_device_takes_the_new_keys(
             assert ok(run(cli, v1, path, "get", "threads", record)).stdout
     assert "already version 2" in ok(run(cli, v1, b, "upgrade")).stdout
 
-    with RelayClient(relay.url) as client:  # a stolen token alone pushes nothing now
+    with RelayClient(relay.url) as client:  # a device token without the key pushes nothing
         client.login(LoginRequest("old", v1.login.auth_key, "thief"))
         with pytest.raises(RelayRefusedError) as refused:
             client.push(PushBatch([envelope(os.urandom(16), 7, HLC, {7: HLC})]))
         assert refused.value.code == ErrorCode.FORBIDDEN
+
+
+@pytest.mark.slow
+def test_a_device_that_missed_a_passphrase_change_takes_the_upgraded_keys_with_the_new_one(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path, v1: V1Account
+) -> None:
+    """b's replica still opens with the old passphrase, but the relay's upgraded bundle only
+    with the new one: b is asked for it (SEALSYNC_NEW_PASSPHRASE) and takes the keys."""
+    relay = start_relay()
+    register_v1(relay.url, v1)
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    for path, name in ((a, "desk"), (b, "laptop")):
+        ok(
+            run(
+                cli,
+                v1,
+                path,
+                "join",
+                "--relay",
+                relay.url,
+                "--account",
+                "old",
+                "--device-name",
+                name,
+            )
+        )
+    new = "a changed and much longer passphrase for the account"
+    ok(run(cli, v1, a, "passwd", SEALSYNC_NEW_PASSPHRASE=new))
+    ok(run(cli, v1, a, "upgrade", recovery_key=v1.recovery_key, SEALSYNC_PASSPHRASE=new))
+    ok(run(cli, v1, b, "put", "threads", "pending", '{"title": "from b"}'))
+    synced = ok(run(cli, v1, b, "sync", SEALSYNC_NEW_PASSPHRASE=new))
+    assert "took the account's newer keys" in synced.stdout, synced.output
+    ok(run(cli, v1, a, "sync", SEALSYNC_PASSPHRASE=new))
+    assert ok(run(cli, v1, a, "get", "threads", "pending", SEALSYNC_PASSPHRASE=new)).stdout
+    assert ok(run(cli, v1, b, "get", "threads", "pending", SEALSYNC_PASSPHRASE=new)).stdout

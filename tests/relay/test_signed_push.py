@@ -36,6 +36,7 @@ from replica.wire import (
     MAX_HLC,
     ErrorBody,
     KeyProof,
+    LoginRequest,
     Page,
     PushBatch,
     PushResult,
@@ -218,6 +219,21 @@ def test_a_captured_request_sent_again_is_refused_and_names_the_last_counter(
     assert owner.push(owner.sign([record(b"k" * 16, 3)], counter=6)).status_code == 200
 
 
+def test_a_push_signed_for_one_device_is_refused_from_another_devices_token(
+    owner: Owner,
+) -> None:
+    """The signed device id is the token's: a signature of the laptop's replayed by whoever
+    holds the phone's token is not the phone's."""
+    login = LoginRequest(owner.name, owner.keys.auth_key, "phone")
+    answer = owner.relay.client.post("/v1/login", content=body(login), headers=MSGPACK)
+    phone = decode(answer.content, Session)
+    before = owner.stored()
+    laptops = owner.sign([record(b"k" * 16, 2)], counter=2)
+    pushed = owner.relay.client.post("/v1/push", content=body(laptops), headers=bearer(phone))
+    assert (pushed.status_code, answer_code(pushed)) == (403, "forbidden")
+    assert owner.stored() == before
+
+
 def test_a_captured_request_sent_again_after_a_reseed_is_refused(owner: Owner) -> None:
     """The account epoch is signed: a request captured before a reseed opens nothing after
     it, even with a counter the device never reached."""
@@ -280,7 +296,21 @@ def test_a_bundle_never_steps_back_a_generation_or_drops_its_signing_key(
     for bundle in (sealed(another_key), b"an opaque version-1 bundle"):
         answer = put_bundle(owner, bundle, expected_version=1)
         assert (answer.status_code, answer_code(answer)) == (409, "conflict")
-    assert put_bundle(owner, sealed(owner.generation), expected_version=1).status_code == 200
+    second = rotate(
+        owner.generation.secrets,
+        os.urandom,
+        frontier=Frontier({}, 0),
+        revoked_device=None,
+        rotated_by="desk",
+        now_ms=NOW_MS,
+    )
+    assert put_bundle(owner, sealed(second), expected_version=1).status_code == 200
+    epoch_back = dataclasses.replace(
+        second, secrets=msgspec.structs.replace(second.secrets, key_epoch=0)
+    )
+    for bundle in (sealed(owner.generation), sealed(epoch_back)):  # generation, epoch back
+        answer = put_bundle(owner, bundle, expected_version=2)
+        assert (answer.status_code, answer_code(answer)) == (409, "conflict")
 
 
 # -- storage: counters on every backend --------------------------------------------------------
@@ -328,11 +358,13 @@ def test_a_version_1_account_still_pushes_unsigned(make_storage: StorageFactory)
         (BundleKeys(b"a" * 32, 2, 1), BundleKeys(b"a" * 32, 1, 1)),
         (BundleKeys(b"a" * 32, 2, 1), BundleKeys(b"b" * 32, 2, 1)),
         (BundleKeys(b"a" * 32, 2, 1), BundleKeys()),
+        (BundleKeys(b"a" * 32, 2, 1), BundleKeys(b"a" * 32, 2, 0)),
     ],
-    ids=["generation down", "new key, same generation", "key dropped"],
+    ids=["generation down", "new key, same generation", "key dropped", "key epoch down"],
 )
 def test_bundle_changes_that_step_back_are_refused(old: BundleKeys, new: BundleKeys) -> None:
     with pytest.raises(ConflictError):
         check_bundle_change(old, new)
-    check_bundle_change(old, dataclasses.replace(new, signing_public=b"c" * 32, generation=3))
+    later = BundleKeys(b"c" * 32, 3, 1)
+    check_bundle_change(old, later)
     check_bundle_change(BundleKeys(), new)  # a version-1 account may migrate, or stay

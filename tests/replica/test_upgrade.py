@@ -10,14 +10,24 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from relay.memory import MemoryRelay
 from replica import Replica, WrongKeyError
 from replica.bundles import new_account, parse_bundle
-from replica.errors import InvalidArgumentError, ProtocolError
-from replica.generations import KeyBundleV2, bundle_v2_to_bytes, open_with_kek
-from replica.wire import parse_header
+from replica.errors import InvalidArgumentError, ProtocolError, ReplicaLockedError
+from replica.generations import (
+    Frontier,
+    KeyBundleV2,
+    OpenedGeneration,
+    bundle_v2_to_bytes,
+    open_with_kek,
+    rotate,
+    seal_generation,
+    sign_chain,
+)
+from replica.wire import MAX_HLC, parse_header
 from tests.replica.test_sync_session import push_and_pull
 from tests.replica.v1 import V1Account
 
@@ -128,3 +138,65 @@ def test_a_newer_bundle_of_another_account_is_refused_and_changes_nothing(
     with pytest.raises(ProtocolError, match="another account"):
         b.adopt_bundle(bundle_v2_to_bytes(stranger.bundle), v1.login)
     assert b.key_bundle() == before and b.key_generation == 0
+
+
+def test_a_newer_bundle_that_replaces_an_epoch_key_is_refused(
+    pair: tuple[Replica, Replica], v1: V1Account
+) -> None:
+    """Anyone holding the passphrase could make a generation 1 with the account's id, index
+    and scope keys but another key for epoch 0: taking it would strand every record."""
+    a, b = pair
+    upgrade(a, v1, v1.recovery_key)
+    bundle = parse_bundle(a.key_bundle())
+    assert isinstance(bundle, KeyBundleV2)
+    opened = open_with_kek(bundle, v1.login.wrapping_key)
+    epochs = {**opened.secrets.epoch_keys, 0: os.urandom(32)}
+    forged = OpenedGeneration(
+        opened.key, msgspec.structs.replace(opened.secrets, epoch_keys=epochs)
+    )
+    sealed = seal_generation(forged, bundle.kdf, v1.login.wrapping_key, os.urandom, None)
+    with pytest.raises(ProtocolError, match="epoch keys"):
+        b.adopt_bundle(bundle_v2_to_bytes(sealed), v1.login)
+    assert b.key_generation == 0
+
+
+def test_a_later_generation_is_taken_only_when_the_current_one_vouches_for_it(
+    pair: tuple[Replica, Replica], v1: V1Account
+) -> None:
+    a, b = pair
+    upgrade(a, v1, v1.recovery_key)
+    assert b.adopt_bundle(a.key_bundle(), v1.login)
+    one = parse_bundle(a.key_bundle())
+    assert isinstance(one, KeyBundleV2)
+    opened = open_with_kek(one, v1.login.wrapping_key)
+    frontier = Frontier({}, 0)
+    two = rotate(opened.secrets, os.urandom, frontier=frontier, revoked_device=None,
+                 rotated_by="desk", now_ms=0)  # fmt: skip
+    kek, kdf = v1.login.wrapping_key, one.kdf
+    unsigned = seal_generation(two, kdf, kek, os.urandom, None)
+    with pytest.raises(ProtocolError, match="not vouched for"):
+        b.adopt_bundle(bundle_v2_to_bytes(unsigned), v1.login)
+    chain = sign_chain(two.secrets, opened.secrets.signing_key)
+    assert b.adopt_bundle(
+        bundle_v2_to_bytes(seal_generation(two, kdf, kek, os.urandom, chain)), v1.login
+    )
+    assert b.key_generation == 2
+
+
+def test_a_process_whose_keys_another_process_upgraded_stops_signing_and_says_why(
+    pair: tuple[Replica, Replica], v1: V1Account
+) -> None:
+    """`sync --watch` beside `sealsync upgrade` on one file: the watcher's keys are version 1,
+    the file's version 2; it must not push unsigned into a refusal loop."""
+    a, _ = pair
+    with Replica.open(a.path) as other:
+        other.unlock_with_login_keys(v1.login)
+        upgrade(other, v1, v1.recovery_key)
+    a.put("threads", "late", {"title": "x"})
+    session = a.sync_session()
+    batch = session.next_batch()
+    assert batch is not None
+    with pytest.raises(ReplicaLockedError, match="changed since it was unlocked"):
+        session.sign(batch, "ann", "desk")
+    with pytest.raises(ProtocolError, match="out of bounds"):
+        session.sign_above(MAX_HLC)

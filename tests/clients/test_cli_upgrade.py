@@ -40,6 +40,18 @@ def run(
     return cli.runner.invoke(main, ["--replica", str(replica), *args], env=env)
 
 
+def joined_v1(
+    cli: Cli, v1: V1Account, relay: RelayProcess, tmp_path: Path, *names: str
+) -> list[Path]:
+    """Replicas of the version-1 account, one per device name, joined through the CLI."""
+    register_v1(relay.url, v1)
+    paths = [tmp_path / f"{name}.db" for name in names]
+    for path, name in zip(paths, names, strict=True):
+        join = ("join", "--relay", relay.url, "--account", "old", "--device-name", name)
+        ok(run(cli, v1, path, *join))
+    return paths
+
+
 def ok(result: Result) -> Result:
     assert result.exit_code == 0, result.output
     return result
@@ -50,23 +62,7 @@ def test_a_version_1_account_upgrades_and_its_other_device_takes_the_new_keys(
     cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path, v1: V1Account
 ) -> None:
     relay = start_relay()
-    register_v1(relay.url, v1)
-    a, b, c = tmp_path / "a.db", tmp_path / "b.db", tmp_path / "c.db"
-    for path, name in ((a, "desk"), (b, "laptop"), (c, "phone")):
-        ok(
-            run(
-                cli,
-                v1,
-                path,
-                "join",
-                "--relay",
-                relay.url,
-                "--account",
-                "old",
-                "--device-name",
-                name,
-            )
-        )
+    a, b, c = joined_v1(cli, v1, relay, tmp_path, "desk", "laptop", "phone")
     ok(run(cli, v1, a, "put", "threads", "before", '{"title": "written under version 1"}'))
     assert "version 1" in ok(run(cli, v1, a, "sync")).stderr
     ok(run(cli, v1, b, "put", "threads", "pending", '{"title": "not yet pushed"}'))
@@ -104,23 +100,7 @@ def test_a_device_that_missed_a_passphrase_change_takes_the_upgraded_keys_with_t
     """b's replica still opens with the old passphrase, but the relay's upgraded bundle only
     with the new one: b is asked for it (SEALSYNC_NEW_PASSPHRASE) and takes the keys."""
     relay = start_relay()
-    register_v1(relay.url, v1)
-    a, b = tmp_path / "a.db", tmp_path / "b.db"
-    for path, name in ((a, "desk"), (b, "laptop")):
-        ok(
-            run(
-                cli,
-                v1,
-                path,
-                "join",
-                "--relay",
-                relay.url,
-                "--account",
-                "old",
-                "--device-name",
-                name,
-            )
-        )
+    a, b = joined_v1(cli, v1, relay, tmp_path, "desk", "laptop")
     new = "a changed and much longer passphrase for the account"
     ok(run(cli, v1, a, "passwd", SEALSYNC_NEW_PASSPHRASE=new))
     ok(run(cli, v1, a, "upgrade", recovery_key=v1.recovery_key, SEALSYNC_PASSPHRASE=new))

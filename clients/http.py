@@ -267,6 +267,11 @@ class RelayClient:
     def put_key_bundle(self, request: PutKeyBundle) -> KeyBundleValue:
         return self._decode(self._send("PUT", "/v1/keys", body=request), KeyBundleValue)
 
+    def rotate_keys(self, device_id: str, request: PutKeyBundle) -> KeyBundleValue:
+        """Revoke `device_id` and install the next key generation, in one relay transaction."""
+        answer = self._send("POST", f"/v1/devices/{device_id}/rotate", body=request)
+        return self._decode(answer, KeyBundleValue)
+
     def delete_account(self, request: DeleteAccount) -> None:
         self._expect_empty(self._send("DELETE", "/v1/account", body=request))
 

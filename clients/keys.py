@@ -21,7 +21,7 @@ from clients.errors import (
 )
 from clients.http import RelayClient
 from replica import LoginKeys, Replica
-from replica.wire import ErrorCode, PutKeyBundle
+from replica.wire import ErrorCode, KeyBundleValue, PutKeyBundle
 
 
 def put_key_bundle(
@@ -36,27 +36,67 @@ def put_key_bundle(
             raise
 
 
+def relay_holds(client: RelayClient, auth_key: bytes, bundle: bytes) -> bool:
+    """After a lost answer: whether the relay holds `bundle` under `auth_key` now."""
+    try:
+        return client.key_bundle(auth_key).bundle == bundle
+    except RelayRefusedError as exc:
+        if exc.code != ErrorCode.FORBIDDEN:
+            raise
+        return False
+
+
+def same_keys(
+    client: RelayClient, replica: Replica, login: LoginKeys, then: str
+) -> tuple[KeyBundleValue, str]:
+    """The relay's bundle (for its compare-and-set version) and this device's id, once the
+    relay is found to hold this device's keys: changing keys another device already changed
+    would strand one of the two."""
+    current = client.key_bundle(login.auth_key)
+    if current.bundle != replica.key_bundle():
+        raise KeysChangedError(
+            "the relay holds other keys than this device's: another device changed them",
+            hint=f"`sealsync sync` takes them; then {then}",
+        )
+    session = client.session
+    return current, session.device_id if session is not None else ""
+
+
 def upgrade_keys(
     client: RelayClient, replica: Replica, login: LoginKeys, recovery_key: str
 ) -> None:
     """Generation 1 of the unlocked version-1 account, installed on the relay; the local
     change commits only once the relay took it, and the new keys are unlocked then."""
-    current = client.key_bundle(login.auth_key)
-    if current.bundle != replica.key_bundle():
-        raise KeysChangedError(
-            "the relay holds other keys than this device's: another device changed them",
-            hint="`sealsync sync` takes them (then upgrade, if still needed)",
-        )
-    session = client.session
-    device = session.device_id if session is not None else ""
+    current, device = same_keys(client, replica, login, "upgrade, if still needed")
     with replica.batch():
         replica.upgrade_keys(login, recovery_key, device=device)
         bundle = replica.key_bundle()
         request = PutKeyBundle(
             bundle, replica.kdf_params(), login.auth_key, current.version, login.auth_key
         )
-        put_key_bundle(client, request, lambda: client.key_bundle(login.auth_key).bundle == bundle)
+        put_key_bundle(client, request, lambda: relay_holds(client, login.auth_key, bundle))
     replica.unlock_with_login_keys(login)
+
+
+def rotate_revoking(
+    client: RelayClient, replica: Replica, login: LoginKeys, new_passphrase: str, revoked: str
+) -> None:
+    """Revoke a device by rotating the account's keys (docs/key-generations.md §6): the next
+    generation, under `new_passphrase`, installed with the revocation in one relay request;
+    the local change commits only once the relay took it, and is unlocked then."""
+    current, device = same_keys(client, replica, login, "revoke again")
+    with replica.batch():
+        new_login = replica.rotate_keys(new_passphrase, revoked_device=revoked, device=device)
+        bundle = replica.key_bundle()
+        request = PutKeyBundle(
+            bundle, replica.kdf_params(), new_login.auth_key, current.version, login.auth_key
+        )
+        try:
+            client.rotate_keys(revoked, request)
+        except UnknownOutcomeError:
+            if not relay_holds(client, new_login.auth_key, bundle):
+                raise
+    replica.unlock_with_login_keys(new_login)
 
 
 def needs_newer_keys(exc: RelayClientError) -> bool:

@@ -30,6 +30,7 @@ from relay.bodylimit import BodyLimit
 from relay.config import RelayConfig
 from relay.errors import (
     BadCredentialsError,
+    ConflictError,
     CounterStaleError,
     ForbiddenError,
     InvalidError,
@@ -230,7 +231,7 @@ class RelayApi:
         caller = await self.gate.caller(request)
         body = await codec.read(request, RenameDevice)
         new_name = codec.check_name(body.name, "device name")
-        device_id = _device_id(request)
+        device_id = codec.device_id(request)
         if not await self.call(self.storage.rename_device, caller.account, device_id, new_name):
             raise NotFoundError("no such device")
         return Response(status_code=204)
@@ -239,7 +240,7 @@ class RelayApi:
         caller = await self.gate.caller(request)
         body = await codec.read(request, KeyProof)
         await self.prove(caller, body.auth_key, "revoking a device")
-        device_id = _device_id(request)
+        device_id = codec.device_id(request)
         if not await self.call(self.storage.revoke_device, caller.account, device_id):
             raise NotFoundError("no such device")
         log.info("device revoked", extra={"device": device_id})
@@ -254,18 +255,50 @@ class RelayApi:
     async def put_keys(self, request: Request) -> Response:
         caller = await self.gate.caller(request)
         body = await codec.read(request, PutKeyBundle)
+        only = caller.device_id if body.end_other_sessions else None
+        version = await self.replace_bundle(caller, body, only_device=only)
+        return codec.respond(request, KeyBundleValue(body.bundle, version))
+
+    async def rotate_keys(self, request: Request) -> Response:
+        """Revoke a device and install the account's next key generation, in one transaction
+        (docs/key-generations.md §6): the revoked device keeps nothing that opens the new
+        one, and its pushes under the old key are `key_retired`."""
+        caller = await self.gate.caller(request)
+        body = await codec.read(request, PutKeyBundle)
+        device_id = codec.device_id(request)
+        if device_id == caller.device_id:
+            raise InvalidError("a device cannot revoke itself")
+        version = await self.replace_bundle(caller, body, revoke_device=device_id)
+        log.info("keys rotated, device revoked", extra={"device": device_id})
+        return codec.respond(request, KeyBundleValue(body.bundle, version))
+
+    async def replace_bundle(
+        self,
+        caller: Caller,
+        body: PutKeyBundle,
+        *,
+        only_device: str | None = None,
+        revoke_device: str | None = None,
+    ) -> int:
+        """Compare-and-set the bundle with the current auth key; a rotation (one that revokes)
+        installs exactly the next generation. Checked against the stored bundle only when it
+        is the expected one: otherwise the compare-and-set fails anyway."""
         try:
             check_kdf_params(body.kdf)
         except KdfParametersError as exc:
             raise InvalidError(str(exc)) from exc
         record = await self.prove(caller, body.current_auth_key, "replacing the key bundle")
-        if record.bundle_version == body.expected_version:  # else the compare-and-set fails
-            check_bundle_change(record.keys, bundle_keys(body.bundle))
+        if record.bundle_version == body.expected_version:
+            old, new = record.keys, bundle_keys(body.bundle)
+            check_bundle_change(old, new)
+            rotated = old.signing_public is not None and new.generation == old.generation + 1
+            if revoke_device is not None and not rotated:
+                raise ConflictError("a rotation installs the next key generation of the bundle")
+        store = functools.partial(
+            self.storage.put_key_bundle, only_device=only_device, revoke_device=revoke_device
+        )
         version = await self.call(
-            functools.partial(
-                self.storage.put_key_bundle,
-                only_device=caller.device_id if body.end_other_sessions else None,
-            ),
+            store,
             caller.account,
             body.expected_version,
             body.bundle,
@@ -276,7 +309,7 @@ class RelayApi:
             raise VersionConflictError(
                 f"the key bundle is no longer at version {body.expected_version}"
             )
-        return codec.respond(request, KeyBundleValue(body.bundle, version))
+        return version
 
     async def delete_account(self, request: Request) -> Response:
         caller = await self.gate.caller(request)
@@ -337,14 +370,14 @@ class RelayApi:
 
     async def pull(self, request: Request) -> Response:
         caller = await self.gate.caller(request)
-        cursor = _query_int(request, "cursor", 0, 0, MAX_HLC)
-        limit = _query_int(request, "limit", self.config.page_size, 1, self.config.page_size)
+        cursor = codec.query_int(request, "cursor", 0, 0, MAX_HLC)
+        limit = codec.query_int(request, "limit", self.config.page_size, 1, self.config.page_size)
         page = await self.call(self.storage.pull, caller.account, cursor, limit)
         return codec.respond(request, page)
 
     async def events(self, request: Request) -> Response:
         caller = await self.gate.caller(request)
-        seen = _last_event_id(request)
+        seen = codec.last_event_id(request)
         self.hub.bind(asyncio.get_running_loop())
 
         async def hints() -> AsyncIterator[ServerSentEvent]:
@@ -372,35 +405,6 @@ class RelayApi:
 
 def _head_event(head: int) -> ServerSentEvent:
     return ServerSentEvent(data=str(head), id=str(head), event="head")
-
-
-def _device_id(request: Request) -> str:
-    """A device id as the relay makes them (`tokens.new_device_id`); anything else cannot
-    name a device, so it is not found — and never reaches a SQL TEXT column."""
-    device_id: str = request.path_params["device_id"]
-    if not tokens.is_device_id(device_id):
-        raise NotFoundError("no such device")
-    return device_id
-
-
-def _last_event_id(request: Request) -> int | None:
-    value = request.headers.get("last-event-id", "")
-    return int(value) if _is_decimal(value) and len(value) < 20 else None
-
-
-def _is_decimal(value: str) -> bool:
-    """ASCII digits only: str.isdigit() also takes "²" (which int() refuses) and U+0661, the
-    Arabic-Indic one (which int() reads as 1)."""
-    return value.isascii() and value.isdigit()
-
-
-def _query_int(request: Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return default
-    if not (_is_decimal(raw) and len(raw) <= 19) or not low <= int(raw) <= high:
-        raise InvalidError(f"query {name}={raw[:32]!r} must be an integer in {low}..{high}")
-    return int(raw)
 
 
 ENDPOINTS = (
@@ -460,6 +464,14 @@ ENDPOINTS = (
         "revoke a device and its tokens (takes the current auth key)",
         KeyProof,
         status=204,
+    ),
+    Endpoint(
+        "POST",
+        "/v1/devices/{device_id}/rotate",
+        RelayApi.rotate_keys,
+        "revoke a device and install the next key generation (compare-and-set)",
+        PutKeyBundle,
+        KeyBundleValue,
     ),
     Endpoint(
         "POST",

@@ -1,4 +1,5 @@
-"""Request and response bodies: MessagePack by default, the same types as JSON on request.
+"""Request and response bodies: MessagePack by default, the same types as JSON on request;
+and the values a request carries in its path, query and headers.
 
 JSON carries bytes as base64 (msgspec's convention), for debugging and fuzzing. A body that
 does not parse is a 400 `malformed`; one that parses but breaks a type or bound is a 422
@@ -14,7 +15,8 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from relay.errors import InvalidError, MalformedError, UnsupportedMediaError
+from relay import tokens
+from relay.errors import InvalidError, MalformedError, NotFoundError, UnsupportedMediaError
 
 MSGPACK = "application/msgpack"
 JSON = "application/json"
@@ -69,3 +71,32 @@ def check_name(value: str, what: str) -> str:
     if unicodedata.normalize("NFC", value) != value:
         raise InvalidError(f"{what} is not in Unicode NFC")
     return value
+
+
+def device_id(request: Request) -> str:
+    """A device id as the relay makes them (`tokens.new_device_id`); anything else cannot
+    name a device, so it is not found — and never reaches a SQL TEXT column."""
+    device_id: str = request.path_params["device_id"]
+    if not tokens.is_device_id(device_id):
+        raise NotFoundError("no such device")
+    return device_id
+
+
+def last_event_id(request: Request) -> int | None:
+    value = request.headers.get("last-event-id", "")
+    return int(value) if is_decimal(value) and len(value) < 20 else None
+
+
+def is_decimal(value: str) -> bool:
+    """ASCII digits only: str.isdigit() also takes "²" (which int() refuses) and U+0661, the
+    Arabic-Indic one (which int() reads as 1)."""
+    return value.isascii() and value.isdigit()
+
+
+def query_int(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not (is_decimal(raw) and len(raw) <= 19) or not low <= int(raw) <= high:
+        raise InvalidError(f"query {name}={raw[:32]!r} must be an integer in {low}..{high}")
+    return int(raw)

@@ -168,6 +168,7 @@ class MemoryRelay:
         auth_hash: bytes,
         *,
         only_device: str | None = None,
+        revoke_device: str | None = None,
     ) -> int | None:
         with self._mutex:
             entry = self._accounts.get(name)
@@ -175,6 +176,8 @@ class MemoryRelay:
                 return None
             if entry.record.bundle_version != expected_version:
                 return None
+            if revoke_device is not None and not self.revoke_device(name, revoke_device):
+                raise NotFoundError("no such device")
             version = expected_version + 1
             entry.record = replace(
                 entry.record, bundle=bundle, kdf=kdf, auth_hash=auth_hash, bundle_version=version

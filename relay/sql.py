@@ -211,6 +211,7 @@ class SQLStorage(ABC):
         auth_hash: bytes,
         *,
         only_device: str | None = None,
+        revoke_device: str | None = None,
     ) -> int | None:
         with self._write() as tx:
             changed = tx.run(
@@ -218,6 +219,8 @@ class SQLStorage(ABC):
                 " bundle_version = bundle_version + 1 WHERE name = ? AND bundle_version = ?",
                 (bundle, encode_message(kdf), auth_hash, name, expected_version),
             )
+            if changed and revoke_device is not None:
+                _revoke_in(tx, name, revoke_device)
             if changed and only_device is not None:
                 # the other devices' rows first, as a refresh locks its device's: under
                 # PostgreSQL's READ COMMITTED the DELETE then sees every successor a refresh
@@ -326,18 +329,10 @@ class SQLStorage(ABC):
         return changed > 0
 
     def revoke_device(self, name: str, device_id: str) -> bool:
-        """The tokens go by ON DELETE CASCADE, not by a DELETE of our own: under PostgreSQL's
-        READ COMMITTED that would miss the successors of a refresh committing meanwhile, while
-        the device row is locked (FOR KEY SHARE) by every token insert until it commits."""
         if not _can_name_a_device(device_id):
             return False
         with self._write() as tx:
-            deleted = tx.run(
-                "DELETE FROM devices WHERE id = ?"
-                " AND account = (SELECT id FROM accounts WHERE name = ?)",
-                (device_id, name),
-            )
-        return deleted > 0
+            return _deleted_device(tx, name, device_id)
 
     def token(self, token_hash: bytes) -> TokenRecord | None:
         with self._read() as tx:
@@ -538,6 +533,23 @@ def _account_values(account: AccountRecord) -> tuple[object, ...]:
         account.bundle_version,
         account.created_ms,
     )
+
+
+def _deleted_device(tx: Transaction, name: str, device_id: str) -> bool:
+    """The tokens go by ON DELETE CASCADE, not by a DELETE of our own: under PostgreSQL's
+    READ COMMITTED that would miss the successors of a refresh committing meanwhile, while
+    the device row is locked (FOR KEY SHARE) by every token insert until it commits."""
+    deleted = tx.run(
+        "DELETE FROM devices WHERE id = ? AND account = (SELECT id FROM accounts WHERE name = ?)",
+        (device_id, name),
+    )
+    return deleted > 0
+
+
+def _revoke_in(tx: Transaction, name: str, device_id: str) -> None:
+    """Revoke inside a bundle change: no such device undoes the whole transaction."""
+    if not (_can_name_a_device(device_id) and _deleted_device(tx, name, device_id)):
+        raise NotFoundError("no such device")
 
 
 def _can_name_a_device(device_id: str) -> bool:

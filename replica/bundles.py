@@ -27,7 +27,9 @@ from replica.generations import (
     open_with_kek,
     open_with_recovery_key,
     reseal_secrets,
+    rotate,
     seal_generation,
+    sign_chain,
     verify_chain,
 )
 from replica.keys import (
@@ -178,7 +180,7 @@ def with_new_passphrase(
 
 
 def upgraded(
-    bundle: AnyBundle, login: LoginKeys, recovery_key: str, migration: Migration
+    bundle: AnyBundle, login: LoginKeys, recovery_key: str, change: KeyChange
 ) -> KeyBundleV2:
     """Generation 1 of a version-1 account (docs/key-generations.md §5): its derived keys
     stored, a new random epoch for new writes, wrapped under the same passphrase and to the
@@ -190,23 +192,54 @@ def upgraded(
         bundle,
         keys,
         parse_recovery_key(recovery_key),
-        migration.random_bytes,
+        change.random_bytes,
         new_recovery_key=False,
-        frontier=migration.frontier,
-        rotated_by=migration.rotated_by,
-        now_ms=migration.now_ms,
+        frontier=change.frontier,
+        rotated_by=change.rotated_by,
+        now_ms=change.now_ms,
     )
-    return seal_generation(opened, bundle.kdf, login.wrapping_key, migration.random_bytes, None)
+    return seal_generation(opened, bundle.kdf, login.wrapping_key, change.random_bytes, None)
 
 
 @dataclass(frozen=True)
-class Migration:
-    """Who migrates an account's keys, when, and what the replica knew then."""
+class KeyChange:
+    """Who changes an account's keys, when, and what the replica knew then."""
 
     frontier: Frontier
     rotated_by: str
     now_ms: int
     random_bytes: RandomBytes
+
+
+def rotated(
+    bundle: AnyBundle,
+    keys: AccountKeys,
+    new_passphrase: str,
+    change: KeyChange,
+    revoked_device: str,
+) -> tuple[KeyBundleV2, LoginKeys]:
+    """Generation g + 1 (docs/key-generations.md §6): a new generation key, epoch and signing
+    key, the old epochs retired behind the frontier, wrapped under a new passphrase and to
+    the same recovery key, vouched for by generation g's signing key; and the new
+    passphrase's keys."""
+    if not isinstance(bundle, KeyBundleV2):
+        raise InvalidArgumentError(
+            "a version-1 account has no key generations to rotate",
+            hint="`sealsync upgrade` moves it to version 2 first",
+        )
+    current = _reopened(bundle, keys)
+    params, login = new_passphrase_login_keys(bundle.kdf, new_passphrase, change.random_bytes)
+    following = rotate(
+        current.secrets,
+        change.random_bytes,
+        frontier=change.frontier,
+        revoked_device=revoked_device,
+        rotated_by=change.rotated_by,
+        now_ms=change.now_ms,
+    )
+    chain = sign_chain(following.secrets, current.secrets.signing_key)
+    sealed = seal_generation(following, params, login.wrapping_key, change.random_bytes, chain)
+    return sealed, login
 
 
 def is_newer(candidate: AnyBundle, current: AnyBundle) -> bool:

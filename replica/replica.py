@@ -18,7 +18,7 @@ from typing import Any
 from replica import held, repair, write
 from replica.bundles import (
     AnyBundle,
-    Migration,
+    KeyChange,
     NewAccount,
     bundle_bytes,
     check_successor,
@@ -27,6 +27,7 @@ from replica.bundles import (
     new_account,
     parse_bundle,
     recovery_auth_hash,
+    rotated,
     unlock_by_key,
     unlock_by_login,
     unlock_by_recovery_key,
@@ -255,9 +256,23 @@ class Replica:
         with core.mutex, core.write_transaction():
             frontier = frontier_of(core.store)
             now_ms = core.options.wall_clock_ms()
-            migration = Migration(frontier, device, now_ms, core.options.random_bytes)
-            bundle = upgraded(core.bundle(), login, recovery_key, migration)
+            change = KeyChange(frontier, device, now_ms, core.options.random_bytes)
+            bundle = upgraded(core.bundle(), login, recovery_key, change)
             core.store.set_meta("bundle", bundle_bytes(bundle))
+
+    def rotate_keys(self, new_passphrase: str, *, revoked_device: str, device: str) -> LoginKeys:
+        """Generation g + 1 of the account's keys, revoking `revoked_device` (the relay takes it
+        with `RelayClient.rotate_keys`): a new passphrase, and nothing the revoked device held
+        opens it. Stored inside one write transaction (the caller's `batch`, so it commits
+        once the relay took it); unlock with the returned keys then."""
+        core = self._core
+        with core.mutex, core.write_transaction():
+            now_ms = core.options.wall_clock_ms()
+            change = KeyChange(frontier_of(core.store), device, now_ms, core.options.random_bytes)
+            keys = core.keys()
+            bundle, login = rotated(core.bundle(), keys, new_passphrase, change, revoked_device)
+            core.store.set_meta("bundle", bundle_bytes(bundle))
+            return login
 
     def held_for_keys(self) -> int:
         """Versions held because they are sealed under a key epoch this file's bundle does not

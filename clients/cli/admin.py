@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Callable
 
 import click
 from rich.table import Table
@@ -19,7 +18,7 @@ from clients.cli.settings import CliSettings
 from clients.device import device_client, load_settings, opened_replica
 from clients.errors import RelayRefusedError
 from clients.http import RelayClient
-from clients.keys import put_key_bundle, upgrade_keys
+from clients.keys import put_key_bundle, relay_holds, rotate_revoking, upgrade_keys
 from replica import Replica, passphrase_login_keys
 from replica.errors import InvalidArgumentError
 from replica.wire import DeviceInfo, ErrorCode, PutKeyBundle
@@ -38,10 +37,27 @@ def created_to_text(created_ms: int) -> str:
 
 
 def revoke(
-    client: RelayClient, listed: list[DeviceInfo], device_id: str, auth_key: Callable[[], bytes]
-) -> None:
-    """Revoke another device of the account; this one and unknown ids are refused first,
-    before the passphrase is asked for (`auth_key`)."""
+    settings: CliSettings, client: RelayClient, listed: list[DeviceInfo], device_id: str
+) -> str:
+    """Revoke another device of the account; what was done, in words. A version-2 account
+    rotates its keys with it (a new passphrase), so the device keeps nothing that opens what
+    is written next; a version-1 one only ends the device's tokens."""
+    check_revocable(listed, device_id)
+    with opened_replica(settings.replica_path) as replica:
+        login = passphrase_login_keys(settings.passphrase(), replica.kdf_params())
+        if not replica.key_generation:
+            client.revoke_device(device_id, login.auth_key)
+            return f"revoked device {device_id} (its keys stay valid: `sealsync upgrade` first)"
+        replica.unlock_with_login_keys(login)  # a wrong passphrase stops here
+        rotate_revoking(client, replica, login, settings.new_passphrase(), device_id)
+    return (
+        f"revoked device {device_id} and rotated the account's keys: other devices take "
+        "them at their next sync, with the new passphrase"
+    )
+
+
+def check_revocable(listed: list[DeviceInfo], device_id: str) -> None:
+    """This device and unknown ids are refused before the passphrase is asked for."""
     found = next((d for d in listed if d.id == device_id), None)
     if found is None:
         raise InvalidArgumentError(
@@ -51,15 +67,6 @@ def revoke(
         raise InvalidArgumentError(
             f"{device_id!r} is this device", hint="revoke it from another device of the account"
         )
-    client.revoke_device(device_id, auth_key())
-
-
-def current_auth_key(settings: CliSettings) -> bytes:
-    """The auth key of the passphrase (asked for), under this replica's KDF parameters: what
-    the relay takes to revoke a device, besides the token."""
-    with opened_replica(settings.replica_path) as replica:
-        kdf = replica.kdf_params()
-    return passphrase_login_keys(settings.passphrase(), kdf).auth_key
 
 
 @click.command("devices")
@@ -72,8 +79,8 @@ def devices(settings: CliSettings, revoke_id: str | None, as_json: bool) -> None
     with user_errors(), device_client(path, load_settings(path)) as client:
         listed = client.devices().devices
         if revoke_id is not None:
-            revoke(client, listed, revoke_id, lambda: current_auth_key(settings))
-            (err if as_json else out).print(f"revoked device {revoke_id}")  # stdout: JSON only
+            done = revoke(settings, client, listed, revoke_id)
+            (err if as_json else out).print(done)  # stdout: JSON only
             listed = client.devices().devices
     if as_json:
         rows = [{"id": d.id, "name": d.name, "created_ms": d.created_ms, "current": d.current}
@@ -165,17 +172,7 @@ def change_passphrase(
             current_auth_key,
             end_other_sessions,
         )
-
-        def stored() -> bool:
-            """After a lost answer: the relay took the bundle if it takes the new key now."""
-            try:
-                return client.key_bundle(login.auth_key).bundle == bundle
-            except RelayRefusedError as exc:
-                if exc.code is not ErrorCode.FORBIDDEN:
-                    raise
-                return False
-
-        put_key_bundle(client, request, is_stored=stored)
+        put_key_bundle(client, request, lambda: relay_holds(client, login.auth_key, bundle))
 
 
 @click.command("upgrade")

@@ -368,3 +368,56 @@ def test_bundle_changes_that_step_back_are_refused(old: BundleKeys, new: BundleK
     later = BundleKeys(b"c" * 32, 3, 1)
     check_bundle_change(old, later)
     check_bundle_change(BundleKeys(), new)  # a version-1 account may migrate, or stay
+
+
+# -- rotation: revoking a device installs the next generation -----------------------------------
+
+
+def rotate_request(owner: Owner, generation: OpenedGeneration, version: int) -> bytes:
+    request = PutKeyBundle(
+        sealed(generation), KDF, owner.keys.auth_key, version, owner.keys.auth_key
+    )
+    return body(request)
+
+
+def next_generation(owner: Owner) -> OpenedGeneration:
+    return rotate(
+        owner.generation.secrets,
+        os.urandom,
+        frontier=Frontier({}, 0),
+        revoked_device="phone",
+        rotated_by=owner.session.device_id,
+        now_ms=NOW_MS,
+    )
+
+
+def test_a_rotation_revokes_the_device_and_installs_the_next_generation_at_once(
+    owner: Owner,
+) -> None:
+    client = owner.relay.client
+    login = LoginRequest(owner.name, owner.keys.auth_key, "phone")
+    phone = decode(client.post("/v1/login", content=body(login), headers=MSGPACK).content, Session)
+    path = f"/v1/devices/{phone.device_id}/rotate"
+    keys_before = owner.relay.storage.account(owner.name)
+    refusals = [
+        (f"/v1/devices/{owner.session.device_id}/rotate", next_generation(owner), 422),  # itself
+        ("/v1/devices/no-such-device/rotate", next_generation(owner), 404),
+        (path, owner.generation, 409),  # not the next generation
+    ]
+    for target, generation, status in refusals:
+        answer = client.post(
+            target, content=rotate_request(owner, generation, 1), headers=bearer(owner.session)
+        )
+        assert answer.status_code == status, answer.content
+    assert owner.relay.storage.account(owner.name) == keys_before  # nothing changed
+    assert len(owner.relay.storage.devices(owner.name)) == 2
+    second = next_generation(owner)
+    answer = client.post(
+        path, content=rotate_request(owner, second, 1), headers=bearer(owner.session)
+    )
+    assert answer.status_code == 200, answer.content
+    assert client.get("/v1/state", headers=bearer(phone)).status_code == 401
+    retired = owner.push(owner.sign([record(b"k" * 16, 2)], counter=2))
+    assert (retired.status_code, answer_code(retired)) == (403, "key_retired")
+    owner.generation = second
+    assert owner.push(owner.sign([record(b"k" * 16, 3)], counter=3)).status_code == 200

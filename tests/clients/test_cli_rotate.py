@@ -1,0 +1,81 @@
+"""Revoking a device of a version-2 account rotates the account's keys (docs/key-generations.md
+§6), through the command line on a real relay: the other devices follow after one entry of the
+new passphrase, nothing pending is lost, and the revoked device — given every key it held and
+a full copy of the relay's database — opens nothing written after the revocation."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import Result
+
+from clients.cli import main
+from replica import Replica, UnknownEpochError
+from replica.wire import parse_header
+from tests.clients.test_cli import PASSPHRASE, Cli, assert_user_error
+from tests.clients.test_cli_admin import NEW_PASSPHRASE, revoke
+from tests.relay.server import RelayProcess
+
+
+def run(cli: Cli, replica: Path, *args: str, passphrase: str, new: str = "") -> Result:
+    env = {"SEALSYNC_PASSPHRASE": passphrase, "SEALSYNC_NEW_PASSPHRASE": new,
+           "XDG_CONFIG_HOME": str(cli.home / "config")}  # fmt: skip
+    result = cli.runner.invoke(main, ["--replica", str(replica), *args], env=env)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def relay_envelopes(relay: RelayProcess) -> list[bytes]:
+    assert relay.db is not None
+    with sqlite3.connect(relay.db) as db:
+        rows = db.execute("SELECT envelope FROM versions ORDER BY seq").fetchall()
+    db.close()
+    return [envelope for (envelope,) in rows]
+
+
+@pytest.mark.slow
+def test_revoking_a_device_rotates_the_keys_and_the_others_follow_with_one_entry(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    relay = start_relay()
+    desk, laptop, phone = (tmp_path / f"{name}.db" for name in ("desk", "laptop", "phone"))
+    cli.ok(desk, "init", "--relay", relay.url, "--account", "ann", "--device-name", "desk")
+    for path in (laptop, phone):
+        cli.ok(path, "join", "--relay", relay.url, "--account", "ann", "--device-name", path.stem)
+    cli.ok(desk, "put", "threads", "before", '{"title": "everyone saw this"}')
+    for path in (desk, laptop, phone):
+        cli.ok(path, "sync")
+    phone_id = next(d["id"] for d in cli.json_objects(desk, "devices") if d["name"] == "phone")
+    assert isinstance(phone_id, str)
+    cli.ok(laptop, "put", "threads", "pending", '{"title": "written during the rotation"}')
+
+    assert "rotated" in revoke(cli, desk, phone_id).stdout
+    run(
+        cli,
+        desk,
+        "put",
+        "threads",
+        "after",
+        '{"title": "not for the phone"}',
+        passphrase=NEW_PASSPHRASE,
+    )
+    run(cli, desk, "sync", passphrase=NEW_PASSPHRASE)
+    followed = run(cli, laptop, "sync", passphrase=PASSPHRASE, new=NEW_PASSPHRASE)
+    assert "took the account's newer keys" in followed.stdout, followed.output
+    run(cli, desk, "sync", passphrase=NEW_PASSPHRASE)
+    for path in (desk, laptop):
+        for record in ("before", "pending", "after"):
+            assert run(cli, path, "get", "threads", record, passphrase=NEW_PASSPHRASE).stdout
+
+    assert_user_error(cli(phone, "sync", "--retry-for", "1"), "does not have account")
+    after = [e for e in relay_envelopes(relay) if parse_header(e).epoch == 1]
+    assert after, "the rotation's new epoch seals what is written next"
+    with Replica.open(phone) as revoked:  # every key the phone ever held
+        revoked.unlock(PASSPHRASE)
+        opener = revoked._core.opener_or_raise()
+        for envelope in after:
+            with pytest.raises(UnknownEpochError):
+                opener.open(envelope)

@@ -20,8 +20,8 @@ from clients.errors import (
     UnknownOutcomeError,
 )
 from clients.http import RelayClient
-from replica import LoginKeys, Replica
-from replica.wire import ErrorCode, KeyBundleValue, PutKeyBundle
+from replica import LoginKeys, Replica, recovery_login_keys
+from replica.wire import ErrorCode, KeyBundleValue, PutKeyBundle, auth_key_hash
 
 
 def put_key_bundle(
@@ -79,17 +79,33 @@ def upgrade_keys(
 
 
 def rotate_revoking(
-    client: RelayClient, replica: Replica, login: LoginKeys, new_passphrase: str, revoked: str
+    client: RelayClient,
+    replica: Replica,
+    login: LoginKeys,
+    new_passphrase: str,
+    revoked: str,
+    new_recovery_key: str | None = None,
 ) -> None:
     """Revoke a device by rotating the account's keys (docs/key-generations.md §6): the next
     generation, under `new_passphrase`, installed with the revocation in one relay request;
-    the local change commits only once the relay took it, and is unlocked then."""
+    the local change commits only once the relay took it, and is unlocked then. With
+    `new_recovery_key`, the relay takes its auth hash in place of the old one's."""
     current, device = same_keys(client, replica, login, "revoke again")
     with replica.batch():
-        new_login = replica.rotate_keys(new_passphrase, revoked_device=revoked, device=device)
+        new_login = replica.rotate_keys(
+            new_passphrase, revoked_device=revoked, device=device, new_recovery_key=new_recovery_key
+        )
         bundle = replica.key_bundle()
+        recovery_hash = None
+        if new_recovery_key is not None:
+            recovery_hash = auth_key_hash(recovery_login_keys(new_recovery_key).auth_key)
         request = PutKeyBundle(
-            bundle, replica.kdf_params(), new_login.auth_key, current.version, login.auth_key
+            bundle,
+            replica.kdf_params(),
+            new_login.auth_key,
+            current.version,
+            login.auth_key,
+            recovery_auth_hash=recovery_hash,
         )
         try:
             client.rotate_keys(revoked, request)

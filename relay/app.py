@@ -30,7 +30,6 @@ from relay.bodylimit import BodyLimit
 from relay.config import RelayConfig
 from relay.errors import (
     BadCredentialsError,
-    ConflictError,
     CounterStaleError,
     ForbiddenError,
     InvalidError,
@@ -289,13 +288,13 @@ class RelayApi:
             raise InvalidError(str(exc)) from exc
         record = await self.prove(caller, body.current_auth_key, "replacing the key bundle")
         if record.bundle_version == body.expected_version:
-            old, new = record.keys, bundle_keys(body.bundle)
-            check_bundle_change(old, new)
-            rotated = old.signing_public is not None and new.generation == old.generation + 1
-            if revoke_device is not None and not rotated:
-                raise ConflictError("a rotation installs the next key generation of the bundle")
+            rotation = revoke_device is not None
+            check_bundle_change(record.keys, bundle_keys(body.bundle), rotation=rotation)
         store = functools.partial(
-            self.storage.put_key_bundle, only_device=only_device, revoke_device=revoke_device
+            self.storage.put_key_bundle,
+            only_device=only_device,
+            revoke_device=revoke_device,
+            recovery_hash=body.recovery_auth_hash,
         )
         version = await self.call(
             store,

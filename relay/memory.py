@@ -169,6 +169,7 @@ class MemoryRelay:
         *,
         only_device: str | None = None,
         revoke_device: str | None = None,
+        recovery_hash: bytes | None = None,
     ) -> int | None:
         with self._mutex:
             entry = self._accounts.get(name)
@@ -180,7 +181,12 @@ class MemoryRelay:
                 raise NotFoundError("no such device")
             version = expected_version + 1
             entry.record = replace(
-                entry.record, bundle=bundle, kdf=kdf, auth_hash=auth_hash, bundle_version=version
+                entry.record,
+                bundle=bundle,
+                kdf=kdf,
+                auth_hash=auth_hash,
+                recovery_hash=recovery_hash or entry.record.recovery_hash,
+                bundle_version=version,
             )
             if only_device is not None:
                 self._tokens = {

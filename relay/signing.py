@@ -79,9 +79,12 @@ def bundle_keys(bundle: bytes) -> BundleKeys:
     return BundleKeys(head.signing_public, head.generation, head.key_epoch)
 
 
-def check_bundle_change(old: BundleKeys, new: BundleKeys) -> None:
-    """Refuse a replacement that would step back: a lower generation, a signing key changed
-    within a generation, or a version-2 account's key dropped."""
+def check_bundle_change(old: BundleKeys, new: BundleKeys, *, rotation: bool = False) -> None:
+    """Refuse a replacement that would step back: a lower generation or key epoch, a signing
+    key changed within a generation, or a version-2 account's key dropped; and a rotation
+    (one that revokes a device) that is not exactly the next generation."""
+    if rotation and (old.signing_public is None or new.generation != old.generation + 1):
+        raise ConflictError("a rotation installs the next key generation of the bundle")
     if old.signing_public is None:
         return  # a version-1 account may migrate, or stay
     if new.signing_public is None:

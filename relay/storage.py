@@ -125,13 +125,15 @@ class Storage(Protocol):
         *,
         only_device: str | None = None,
         revoke_device: str | None = None,
+        recovery_hash: bytes | None = None,
     ) -> int | None:
         """Replace the bundle (and the passphrase's auth hash) if its version is still
         `expected_version`; the new version, or None when another change came first. With
         `only_device`, every other device's tokens end in the same transaction (their
         devices log in again, with the new passphrase); with `revoke_device`, that device
         and its tokens go in it (`NotFoundError`, and nothing changed, if there is none):
-        a rotation that revokes (docs/key-generations.md §6)."""
+        a rotation that revokes (docs/key-generations.md §6); with `recovery_hash`, a new
+        recovery key's auth hash replaces the old one's."""
         ...
 
     def add_invite(self, invite_hash: bytes, expires_ms: int) -> None: ...

@@ -217,11 +217,13 @@ def rotated(
     new_passphrase: str,
     change: KeyChange,
     revoked_device: str,
+    new_recovery_key: str | None = None,
 ) -> tuple[KeyBundleV2, LoginKeys]:
     """Generation g + 1 (docs/key-generations.md §6): a new generation key, epoch and signing
     key, the old epochs retired behind the frontier, wrapped under a new passphrase and to
     the same recovery key, vouched for by generation g's signing key; and the new
-    passphrase's keys."""
+    passphrase's keys. With `new_recovery_key` it is wrapped to that one instead: the revoked
+    device may have seen the old."""
     if not isinstance(bundle, KeyBundleV2):
         raise InvalidArgumentError(
             "a version-1 account has no key generations to rotate",
@@ -236,6 +238,7 @@ def rotated(
         revoked_device=revoked_device,
         rotated_by=change.rotated_by,
         now_ms=change.now_ms,
+        new_recovery_raw=parse_recovery_key(new_recovery_key) if new_recovery_key else None,
     )
     chain = sign_chain(following.secrets, current.secrets.signing_key)
     sealed = seal_generation(following, params, login.wrapping_key, change.random_bytes, chain)

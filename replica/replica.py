@@ -260,17 +260,27 @@ class Replica:
             bundle = upgraded(core.bundle(), login, recovery_key, change)
             core.store.set_meta("bundle", bundle_bytes(bundle))
 
-    def rotate_keys(self, new_passphrase: str, *, revoked_device: str, device: str) -> LoginKeys:
+    def rotate_keys(
+        self,
+        new_passphrase: str,
+        *,
+        revoked_device: str,
+        device: str,
+        new_recovery_key: str | None = None,
+    ) -> LoginKeys:
         """Generation g + 1 of the account's keys, revoking `revoked_device` (the relay takes it
         with `RelayClient.rotate_keys`): a new passphrase, and nothing the revoked device held
-        opens it. Stored inside one write transaction (the caller's `batch`, so it commits
-        once the relay took it); unlock with the returned keys then."""
+        opens it (nor, with `new_recovery_key`, the recovery key it may have seen). Stored
+        inside one write transaction (the caller's `batch`, so it commits once the relay took
+        it); unlock with the returned keys then."""
         core = self._core
         with core.mutex, core.write_transaction():
             now_ms = core.options.wall_clock_ms()
             change = KeyChange(frontier_of(core.store), device, now_ms, core.options.random_bytes)
             keys = core.keys()
-            bundle, login = rotated(core.bundle(), keys, new_passphrase, change, revoked_device)
+            bundle, login = rotated(
+                core.bundle(), keys, new_passphrase, change, revoked_device, new_recovery_key
+            )
             core.store.set_meta("bundle", bundle_bytes(bundle))
             return login
 

@@ -332,9 +332,8 @@ class PushBatch(msgspec.Struct, frozen=True):
     counter: Seq = 0
     signature: Signature | None = None
 
-    def __repr__(self) -> str:
-        signed = self.signature is not None
-        return f"PushBatch({len(self.envelopes)} envelopes, counter={self.counter}, {signed=})"
+    def __repr__(self) -> str:  # not every envelope's bytes
+        return f"PushBatch({len(self.envelopes)} envelopes, counter={self.counter})"
 
 
 def push_signed_bytes(
@@ -533,6 +532,8 @@ class PutKeyBundle(Redacted, frozen=True):
     end_other_sessions: bool = False
     """Every other device's tokens end with the change: they log in again with the new
     passphrase (a device that may be in someone else's hands)."""
+    recovery_auth_hash: AuthKey | None = None
+    """A new recovery key's auth hash, replacing the old one's (a rotation: see devices)."""
 
     shown = ("expected_version", "end_other_sessions")
 
@@ -571,9 +572,8 @@ class ErrorBody(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class BundleHead(msgspec.Struct, frozen=True):
-    """The clear fields of a version-2 key bundle the relay reads (envelope.md §2.3.1): which
-    generation, which key verifies its pushes, the newest key epoch. Its other fields are
-    opaque to the relay, and so is every field of a version-1 bundle."""
+    """What the relay reads of a version-2 key bundle (envelope.md §2.3.1); the rest of it,
+    and all of a version-1 one, is opaque to the relay."""
 
     version: int
     generation: U32

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 
 import click
 from rich.table import Table
@@ -21,6 +22,7 @@ from clients.http import RelayClient
 from clients.keys import put_key_bundle, relay_holds, rotate_revoking, upgrade_keys
 from replica import Replica, passphrase_login_keys
 from replica.errors import InvalidArgumentError
+from replica.keys import format_recovery_key
 from replica.wire import DeviceInfo, ErrorCode, PutKeyBundle
 
 HINT_BY_PASSWD_REFUSAL: dict[ErrorCode, str] = {
@@ -37,11 +39,16 @@ def created_to_text(created_ms: int) -> str:
 
 
 def revoke(
-    settings: CliSettings, client: RelayClient, listed: list[DeviceInfo], device_id: str
+    settings: CliSettings,
+    client: RelayClient,
+    listed: list[DeviceInfo],
+    device_id: str,
+    new_recovery_key: str | None,
 ) -> str:
     """Revoke another device of the account; what was done, in words. A version-2 account
-    rotates its keys with it (a new passphrase), so the device keeps nothing that opens what
-    is written next; a version-1 one only ends the device's tokens."""
+    rotates its keys with it (a new passphrase, and a new recovery key if given), so the
+    device keeps nothing that opens what is written next; a version-1 one only ends the
+    device's tokens."""
     check_revocable(listed, device_id)
     with opened_replica(settings.replica_path) as replica:
         login = passphrase_login_keys(settings.passphrase(), replica.kdf_params())
@@ -49,7 +56,8 @@ def revoke(
             client.revoke_device(device_id, login.auth_key)
             return f"revoked device {device_id} (its keys stay valid: `sealsync upgrade` first)"
         replica.unlock_with_login_keys(login)  # a wrong passphrase stops here
-        rotate_revoking(client, replica, login, settings.new_passphrase(), device_id)
+        new_passphrase = settings.new_passphrase()
+        rotate_revoking(client, replica, login, new_passphrase, device_id, new_recovery_key)
     return (
         f"revoked device {device_id} and rotated the account's keys: other devices take "
         "them at their next sync, with the new passphrase"
@@ -71,16 +79,27 @@ def check_revocable(listed: list[DeviceInfo], device_id: str) -> None:
 
 @click.command("devices")
 @click.option("--revoke", "revoke_id", metavar="ID", help="Revoke another device's access.")
+@click.option(
+    "--new-recovery-key",
+    is_flag=True,
+    help="With --revoke: replace the recovery key too (the revoked device may have seen it).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @click.pass_obj
-def devices(settings: CliSettings, revoke_id: str | None, as_json: bool) -> None:
+def devices(
+    settings: CliSettings, revoke_id: str | None, new_recovery_key: bool, as_json: bool
+) -> None:
     """The account's devices (this one marked); `--revoke ID` takes one's access away."""
     path = settings.replica_path
     with user_errors(), device_client(path, load_settings(path)) as client:
         listed = client.devices().devices
         if revoke_id is not None:
-            done = revoke(settings, client, listed, revoke_id)
+            recovery_key = format_recovery_key(os.urandom(32)) if new_recovery_key else None
+            done = revoke(settings, client, listed, revoke_id, recovery_key)
             (err if as_json else out).print(done)  # stdout: JSON only
+            if recovery_key is not None:
+                err.print("new recovery key (shown once; keep it somewhere safe):")
+                err.print(recovery_key)
             listed = client.devices().devices
     if as_json:
         rows = [{"id": d.id, "name": d.name, "created_ms": d.created_ms, "current": d.current}

@@ -13,8 +13,10 @@ import pytest
 from click.testing import Result
 
 from clients.cli import main
-from replica import Replica, UnknownEpochError
-from replica.wire import parse_header
+from clients.errors import RelayRefusedError
+from clients.http import RelayClient
+from replica import Replica, UnknownEpochError, WrongKeyError, recovery_login_keys
+from replica.wire import ErrorCode, LoginRequest, parse_header
 from tests.clients.test_cli import PASSPHRASE, Cli, assert_user_error
 from tests.clients.test_cli_admin import NEW_PASSPHRASE, revoke
 from tests.relay.server import RelayProcess
@@ -79,3 +81,31 @@ def test_revoking_a_device_rotates_the_keys_and_the_others_follow_with_one_entry
         for envelope in after:
             with pytest.raises(UnknownEpochError):
                 opener.open(envelope)
+
+
+@pytest.mark.slow
+def test_a_rotation_with_a_new_recovery_key_leaves_the_old_one_opening_nothing_new(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    """The revoked device may have seen the recovery key (it is shown on the device that made
+    the account): `--new-recovery-key` wraps generation g + 1 to a new one, and the relay
+    takes the new one's logins in place of the old one's."""
+    relay = start_relay()
+    desk, phone = tmp_path / "desk.db", tmp_path / "phone.db"
+    made = cli.ok(desk, "init", "--relay", relay.url, "--account", "ann", "--device-name", "desk")
+    old_key = made.stdout.split()[-1]
+    cli.ok(phone, "join", "--relay", relay.url, "--account", "ann", "--device-name", "phone")
+    phone_id = next(d["id"] for d in cli.json_objects(desk, "devices") if d["name"] == "phone")
+    assert isinstance(phone_id, str)
+    rotated = revoke(cli, desk, phone_id, "--new-recovery-key")
+    new_key = rotated.stderr.split()[-1]
+    assert new_key != old_key and "new recovery key" in rotated.stderr
+    with Replica.open(desk) as replica:
+        with pytest.raises(WrongKeyError):
+            replica.unlock_with_recovery_key(old_key)
+        replica.unlock_with_recovery_key(new_key)
+    with RelayClient(relay.url) as client:
+        with pytest.raises(RelayRefusedError) as refused:
+            client.login(LoginRequest("ann", recovery_login_keys(old_key).auth_key, "thief"))
+        assert refused.value.code == ErrorCode.BAD_CREDENTIALS
+        client.login(LoginRequest("ann", recovery_login_keys(new_key).auth_key, "owner"))

@@ -257,9 +257,12 @@ def check_successor(
     candidate: KeyBundleV2, keys: AccountKeys, current: AnyBundle, current_keys: AccountKeys
 ) -> None:
     """A newer bundle keeps the account's id, its index and scope keys and every epoch key
-    (each generation carries them), and a later generation is vouched for by the current
+    (each generation carries them), and the next generation is vouched for by the current
     one's signing key: anything else is another account's, or a fork, and taking it would
-    strand every record."""
+    strand every record. A device that missed rotations cannot check the chain past its own
+    generation (no bundle keeps the signing keys between): it takes a later generation on
+    the passphrase alone, which every rotation changes, with a new salt, and a revoked
+    device does not know; one under this device's own salt was not made by a rotation."""
     kept = ("account_id", "index_key", "scope_key")
     if any(getattr(keys, k) != getattr(current_keys, k) for k in kept):
         raise ProtocolError(
@@ -271,14 +274,23 @@ def check_successor(
             "the relay's key bundle drops or replaces epoch keys this account's records need",
             hint="nothing was changed; ask the device that changed the keys to run again",
         )
-    if isinstance(current, KeyBundleV2) and not (
-        candidate.generation == current.generation + 1
-        and verify_chain(candidate, current.signing_public)
-    ):
+    _check_generation_step(candidate, current)
+
+
+def _check_generation_step(candidate: KeyBundleV2, current: AnyBundle) -> None:
+    forged = "nothing was changed; it was not made by a device holding this account's keys"
+    if isinstance(current, KeyBundleV2) and candidate.generation == current.generation + 1:
+        if not verify_chain(candidate, current.signing_public):
+            raise ProtocolError(
+                f"key generation {candidate.generation} is not vouched for by generation "
+                f"{current.generation}",
+                hint=forged,
+            )
+    elif candidate.generation > 1 and candidate.kdf.salt == current.kdf.salt:
         raise ProtocolError(
-            f"key generation {candidate.generation} is not vouched for by generation "
-            f"{current.generation}",
-            hint="nothing was changed; it was not made by a device holding this account's keys",
+            f"key generation {candidate.generation} under this device's own passphrase salt "
+            "was not made by a rotation (each draws a new one)",
+            hint=forged,
         )
 
 

@@ -14,7 +14,7 @@ import os
 import click
 from rich.table import Table
 
-from clients.cli.console import err, fail, out, user_errors
+from clients.cli.console import ExitCode, err, fail, out, user_errors
 from clients.cli.settings import CliSettings
 from clients.device import device_client, load_settings, opened_replica
 from clients.errors import RelayRefusedError
@@ -43,25 +43,46 @@ def revoke(
     client: RelayClient,
     listed: list[DeviceInfo],
     device_id: str,
-    new_recovery_key: str | None,
+    new_recovery_key: bool,
 ) -> str:
     """Revoke another device of the account; what was done, in words. A version-2 account
-    rotates its keys with it (a new passphrase, and a new recovery key if given), so the
+    rotates its keys with it (a new passphrase, and a new recovery key if asked), so the
     device keeps nothing that opens what is written next; a version-1 one only ends the
     device's tokens."""
     check_revocable(listed, device_id)
     with opened_replica(settings.replica_path) as replica:
-        login = passphrase_login_keys(settings.passphrase(), replica.kdf_params())
+        old = settings.passphrase()
+        login = passphrase_login_keys(old, replica.kdf_params())
         if not replica.key_generation:
+            if new_recovery_key:
+                raise InvalidArgumentError(
+                    "a version-1 account's revoke does not rotate its keys",
+                    hint="`sealsync upgrade` first; nothing was changed",
+                )
             client.revoke_device(device_id, login.auth_key)
             return f"revoked device {device_id} (its keys stay valid: `sealsync upgrade` first)"
         replica.unlock_with_login_keys(login)  # a wrong passphrase stops here
-        new_passphrase = settings.new_passphrase()
-        rotate_revoking(client, replica, login, new_passphrase, device_id, new_recovery_key)
+        new = settings.new_passphrase()
+        if new == old:
+            raise InvalidArgumentError(
+                "the new passphrase is the current one, which the revoked device may know",
+                hint="choose a different passphrase; nothing was changed",
+            )
+        recovery_key = shown_recovery_key() if new_recovery_key else None
+        rotate_revoking(client, replica, login, new, device_id, recovery_key)
     return (
         f"revoked device {device_id} and rotated the account's keys: other devices take "
         "them at their next sync, with the new passphrase"
     )
+
+
+def shown_recovery_key() -> str:
+    """A new recovery key, shown before the revoke is sent: should its answer be lost, the
+    relay may hold generation g + 1 wrapped to it all the same."""
+    recovery_key = format_recovery_key(os.urandom(32))
+    err.print("new recovery key (it replaces the old one once the revoke succeeds; keep it):")
+    err.print(recovery_key)
+    return recovery_key
 
 
 def check_revocable(listed: list[DeviceInfo], device_id: str) -> None:
@@ -90,16 +111,16 @@ def devices(
     settings: CliSettings, revoke_id: str | None, new_recovery_key: bool, as_json: bool
 ) -> None:
     """The account's devices (this one marked); `--revoke ID` takes one's access away."""
+    if new_recovery_key and revoke_id is None:
+        fail(
+            "--new-recovery-key is used only with --revoke", "add --revoke ID", code=ExitCode.USAGE
+        )
     path = settings.replica_path
     with user_errors(), device_client(path, load_settings(path)) as client:
         listed = client.devices().devices
         if revoke_id is not None:
-            recovery_key = format_recovery_key(os.urandom(32)) if new_recovery_key else None
-            done = revoke(settings, client, listed, revoke_id, recovery_key)
+            done = revoke(settings, client, listed, revoke_id, new_recovery_key)
             (err if as_json else out).print(done)  # stdout: JSON only
-            if recovery_key is not None:
-                err.print("new recovery key (shown once; keep it somewhere safe):")
-                err.print(recovery_key)
             listed = client.devices().devices
     if as_json:
         rows = [{"id": d.id, "name": d.name, "created_ms": d.created_ms, "current": d.current}

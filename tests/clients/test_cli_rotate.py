@@ -109,3 +109,24 @@ def test_a_rotation_with_a_new_recovery_key_leaves_the_old_one_opening_nothing_n
             client.login(LoginRequest("ann", recovery_login_keys(old_key).auth_key, "thief"))
         assert refused.value.code == ErrorCode.BAD_CREDENTIALS
         client.login(LoginRequest("ann", recovery_login_keys(new_key).auth_key, "owner"))
+
+
+@pytest.mark.slow
+def test_a_rotation_refuses_the_current_passphrase_and_a_stray_flag(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    """A revoked device that knows the current passphrase would open a generation wrapped to
+    it: the rotation refuses it and changes nothing."""
+    relay = start_relay()
+    desk, phone = tmp_path / "desk.db", tmp_path / "phone.db"
+    cli.ok(desk, "init", "--relay", relay.url, "--account", "ann", "--device-name", "desk")
+    cli.ok(phone, "join", "--relay", relay.url, "--account", "ann", "--device-name", "phone")
+    phone_id = next(d["id"] for d in cli.json_objects(desk, "devices") if d["name"] == "phone")
+    assert isinstance(phone_id, str)
+    env = {"SEALSYNC_PASSPHRASE": PASSPHRASE, "SEALSYNC_NEW_PASSPHRASE": PASSPHRASE,
+           "XDG_CONFIG_HOME": str(cli.home / "config")}  # fmt: skip
+    args = ["--replica", str(desk), "devices", "--revoke", phone_id]
+    assert_user_error(cli.runner.invoke(main, args, env=env), "current one")
+    assert len(cli.json_objects(desk, "devices")) == 2
+    stray = cli(desk, "devices", "--new-recovery-key")
+    assert stray.exit_code == 2 and "only with --revoke" in stray.stderr

@@ -4,6 +4,7 @@ sync, and nothing written before or during the move is lost (docs/key-generation
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -110,3 +111,19 @@ def test_a_device_that_missed_a_passphrase_change_takes_the_upgraded_keys_with_t
     ok(run(cli, v1, a, "sync", SEALSYNC_PASSPHRASE=new))
     assert ok(run(cli, v1, a, "get", "threads", "pending", SEALSYNC_PASSPHRASE=new)).stdout
     assert ok(run(cli, v1, b, "get", "threads", "pending", SEALSYNC_PASSPHRASE=new)).stdout
+
+
+@pytest.mark.slow
+def test_a_version_1_account_revokes_without_rotating_and_says_so(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path, v1: V1Account
+) -> None:
+    relay = start_relay()
+    desk, laptop = joined_v1(cli, v1, relay, tmp_path, "desk", "laptop")
+    listed = ok(run(cli, v1, desk, "devices", "--json")).stdout
+    laptop_id = next(d["id"] for d in json.loads(listed) if d["name"] == "laptop")
+    refused = run(cli, v1, desk, "devices", "--revoke", laptop_id, "--new-recovery-key")
+    assert_user_error(refused, "does not rotate")
+    assert json.loads(ok(run(cli, v1, desk, "devices", "--json")).stdout) == json.loads(listed)
+    revoked = ok(run(cli, v1, desk, "devices", "--revoke", laptop_id))
+    assert "stay valid" in revoked.stdout and "upgrade" in revoked.stdout
+    assert_user_error(run(cli, v1, laptop, "sync", "--retry-for", "1"), "unauthorized")

@@ -19,6 +19,7 @@ import msgspec
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from relay import tokens
 from relay.errors import ConflictError, CounterStaleError, QuotaExceededError
 from relay.signing import BundleKeys, Pusher, check_bundle_change
 from relay.storage import AccountSummary, Device, Storage, TokenRecord
@@ -399,9 +400,10 @@ def test_a_rotation_revokes_the_device_and_installs_the_next_generation_at_once(
     phone = decode(client.post("/v1/login", content=body(login), headers=MSGPACK).content, Session)
     path = f"/v1/devices/{phone.device_id}/rotate"
     keys_before = owner.relay.storage.account(owner.name)
+    unknown = f"/v1/devices/{tokens.new_device_id()}/rotate"  # well formed: storage rolls back
     refusals = [
         (f"/v1/devices/{owner.session.device_id}/rotate", next_generation(owner), 422),  # itself
-        ("/v1/devices/no-such-device/rotate", next_generation(owner), 404),
+        (unknown, next_generation(owner), 404),
         (path, owner.generation, 409),  # not the next generation
     ]
     for target, generation, status in refusals:
@@ -409,6 +411,11 @@ def test_a_rotation_revokes_the_device_and_installs_the_next_generation_at_once(
             target, content=rotate_request(owner, generation, 1), headers=bearer(owner.session)
         )
         assert answer.status_code == status, answer.content
+    stolen = PutKeyBundle(
+        sealed(next_generation(owner)), KDF, os.urandom(32), 1, os.urandom(32)
+    )  # a token, and keys made up
+    answer = client.post(path, content=body(stolen), headers=bearer(owner.session))
+    assert (answer.status_code, answer_code(answer)) == (403, "forbidden")
     assert owner.relay.storage.account(owner.name) == keys_before  # nothing changed
     assert len(owner.relay.storage.devices(owner.name)) == 2
     second = next_generation(owner)

@@ -27,7 +27,8 @@ from replica.generations import (
     seal_generation,
     sign_chain,
 )
-from replica.wire import MAX_HLC, parse_header
+from replica.keys import passphrase_login_keys
+from replica.wire import MAX_HLC, KdfParams, parse_header
 from tests.replica.test_sync_session import push_and_pull
 from tests.replica.v1 import V1Account
 
@@ -160,18 +161,29 @@ def test_a_newer_bundle_that_replaces_an_epoch_key_is_refused(
     assert b.key_generation == 0
 
 
-def test_a_later_generation_is_taken_only_when_the_current_one_vouches_for_it(
+def both_at_generation_1(
     pair: tuple[Replica, Replica], v1: V1Account
-) -> None:
+) -> tuple[KeyBundleV2, OpenedGeneration]:
+    """a upgraded, b took it: generation 1's bundle and its opened secrets."""
     a, b = pair
     upgrade(a, v1, v1.recovery_key)
     assert b.adopt_bundle(a.key_bundle(), v1.login)
     one = parse_bundle(a.key_bundle())
     assert isinstance(one, KeyBundleV2)
-    opened = open_with_kek(one, v1.login.wrapping_key)
-    frontier = Frontier({}, 0)
-    two = rotate(opened.secrets, os.urandom, frontier=frontier, revoked_device=None,
-                 rotated_by="desk", now_ms=0)  # fmt: skip
+    return one, open_with_kek(one, v1.login.wrapping_key)
+
+
+def rotated_from(opened: OpenedGeneration) -> OpenedGeneration:
+    return rotate(opened.secrets, os.urandom, frontier=Frontier({}, 0), revoked_device=None,
+                  rotated_by="desk", now_ms=0)  # fmt: skip
+
+
+def test_a_later_generation_is_taken_only_when_the_current_one_vouches_for_it(
+    pair: tuple[Replica, Replica], v1: V1Account
+) -> None:
+    one, opened = both_at_generation_1(pair, v1)
+    _, b = pair
+    two = rotated_from(opened)
     kek, kdf = v1.login.wrapping_key, one.kdf
     unsigned = seal_generation(two, kdf, kek, os.urandom, None)
     with pytest.raises(ProtocolError, match="not vouched for"):
@@ -200,3 +212,26 @@ def test_a_process_whose_keys_another_process_upgraded_stops_signing_and_says_wh
         session.sign(batch, "ann", "desk")
     with pytest.raises(ProtocolError, match="out of bounds"):
         session.sign_above(MAX_HLC)
+
+
+def test_a_device_that_missed_two_rotations_takes_the_latest_on_the_passphrase(
+    pair: tuple[Replica, Replica], v1: V1Account
+) -> None:
+    """The chain past its own generation is not in any bundle it can read: the passphrase,
+    which every rotation changes, is what it trusts then."""
+    one, first = both_at_generation_1(pair, v1)
+    _, b = pair
+    two = rotated_from(first)
+    three = rotated_from(two)
+    chain = sign_chain(three.secrets, two.secrets.signing_key)
+    kek = v1.login.wrapping_key  # a revoked device's forgery: the old passphrase, its salt
+    forged = seal_generation(three, one.kdf, kek, os.urandom, chain)
+    with pytest.raises(ProtocolError, match="not made by a rotation"):
+        b.adopt_bundle(bundle_v2_to_bytes(forged), v1.login)
+    kdf = KdfParams(salt=os.urandom(16))  # every rotation draws a new salt
+    login = passphrase_login_keys(v1.passphrase, kdf)
+    kek = login.wrapping_key
+    assert b.adopt_bundle(
+        bundle_v2_to_bytes(seal_generation(three, kdf, kek, os.urandom, chain)), login
+    )
+    assert b.key_generation == 3

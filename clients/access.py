@@ -74,7 +74,8 @@ def access_lost_error(client: RelayClient, replica: Replica, account: str) -> Ac
     return AccessLostError(
         f"the relay does not have account {account!r} as this device knows it: it was wiped or "
         "restored from a copy older than the account, or the passphrase was changed on another "
-        "device; nothing was changed here",
+        "device (as a revoke that rotates the keys does: this device may be the revoked one); "
+        "nothing was changed here",
         hint=RESEED_HINT,
     )
 

@@ -15,7 +15,14 @@ from click.testing import Result
 from clients.cli import main
 from clients.errors import RelayRefusedError
 from clients.http import RelayClient
-from replica import Replica, UnknownEpochError, WrongKeyError, recovery_login_keys
+from replica import (
+    Replica,
+    UnknownEpochError,
+    WrongKeyError,
+    passphrase_login_keys,
+    recovery_login_keys,
+)
+from replica.bundles import parse_bundle, unlock_by_key, unlock_by_login
 from replica.wire import ErrorCode, LoginRequest, parse_header
 from tests.clients.test_cli import PASSPHRASE, Cli, assert_user_error
 from tests.clients.test_cli_admin import NEW_PASSPHRASE, revoke
@@ -28,6 +35,12 @@ def run(cli: Cli, replica: Path, *args: str, passphrase: str, new: str = "") -> 
     result = cli.runner.invoke(main, ["--replica", str(replica), *args], env=env)
     assert result.exit_code == 0, result.output
     return result
+
+
+def cli_bundle(replica: Path) -> bytes:
+    """The key bundle a replica file holds (readable while locked)."""
+    with Replica.open(replica) as opened:
+        return opened.key_bundle()
 
 
 def relay_envelopes(relay: RelayProcess) -> list[bytes]:
@@ -81,6 +94,13 @@ def test_revoking_a_device_rotates_the_keys_and_the_others_follow_with_one_entry
         for envelope in after:
             with pytest.raises(UnknownEpochError):
                 opener.open(envelope)
+        old_key, old_kdf = revoked.unlock_key(), revoked.kdf_params()
+    new_bundle = parse_bundle(cli_bundle(desk))
+    with pytest.raises(WrongKeyError):  # its generation key opens nothing of g + 1
+        unlock_by_key(new_bundle, old_key)
+    with pytest.raises(WrongKeyError):  # nor does the old passphrase
+        unlock_by_login(new_bundle, passphrase_login_keys(PASSPHRASE, new_bundle.kdf))
+    assert new_bundle.kdf != old_kdf
 
 
 @pytest.mark.slow

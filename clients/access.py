@@ -23,10 +23,17 @@ from typing import Literal
 
 from clients.account import Secret, log_in
 from clients.device import RelaySettings, load_settings, sidecar_path
-from clients.errors import AccessLostError, NoSessionError, RelayClientError, RelayRefusedError
+from clients.errors import (
+    AccessLostError,
+    ForeignAccountError,
+    NoSessionError,
+    RelayClientError,
+    RelayRefusedError,
+)
 from clients.http import RelayClient, check_relay_url
 from replica import LoginKeys, Replica, RollbackError, recovery_login_keys
-from replica.errors import InvalidArgumentError
+from replica.bundles import is_foreign, parse_bundle
+from replica.errors import InvalidArgumentError, ProtocolError
 from replica.wire import ErrorCode, RegisterRequest, Session, auth_key_hash
 
 Regained = Literal["logged_in", "registered"]
@@ -174,7 +181,7 @@ def login_again(
     keys = secret.login_keys(replica.kdf_params())
     secret.unlock(replica, keys)
     try:
-        return log_in(client, account, keys, device_name, device_id=device_id)
+        session = log_in(client, account, keys, device_name, device_id=device_id)
     except RelayRefusedError as exc:
         if exc.code != ErrorCode.BAD_CREDENTIALS:
             raise
@@ -184,6 +191,31 @@ def login_again(
             "was changed on another device; nothing was changed here",
             hint=RESEED_HINT,
         ) from exc
+    refuse_foreign_account(client, replica, account, keys, session)
+    return session
+
+
+def refuse_foreign_account(
+    client: RelayClient, replica: Replica, account: str, keys: LoginKeys, session: Session
+) -> None:
+    """After a login: an account whose keys are older than this device's, or others, is not
+    this device's (docs/key-generations.md §7): the session just made is revoked at once, so
+    no later sync pushes there or reads from there, and the way out is said."""
+    relay_bundle = client.key_bundle(keys.auth_key).bundle
+    try:
+        foreign = is_foreign(parse_bundle(relay_bundle), parse_bundle(replica.key_bundle()))
+    except ProtocolError:
+        foreign = True
+    if not foreign:
+        return
+    client.revoke_device(session.device_id, keys.auth_key)
+    raise ForeignAccountError(
+        f"the relay's account {account!r} holds older keys than this device's, or others: "
+        "another device registered it again after the relay lost it (perhaps the revoked "
+        "one); this device pushes nothing there, and its session there was ended",
+        hint=f"ask the relay's operator to delete it (`sealsync relay accounts --delete "
+        f"{account}`), then `sealsync sync --reseed` here registers yours again",
+    )
 
 
 def follow_relay(replica: Replica, session: Session) -> RollbackError | None:

@@ -81,6 +81,14 @@ class KeysChangedError(RelayClientError):
     code = "keys_changed"
 
 
+class ForeignAccountError(RelayClientError):
+    """The relay's account of this name holds older keys than this device's, or others: it was
+    registered again, after the relay lost it, by another device — perhaps a revoked one.
+    This device pushes nothing there and reads nothing from it."""
+
+    code = "foreign_account"
+
+
 class AccessLostError(RelayClientError):
     """The relay no longer takes this device's session, or no longer has its account; the
     message says which, the hint the way back (`login`, or `sync --reseed`)."""

@@ -245,6 +245,19 @@ def rotated(
     return sealed, login
 
 
+def is_foreign(candidate: AnyBundle, current: AnyBundle) -> bool:
+    """Whether a relay's bundle is not this account as this device knows it: an older version
+    or generation, or this device's generation under another signing key — an account
+    another device (perhaps a revoked one) registered after the relay lost it. A version-1
+    device cannot tell (docs/key-generations.md §9)."""
+    if not isinstance(current, KeyBundleV2):
+        return False
+    if not isinstance(candidate, KeyBundleV2) or candidate.generation < current.generation:
+        return True
+    same_generation = candidate.generation == current.generation
+    return same_generation and candidate.signing_public != current.signing_public
+
+
 def is_newer(candidate: AnyBundle, current: AnyBundle) -> bool:
     """Whether a device may take `candidate` for `current`: a later version, or a later
     generation of version 2. Never an older one."""

@@ -43,6 +43,30 @@ def cli_bundle(replica: Path) -> bytes:
         return opened.key_bundle()
 
 
+def desk_and_phone(cli: Cli, relay: RelayProcess, tmp_path: Path) -> tuple[Path, Path, str, str]:
+    """A new account's desk and phone: their replicas, the phone's device id, and the
+    recovery key the desk showed."""
+    desk, phone = tmp_path / "desk.db", tmp_path / "phone.db"
+    made = cli.ok(desk, "init", "--relay", relay.url, "--account", "ann", "--device-name", "desk")
+    cli.ok(phone, "join", "--relay", relay.url, "--account", "ann", "--device-name", "phone")
+    phone_id = next(d["id"] for d in cli.json_objects(desk, "devices") if d["name"] == "phone")
+    assert isinstance(phone_id, str)
+    return desk, phone, phone_id, made.stdout.split()[-1]
+
+
+def put_after(cli: Cli, desk: Path) -> None:
+    """A write after the rotation, under the new passphrase."""
+    run(
+        cli,
+        desk,
+        "put",
+        "threads",
+        "after",
+        '{"title": "not for the phone"}',
+        passphrase=NEW_PASSPHRASE,
+    )
+
+
 def relay_envelopes(relay: RelayProcess) -> list[bytes]:
     assert relay.db is not None
     with sqlite3.connect(relay.db) as db:
@@ -68,15 +92,7 @@ def test_revoking_a_device_rotates_the_keys_and_the_others_follow_with_one_entry
     cli.ok(laptop, "put", "threads", "pending", '{"title": "written during the rotation"}')
 
     assert "rotated" in revoke(cli, desk, phone_id).stdout
-    run(
-        cli,
-        desk,
-        "put",
-        "threads",
-        "after",
-        '{"title": "not for the phone"}',
-        passphrase=NEW_PASSPHRASE,
-    )
+    put_after(cli, desk)
     run(cli, desk, "sync", passphrase=NEW_PASSPHRASE)
     followed = run(cli, laptop, "sync", passphrase=PASSPHRASE, new=NEW_PASSPHRASE)
     assert "took the account's newer keys" in followed.stdout, followed.output
@@ -111,12 +127,7 @@ def test_a_rotation_with_a_new_recovery_key_leaves_the_old_one_opening_nothing_n
     the account): `--new-recovery-key` wraps generation g + 1 to a new one, and the relay
     takes the new one's logins in place of the old one's."""
     relay = start_relay()
-    desk, phone = tmp_path / "desk.db", tmp_path / "phone.db"
-    made = cli.ok(desk, "init", "--relay", relay.url, "--account", "ann", "--device-name", "desk")
-    old_key = made.stdout.split()[-1]
-    cli.ok(phone, "join", "--relay", relay.url, "--account", "ann", "--device-name", "phone")
-    phone_id = next(d["id"] for d in cli.json_objects(desk, "devices") if d["name"] == "phone")
-    assert isinstance(phone_id, str)
+    desk, _, phone_id, old_key = desk_and_phone(cli, relay, tmp_path)
     rotated = revoke(cli, desk, phone_id, "--new-recovery-key")
     new_key = rotated.stderr.split()[-1]
     assert new_key != old_key and "new recovery key" in rotated.stderr
@@ -138,11 +149,7 @@ def test_a_rotation_refuses_the_current_passphrase_and_a_stray_flag(
     """A revoked device that knows the current passphrase would open a generation wrapped to
     it: the rotation refuses it and changes nothing."""
     relay = start_relay()
-    desk, phone = tmp_path / "desk.db", tmp_path / "phone.db"
-    cli.ok(desk, "init", "--relay", relay.url, "--account", "ann", "--device-name", "desk")
-    cli.ok(phone, "join", "--relay", relay.url, "--account", "ann", "--device-name", "phone")
-    phone_id = next(d["id"] for d in cli.json_objects(desk, "devices") if d["name"] == "phone")
-    assert isinstance(phone_id, str)
+    desk, _, phone_id, _ = desk_and_phone(cli, relay, tmp_path)
     env = {"SEALSYNC_PASSPHRASE": PASSPHRASE, "SEALSYNC_NEW_PASSPHRASE": PASSPHRASE,
            "XDG_CONFIG_HOME": str(cli.home / "config")}  # fmt: skip
     args = ["--replica", str(desk), "devices", "--revoke", phone_id]
@@ -150,3 +157,33 @@ def test_a_rotation_refuses_the_current_passphrase_and_a_stray_flag(
     assert len(cli.json_objects(desk, "devices")) == 2
     stray = cli(desk, "devices", "--new-recovery-key")
     assert stray.exit_code == 2 and "only with --revoke" in stray.stderr
+
+
+@pytest.mark.slow
+def test_after_a_wipe_the_revoked_devices_account_is_refused_by_the_others(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    """The relay loses everything; the revoked phone registers the account again with the
+    keys it kept (generation 1). The desk, at generation 2, follows the hints to a login —
+    and refuses that account: its session there ends at once, and it pushes nothing there
+    (docs/key-generations.md §7)."""
+    relay = start_relay()
+    desk, phone, phone_id, recovery_key = desk_and_phone(cli, relay, tmp_path)
+    revoke(cli, desk, phone_id)
+    put_after(cli, desk)
+
+    relay.stop()
+    assert relay.db is not None
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{relay.db}{suffix}").unlink(missing_ok=True)
+    relay.start()
+    assert (
+        "registered it again" in run(cli, phone, "sync", "--reseed", passphrase=PASSPHRASE).stdout
+    )
+    before = relay_envelopes(relay)
+
+    env = {"SEALSYNC_RECOVERY_KEY": recovery_key, "XDG_CONFIG_HOME": str(cli.home / "config")}
+    args = ["--replica", str(desk), "login", "--recovery-key"]
+    assert_user_error(cli.runner.invoke(main, args, env=env), "older keys", "accounts --delete")
+    assert_user_error(cli(desk, "sync", "--retry-for", "1", passphrase=NEW_PASSPHRASE))
+    assert relay_envelopes(relay) == before  # nothing of the desk's reached that account

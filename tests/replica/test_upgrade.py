@@ -15,7 +15,7 @@ import pytest
 
 from relay.memory import MemoryRelay
 from replica import Replica, WrongKeyError
-from replica.bundles import new_account, parse_bundle
+from replica.bundles import is_foreign, new_account, parse_bundle
 from replica.errors import InvalidArgumentError, ProtocolError, ReplicaLockedError
 from replica.generations import (
     Frontier,
@@ -235,3 +235,15 @@ def test_a_device_that_missed_two_rotations_takes_the_latest_on_the_passphrase(
         bundle_v2_to_bytes(seal_generation(three, kdf, kek, os.urandom, chain)), login
     )
     assert b.key_generation == 3
+
+
+def test_a_relay_bundle_is_foreign_when_older_or_under_another_key(v1: V1Account) -> None:
+    """What a device refuses after a login (clients/access.py): an account another device
+    registered again after the relay lost it. A version-1 device cannot tell."""
+    one = new_account(v1.passphrase, os.urandom, v1.bundle.kdf).bundle
+    opened = open_with_kek(one, v1.login.wrapping_key)
+    two = seal_generation(rotated_from(opened), one.kdf, v1.login.wrapping_key, os.urandom, None)
+    stranger = new_account(v1.passphrase, os.urandom, v1.bundle.kdf).bundle  # generation 1 too
+    assert is_foreign(one, two) and is_foreign(v1.bundle, one) and is_foreign(stranger, one)
+    assert not is_foreign(one, one) and not is_foreign(two, one)
+    assert not is_foreign(one, v1.bundle) and not is_foreign(v1.bundle, v1.bundle)

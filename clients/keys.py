@@ -11,8 +11,6 @@ passphrase opens, only the same account's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from clients.errors import (
     KeysChangedError,
     RelayClientError,
@@ -24,15 +22,19 @@ from replica import LoginKeys, Replica, recovery_login_keys
 from replica.wire import ErrorCode, KeyBundleValue, PutKeyBundle, auth_key_hash
 
 
-def put_key_bundle(
-    client: RelayClient, request: PutKeyBundle, is_stored: Callable[[], bool]
+def send_key_change(
+    client: RelayClient, request: PutKeyBundle, *, revoke: str | None = None
 ) -> None:
-    """PUT the bundle; when the answer is lost, ask whether the relay stored it (a second PUT
-    would be refused: the relay then holds the new bundle's version, or a new auth key)."""
+    """PUT the bundle (with `revoke`: rotate, revoking that device); when the answer is lost,
+    ask whether the relay holds it now under the new auth key (sending again would be
+    refused: the relay then holds the new bundle's version, or the new auth key)."""
     try:
-        client.put_key_bundle(request)
+        if revoke is None:
+            client.put_key_bundle(request)
+        else:
+            client.rotate_keys(revoke, request)
     except UnknownOutcomeError:
-        if not is_stored():
+        if not relay_holds(client, request.auth_key, request.bundle):
             raise
 
 
@@ -74,7 +76,7 @@ def upgrade_keys(
         request = PutKeyBundle(
             bundle, replica.kdf_params(), login.auth_key, current.version, login.auth_key
         )
-        put_key_bundle(client, request, lambda: relay_holds(client, login.auth_key, bundle))
+        send_key_change(client, request)
     replica.unlock_with_login_keys(login)
 
 
@@ -107,11 +109,7 @@ def rotate_revoking(
             login.auth_key,
             recovery_auth_hash=recovery_hash,
         )
-        try:
-            client.rotate_keys(revoked, request)
-        except UnknownOutcomeError:
-            if not relay_holds(client, new_login.auth_key, bundle):
-                raise
+        send_key_change(client, request, revoke=revoked)
     replica.unlock_with_login_keys(new_login)
 
 

@@ -101,8 +101,10 @@ class CounterStaleError(ConflictError):
 
     code = ErrorCode.COUNTER_STALE
 
-    def __init__(self, last_counter: int) -> None:
-        super().__init__(f"push counter not above {last_counter}, the last one this device used")
+    def __init__(self, counter: int, last_counter: int) -> None:
+        super().__init__(
+            f"push counter {counter} is not above {last_counter}, the last one this device used"
+        )
         self.last_counter = last_counter
 
 

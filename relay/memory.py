@@ -53,7 +53,16 @@ from relay.versions import (
     page_bounds,
 )
 from replica.errors import InvalidArgumentError
-from replica.wire import KdfParams, Page, PageEntry, PushBatch, PushResult, Receipt, RelayState
+from replica.wire import (
+    Header,
+    KdfParams,
+    Page,
+    PageEntry,
+    PushBatch,
+    PushResult,
+    Receipt,
+    RelayState,
+)
 
 
 @dataclass
@@ -381,7 +390,12 @@ class MemoryRelay:
             keys = self._authorized(name, account, batch, pusher)
             saved = (account.stored_bytes, dict(account.by_key), dict(account.by_seq))
             now_ms = self._rules.clock_ms()
-            receipts = [self._push_one(account, keys, e, now_ms) for e in batch.envelopes]
+            drift_ms = self._rules.max_drift_ms
+            checked = [check_envelope(e, now_ms, drift_ms) for e in batch.envelopes]
+            receipts = [
+                self._push_one(account, h, e)
+                for h, e in zip(refuse_epochs_ahead(keys, checked), batch.envelopes, strict=True)
+            ]
             if is_over_quota(account.stored_bytes, saved[0], self._rules.max_account_bytes):
                 account.stored_bytes, account.by_key, account.by_seq = saved
                 account.head = before
@@ -409,15 +423,11 @@ class MemoryRelay:
                 raise UnauthorizedError()
             last = account.push_counters.get(pusher.device_id, 0)
             if batch.counter <= last:
-                raise CounterStaleError(last)
+                raise CounterStaleError(batch.counter, last)
             account.push_counters[pusher.device_id] = batch.counter
         return keys
 
-    def _push_one(
-        self, account: _Account, keys: BundleKeys, envelope: bytes, now_ms: int
-    ) -> Receipt:
-        checked = check_envelope(envelope, now_ms, self._rules.max_drift_ms)
-        header = refuse_epochs_ahead(keys, [checked])[0]
+    def _push_one(self, account: _Account, header: Header | Receipt, envelope: bytes) -> Receipt:
         if isinstance(header, Receipt):
             return header
         siblings = account.by_key.get(header.key, [])

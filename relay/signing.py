@@ -26,6 +26,7 @@ from replica.wire import (
     PushBatch,
     Receipt,
     RelayState,
+    bundle_version,
     push_signed_bytes,
 )
 
@@ -57,15 +58,11 @@ class Pusher:
         return cls(device_id, [hashlib.sha256(e).digest() for e in batch.envelopes])
 
 
-class _Versioned(msgspec.Struct):
-    version: int
-
-
 def bundle_keys(bundle: bytes) -> BundleKeys:
     """The keys a bundle registers. A bundle that is not a version-2 map stays opaque and
     registers none; a version-2 one with malformed clear fields is refused."""
     try:
-        version = msgspec.msgpack.decode(bundle, type=_Versioned).version
+        version = bundle_version(bundle)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return BundleKeys()
     if version < 2:
@@ -83,8 +80,14 @@ def check_bundle_change(old: BundleKeys, new: BundleKeys, *, rotation: bool = Fa
     """Refuse a replacement that would step back: a lower generation or key epoch, a signing
     key changed within a generation, or a version-2 account's key dropped; and a rotation
     (one that revokes a device) that is not exactly the next generation."""
-    if rotation and (old.signing_public is None or new.generation != old.generation + 1):
-        raise ConflictError("a rotation installs the next key generation of the bundle")
+    if rotation and old.signing_public is None:
+        raise ConflictError(
+            "a version-1 account has no key generations to rotate: `sealsync upgrade` it first"
+        )
+    if rotation and new.generation != old.generation + 1:
+        raise ConflictError(
+            f"a rotation installs generation {old.generation + 1}, not {new.generation}"
+        )
     if old.signing_public is None:
         return  # a version-1 account may migrate, or stay
     if new.signing_public is None:
@@ -118,7 +121,10 @@ def authorize_push(
             f"the account is at generation {keys.generation}"
         )
     if batch.generation > keys.generation:
-        raise ForbiddenError(f"the account has not reached key generation {batch.generation}")
+        raise ForbiddenError(
+            f"the push is signed by generation {batch.generation}; "
+            f"the account is at generation {keys.generation}"
+        )
     message = push_signed_bytes(name, pusher.device_id, state, batch, pusher.digests)
     try:
         Ed25519PublicKey.from_public_bytes(keys.signing_public).verify(batch.signature, message)

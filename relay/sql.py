@@ -522,7 +522,7 @@ def _record_counter(tx: Transaction, account_id: int, device_id: str, counter: i
     )
     if row is None:
         raise UnauthorizedError()
-    raise CounterStaleError(row[0])
+    raise CounterStaleError(counter, row[0])
 
 
 def _account_values(account: AccountRecord) -> tuple[object, ...]:

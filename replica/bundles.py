@@ -16,10 +16,10 @@ import msgspec
 
 from replica.errors import InvalidArgumentError, ProtocolError
 from replica.generations import (
+    BUNDLE_VERSION_2,
     Frontier,
     KeyBundleV2,
     OpenedGeneration,
-    bundle_v2_from_bytes,
     first_generation,
     generation_keys,
     migrate_v1,
@@ -39,8 +39,6 @@ from replica.keys import (
     KeyBundle,
     LoginKeys,
     RandomBytes,
-    bundle_from_bytes,
-    bundle_version,
     change_passphrase,
     default_kdf_params,
     format_recovery_key,
@@ -54,7 +52,7 @@ from replica.keys import (
     with_info,
 )
 from replica.passphrase import check_new_passphrase
-from replica.wire import KdfParams, check_kdf_params
+from replica.wire import KdfParams, bundle_version, check_kdf_params
 
 AnyBundle = KeyBundle | KeyBundleV2
 
@@ -94,16 +92,27 @@ def new_account(
     )
 
 
+_KIND_BY_VERSION: dict[int, type[KeyBundle] | type[KeyBundleV2]] = {
+    BUNDLE_VERSION: KeyBundle,
+    BUNDLE_VERSION_2: KeyBundleV2,
+}
+
+
 def parse_bundle(data: bytes) -> AnyBundle:
     """A bundle of either version, its KDF parameters within bounds; any other version is
-    refused, with "upgrade sealsync" when it is newer."""
+    refused, with "upgrade sealsync" when it is newer. The version is read first, so a newer
+    format says so rather than failing on the first field it lacks."""
     try:
         version = bundle_version(data)
+        kind = _KIND_BY_VERSION.get(version)
+        if kind is None:
+            raise ProtocolError(
+                f"key bundle version {version} is not one of {sorted(_KIND_BY_VERSION)}",
+                hint="upgrade sealsync" if version > BUNDLE_VERSION_2 else None,
+            )
+        bundle: AnyBundle = msgspec.msgpack.decode(data, type=kind)
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"malformed key bundle: {exc}") from exc
-    if version != BUNDLE_VERSION:
-        return bundle_v2_from_bytes(data)  # refuses every version but 2
-    bundle = bundle_from_bytes(data)
     check_kdf_params(bundle.kdf)
     return bundle
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
-from replica.bundles import AnyBundle, parse_bundle, sealed_schema
+from replica.bundles import AnyBundle, KeyChange, parse_bundle, sealed_schema
 from replica.envelope import Identity, Opened, scope_key
 from replica.errors import (
     DegradedError,
@@ -26,6 +26,7 @@ from replica.errors import (
     WrongKeyError,
 )
 from replica.events import ChangeEvent, Subscribers
+from replica.frontier import frontier_of
 from replica.inbound import InboundContext, InboundResult, merge_inbound
 from replica.keys import AccountKeys, open_local_schema, seal_local_schema
 from replica.limits import check_name
@@ -132,6 +133,11 @@ class Core:
             raise
         self.opener = Opener(keys, self.options.cache_entries)
         self._schema = schema
+
+    def key_change(self, device: str) -> KeyChange:
+        """Who changes the account's keys now, and what this file knew then (its frontier)."""
+        now_ms = self.options.wall_clock_ms()
+        return KeyChange(frontier_of(self.store), device, now_ms, self.options.random_bytes)
 
     def store_schema(self, schema: Schema, keys: AccountKeys) -> None:
         sealed = seal_local_schema(keys, schema_to_bytes(schema), self.options.random_bytes)

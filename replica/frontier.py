@@ -5,15 +5,12 @@ from __future__ import annotations
 
 from replica.generations import Frontier
 from replica.store import Store
-from replica.wire import decode_vector
+from replica.wire import decode_vector, merge_vectors
 
 
 def frontier_of(store: Store) -> Frontier:
     """Over the synced versions (history is dominated by them; held versions are not yet
     this replica's)."""
-    union: dict[int, int] = {}
-    for (encoded,) in store.db.execute("SELECT vector FROM versions"):
-        for node, hlc in decode_vector(encoded).items():
-            if hlc > union.get(node, 0):
-                union[node] = hlc
+    rows = store.db.execute("SELECT vector FROM versions")
+    union = merge_vectors(decode_vector(encoded) for (encoded,) in rows)
     return Frontier(union, store.get_int("cursor"))

@@ -20,7 +20,6 @@ import hashlib
 import hmac
 import struct
 from dataclasses import dataclass, field
-from typing import Annotated
 
 import msgspec
 from cryptography.exceptions import InvalidSignature, InvalidTag
@@ -47,7 +46,9 @@ from replica.keys import (
     v1_scope_key,
 )
 from replica.wire import (
+    U32,
     KdfParams,
+    Key32,
     PushBatch,
     Redacted,
     RelayState,
@@ -69,9 +70,7 @@ CLEAR_LABEL = b"sealsync bundle v2\0"
 SUITE = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.AES_256_GCM)
 _U32 = struct.Struct(">I")
 
-U32 = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
-Key = Annotated[bytes, msgspec.Meta(min_length=KEY_BYTES, max_length=KEY_BYTES)]
-"""32 bytes: a symmetric key, an Ed25519 seed or public key, an X25519 public key."""
+Key = Key32
 
 
 class Frontier(msgspec.Struct, frozen=True):

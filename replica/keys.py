@@ -37,7 +37,7 @@ from replica.errors import (
     WrongKeyError,
 )
 from replica.passphrase import check_new_passphrase
-from replica.wire import SALT_BYTES, KdfParams, check_kdf_params
+from replica.wire import SALT_BYTES, KdfParams, bundle_version, check_kdf_params
 
 KEY_BYTES = 32
 NONCE_BYTES = 12
@@ -174,21 +174,8 @@ class KeyBundle(msgspec.Struct, frozen=True):
         return f"KeyBundle(version={self.version}, kdf={self.kdf!r})"
 
 
-def bundle_to_bytes(bundle: KeyBundle) -> bytes:
-    return msgspec.msgpack.encode(bundle)
-
-
 def bundle_from_bytes(data: bytes) -> KeyBundle:
     return decode_bundle(data, KeyBundle, BUNDLE_VERSION)
-
-
-class _Versioned(msgspec.Struct):
-    version: int
-
-
-def bundle_version(data: bytes) -> int:
-    """The `version` of an encoded bundle of any format (`msgspec.DecodeError` if none)."""
-    return msgspec.msgpack.decode(data, type=_Versioned).version
 
 
 def decode_bundle(data: bytes, kind: type[_Bundle], version: int) -> _Bundle:
@@ -408,12 +395,6 @@ def unlock_with_login_keys(bundle: KeyBundle, login: LoginKeys) -> AccountKeys:
     """The passphrase path with its keys already derived under `bundle.kdf`."""
     return unlock_with_account_key(
         bundle, _unwrap(login.wrapping_key, bundle.passphrase_wrap, b"passphrase")
-    )
-
-
-def unlock_with_recovery_key(bundle: KeyBundle, recovery_key: str) -> AccountKeys:
-    return unlock_with_account_key(
-        bundle, recovery_account_key(bundle, parse_recovery_key(recovery_key))
     )
 
 

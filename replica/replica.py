@@ -18,7 +18,6 @@ from typing import Any
 from replica import held, repair, write
 from replica.bundles import (
     AnyBundle,
-    KeyChange,
     NewAccount,
     bundle_bytes,
     check_successor,
@@ -40,7 +39,6 @@ from replica.envelope import Identity
 from replica.errors import DegradedError, StaleContextError, StoreError
 from replica.events import Subscriber
 from replica.files import create_private_file
-from replica.frontier import frontier_of
 from replica.generations import KeyBundleV2
 from replica.keys import AccountKeys, LoginKeys, passphrase_login_keys
 from replica.limits import check_document, check_name
@@ -254,10 +252,7 @@ class Replica:
         its keys take effect at the next unlock."""
         core = self._core
         with core.mutex, core.write_transaction():
-            frontier = frontier_of(core.store)
-            now_ms = core.options.wall_clock_ms()
-            change = KeyChange(frontier, device, now_ms, core.options.random_bytes)
-            bundle = upgraded(core.bundle(), login, recovery_key, change)
+            bundle = upgraded(core.bundle(), login, recovery_key, core.key_change(device))
             core.store.set_meta("bundle", bundle_bytes(bundle))
 
     def rotate_keys(
@@ -275,11 +270,14 @@ class Replica:
         it); unlock with the returned keys then."""
         core = self._core
         with core.mutex, core.write_transaction():
-            now_ms = core.options.wall_clock_ms()
-            change = KeyChange(frontier_of(core.store), device, now_ms, core.options.random_bytes)
             keys = core.keys()
             bundle, login = rotated(
-                core.bundle(), keys, new_passphrase, change, revoked_device, new_recovery_key
+                core.bundle(),
+                keys,
+                new_passphrase,
+                core.key_change(device),
+                revoked_device,
+                new_recovery_key,
             )
             core.store.set_meta("bundle", bundle_bytes(bundle))
             return login

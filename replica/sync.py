@@ -288,7 +288,9 @@ class SyncSession:
         """Sign from above `last_counter` on: the relay's last counter of this device, higher
         than this file's when the file was restored from an older copy."""
         if not 0 <= last_counter < MAX_HLC:
-            raise ProtocolError(f"the relay names push counter {last_counter}, out of bounds")
+            raise ProtocolError(
+                f"the relay names push counter {last_counter}, out of bounds 0..{MAX_HLC - 1}"
+            )
         with self._core.mutex, self._store.transaction():
             if self._store.get_int("push_counter") < last_counter:
                 self._store.set_meta("push_counter", last_counter)

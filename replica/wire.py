@@ -28,7 +28,7 @@ import enum
 import hashlib
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
@@ -218,7 +218,7 @@ def dominates(vector: VersionVector, dot: Dot) -> bool:
     return vector.get(dot[0], 0) >= dot[1]
 
 
-def merge_vectors(vectors: list[VersionVector]) -> VersionVector:
+def merge_vectors(vectors: Iterable[VersionVector]) -> VersionVector:
     """The element-wise maximum of vectors (a local write's causal past)."""
     merged: VersionVector = {}
     for vector in vectors:
@@ -315,17 +315,16 @@ class ErrorCode(enum.StrEnum):
 
 
 U32 = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
+Key32 = Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
+"""32 bytes: a symmetric key, an Ed25519 seed or public key, an X25519 public key."""
 Signature = Annotated[bytes, msgspec.Meta(min_length=64, max_length=64)]
 PUSH_LABEL = b"sealsync push v1\0"
 
 
 class PushBatch(msgspec.Struct, frozen=True):
-    """Envelopes a device pushes; the relay answers one receipt per envelope, in order.
-
-    An account whose bundle is version 2 takes only signed pushes: `signature` is the
-    generation's Ed25519 signature over `push_signed_bytes`, and `counter` is above every
-    counter this device used before, so a captured request cannot be sent again. Version-1
-    accounts push unsigned until they migrate (specs/protocol.md §4.7)."""
+    """Envelopes a device pushes; the relay answers one receipt per envelope, in order. A
+    version-2 account's are signed (`push_signed_bytes`) under a counter above every one this
+    device used, so a captured request cannot be sent again (specs/protocol.md §4.7)."""
 
     envelopes: list[bytes]
     generation: U32 = 0
@@ -337,25 +336,14 @@ class PushBatch(msgspec.Struct, frozen=True):
 
 
 def push_signed_bytes(
-    account: str,
-    device_id: str,
-    state: RelayState,
-    batch: PushBatch,
-    digests: Sequence[bytes],
+    account: str, device_id: str, state: RelayState, batch: PushBatch, digests: Sequence[bytes]
 ) -> bytes:
     """What a push's signature covers: who pushes to which relay and account epoch, with which
     generation and counter, and the SHA-256 of each envelope in order."""
     names = (account, device_id, state.storage_id, state.account_epoch)
-    return b"".join(
-        (
-            PUSH_LABEL,
-            *(_LENGTH.pack(len(b)) + b for b in (n.encode() for n in names)),
-            _LENGTH.pack(batch.generation),
-            _U64.pack(batch.counter),
-            _LENGTH.pack(len(digests)),
-            *digests,
-        )
-    )
+    named = b"".join(_LENGTH.pack(len(b)) + b for b in (n.encode() for n in names))
+    numbers = _LENGTH.pack(batch.generation) + _U64.pack(batch.counter)
+    return PUSH_LABEL + named + numbers + _LENGTH.pack(len(digests)) + b"".join(digests)
 
 
 ReceiptStatus = Literal["stored", "superseded", "refused"]
@@ -571,6 +559,15 @@ class ErrorBody(msgspec.Struct, frozen=True, omit_defaults=True):
     """With `counter_stale`: the highest counter the relay has seen from this device."""
 
 
+class _Versioned(msgspec.Struct):
+    version: int
+
+
+def bundle_version(data: bytes) -> int:
+    """The `version` of an encoded key bundle of any format (`msgspec.DecodeError` if none)."""
+    return msgspec.msgpack.decode(data, type=_Versioned).version
+
+
 class BundleHead(msgspec.Struct, frozen=True):
     """What the relay reads of a version-2 key bundle (envelope.md §2.3.1); the rest of it,
     and all of a version-1 one, is opaque to the relay."""
@@ -578,7 +575,7 @@ class BundleHead(msgspec.Struct, frozen=True):
     version: int
     generation: U32
     key_epoch: U32
-    signing_public: Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
+    signing_public: Key32
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -19,7 +19,7 @@ from clients.cli.settings import CliSettings
 from clients.device import device_client, load_settings, opened_replica
 from clients.errors import RelayRefusedError
 from clients.http import RelayClient
-from clients.keys import put_key_bundle, relay_holds, rotate_revoking, upgrade_keys
+from clients.keys import rotate_revoking, send_key_change, upgrade_keys
 from replica import Replica, passphrase_login_keys
 from replica.errors import InvalidArgumentError
 from replica.keys import format_recovery_key
@@ -212,7 +212,7 @@ def change_passphrase(
             current_auth_key,
             end_other_sessions,
         )
-        put_key_bundle(client, request, lambda: relay_holds(client, login.auth_key, bundle))
+        send_key_change(client, request)
 
 
 @click.command("upgrade")

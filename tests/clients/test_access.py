@@ -32,9 +32,8 @@ from replica import (
     passphrase_login_keys,
     recovery_login_keys,
 )
-from replica.bundles import parse_bundle
+from replica.bundles import bundle_bytes, parse_bundle
 from replica.keys import (
-    bundle_to_bytes,
     format_recovery_key,
     open_info,
     with_info,
@@ -57,7 +56,7 @@ def bundle_without_recovery_auth_hash(v1: V1Account) -> bytes:
     """A version-1 bundle as sealed before `AccountInfo.recovery_auth_hash` existed."""
     info = open_info(v1.keys.unlock_key, v1.bundle.sealed_info)
     old = msgspec.structs.replace(info, recovery_auth_hash=None)
-    return bundle_to_bytes(with_info(v1.bundle, v1.keys, old, os.urandom))
+    return bundle_bytes(with_info(v1.bundle, v1.keys, old, os.urandom))
 
 
 def test_reseed_access_registers_a_lost_account_then_logs_in_then_leaves_a_working_session(

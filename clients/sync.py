@@ -366,7 +366,10 @@ class SyncDriver:
             tally.refused_by_code.update(acknowledged.refused_by_code)
             report.step("receipts_saved", size)
             if following is None:
-                return
+                following = session.next_batch()  # what the receipts put back to push
+                if following is None:
+                    return
+                in_flight = self._send(session, following, report)
             batch = following
 
     def _send(

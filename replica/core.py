@@ -33,6 +33,7 @@ from replica.limits import check_name
 from replica.opener import Opener
 from replica.options import ReplicaOptions
 from replica.record import record_from_siblings
+from replica.reseal import reseal_pending
 from replica.schema import REGISTER_ID, Collection, Schema, schema_from_bytes, schema_to_bytes
 from replica.store import HeldRow, Row, Store
 
@@ -125,7 +126,8 @@ class Core:
 
     def unlock(self, keys: AccountKeys) -> None:
         """Take the keys, and the schema they open (sealing a clear one first); on failure
-        the keys are dropped and the replica stays locked."""
+        the keys are dropped and the replica stays locked. Pending writes a rotation left
+        beyond its frontier are re-sealed under the newest epoch (replica/reseal.py)."""
         try:
             schema = self._load_schema(keys)
         except BaseException:
@@ -133,6 +135,9 @@ class Core:
             raise
         self.opener = Opener(keys, self.options.cache_entries)
         self._schema = schema
+        if keys.retired_epochs:
+            with self.write_transaction():
+                reseal_pending(self.store, keys, self.options.random_bytes)
 
     def key_change(self, device: str) -> KeyChange:
         """Who changes the account's keys now, and what this file knew then (its frontier)."""

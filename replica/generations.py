@@ -316,6 +316,7 @@ def generation_keys(opened: OpenedGeneration) -> AccountKeys:
         scope_key=secrets.scope_key,
         signing_key=secrets.signing_key,
         generation=secrets.generation,
+        retired_epochs={epoch: frontier.vector for epoch, frontier in secrets.frontiers.items()},
     )
 
 

@@ -3,11 +3,13 @@
 For each envelope, in order (specs/merge.md §9): drop it if a stored sibling already covers
 the dot its fixed header claims (a duplicate or a stale version: nothing is parsed or opened
 for it); parse the header (malformed → quarantine); hold it, within a bound, while the
-replica is locked or its key epoch is unknown; open it (damage → quarantine and mark the
-record degraded); from here on it is authenticated: hold it for drift if its hlc is too far
-ahead; spot a clone (our own node id on a version we never held); hold it if its collection
-is undeclared (or device-local) here; hold it if a freshness lock protects its record; else
-merge it. Nothing is ever dropped that is not covered by a version that stays.
+replica is locked or its key epoch is unknown; refuse it (quarantine, not degraded) if it is
+sealed under a key epoch a rotation retired and its vector is beyond that rotation's frontier;
+open it (damage → quarantine and mark the record degraded); from here on it is
+authenticated: hold it for drift if its hlc is too far ahead; spot a clone (our own node id
+on a version we never held); hold it if its collection is undeclared (or device-local) here;
+hold it if a freshness lock protects its record; else merge it. Nothing is ever dropped that
+is not covered by a version that stays.
 
 This is the replica's hot path (bench: replica.merge): siblings are loaded for a whole page in
 one query without their envelopes, decisions are made in memory, and the outcome is written
@@ -18,7 +20,7 @@ applied whole or not at all.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -135,6 +137,7 @@ class _Merger:
         self.records: dict[bytes, _Record] = {}
         self.unverified_bytes: int | None = None
         self.suspects: list[tuple[bytes, Dot | None, str]] = []
+        self.retired = {} if ctx.opener is None else ctx.opener.keys.retired_epochs
 
     def run(self, envelopes: Sequence[bytes]) -> InboundResult:
         dots = [peek_dot(envelope) for envelope in envelopes]
@@ -160,6 +163,10 @@ class _Merger:
         opener = self.ctx.opener
         if opener is None:
             self._hold_unverified(header, envelope, "sealed")
+            return
+        if self.retired and not _within_frontier(header, self.retired):
+            reason = f"sealed under retired key epoch {header.epoch}, beyond the rotation frontier"
+            self._quarantine(header.key, envelope, reason, latch=False)
             return
         try:
             opened = open_envelope(opener.keys, envelope, header)  # not cached: see Opener
@@ -280,15 +287,22 @@ class _Merger:
         self._hold(header, envelope, reason, None, None)
 
     def _quarantine(
-        self, key: bytes | None, envelope: bytes, reason: str, dot: Dot | None = None
+        self,
+        key: bytes | None,
+        envelope: bytes,
+        reason: str,
+        dot: Dot | None = None,
+        *,
+        latch: bool = True,
     ) -> None:
         """Keep a pulled envelope that fails to open (its first 4 KiB: the relay keeps the
-        rest); its record is latched degraded when the batch is written (`_latch`)."""
+        rest); its record is latched degraded when the batch is written (`_latch`), unless
+        the envelope is refused for what it is, not for damage: nothing of it is missing."""
         if len(envelope) > QUARANTINE_PREFIX_BYTES:
             reason = f"{reason} (first {QUARANTINE_PREFIX_BYTES} of {len(envelope)} bytes kept)"
             envelope = envelope[:QUARANTINE_PREFIX_BYTES]
         self.ctx.store.quarantine(self.source, key, envelope, reason, self.now_ms)
-        if key is not None:
+        if key is not None and latch:
             self.suspects.append((key, dot, reason))
         self.result.quarantined += 1
 
@@ -387,6 +401,15 @@ class _Merger:
             if gone:
                 old = [r for r in store.versions_of(key) if (r.node, r.hlc) in gone]
                 store.add_history(old, self.now_ms, collection.history)
+
+
+def _within_frontier(header: Header, retired: Mapping[int, Mapping[int, int]]) -> bool:
+    """Whether a version is trusted under its key epoch: any version under a current epoch;
+    under a retired one, only one whose whole vector the rotation's frontier covers — a
+    revoked device keeps the old keys, and could otherwise mint a version with a made-up
+    vector that dominates every later write (docs/key-generations.md §6)."""
+    frontier = retired.get(header.epoch)
+    return frontier is None or all(frontier.get(n, 0) >= h for n, h in header.vector.items())
 
 
 def merge_inbound(

@@ -18,7 +18,7 @@ import hashlib
 import hmac
 import struct
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -229,11 +229,15 @@ class AccountKeys:
         scope_key: bytes,
         signing_key: bytes | None = None,
         generation: int = 0,
+        retired_epochs: Mapping[int, Mapping[int, int]] | None = None,
     ) -> None:
         self._unlock_key: bytes | None = unlock_key
         self._signing_key = signing_key
         self.generation = generation
         """The key generation (0: a version-1 account, which signs nothing)."""
+        self.retired_epochs: Mapping[int, Mapping[int, int]] = retired_epochs or {}
+        """Each epoch a rotation retired, with its frontier's vector: a version sealed under
+        one is trusted only within it (docs/key-generations.md §6)."""
         self.account_id = account_id
         self.key_epoch = key_epoch
         self._epoch_key: Callable[[int], bytes] | None = epoch_key

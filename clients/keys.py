@@ -11,6 +11,8 @@ passphrase opens, only the same account's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from clients.errors import (
     KeysChangedError,
     RelayClientError,
@@ -80,6 +82,10 @@ def upgrade_keys(
     replica.unlock_with_login_keys(login)
 
 
+ROTATION_ATTEMPTS = 3
+"""A rotation the relay refused because versions landed meanwhile is tried again."""
+
+
 def rotate_revoking(
     client: RelayClient,
     replica: Replica,
@@ -87,27 +93,53 @@ def rotate_revoking(
     new_passphrase: str,
     revoked: str,
     new_recovery_key: str | None = None,
+    *,
+    catch_up: Callable[[], object],
 ) -> None:
     """Revoke a device by rotating the account's keys (docs/key-generations.md §6): the next
     generation, under `new_passphrase`, installed with the revocation in one relay request;
     the local change commits only once the relay took it, and is unlocked then. With
-    `new_recovery_key`, the relay takes its auth hash in place of the old one's."""
+    `new_recovery_key`, the relay takes its auth hash in place of the old one's.
+
+    The new generation's frontier must cover every version the relay holds, or the other
+    devices would refuse those sealed under the retired epoch: each attempt first
+    `catch_up`s (a sync), and the relay refuses the rotation if its head moved past this
+    device's cursor; then it is tried again."""
+    for attempt in range(1, ROTATION_ATTEMPTS + 1):
+        catch_up()
+        try:
+            _rotate(client, replica, login, new_passphrase, revoked, new_recovery_key)
+            return
+        except RelayRefusedError as exc:
+            if exc.code != ErrorCode.VERSION_CONFLICT or attempt == ROTATION_ATTEMPTS:
+                raise
+
+
+def _rotate(
+    client: RelayClient,
+    replica: Replica,
+    login: LoginKeys,
+    new_passphrase: str,
+    revoked: str,
+    new_recovery_key: str | None,
+) -> None:
     current, device = same_keys(client, replica, login, "revoke again")
     with replica.batch():
+        head = replica.sync_session().cursor  # the frontier's: read in the same transaction
         new_login = replica.rotate_keys(
             new_passphrase, revoked_device=revoked, device=device, new_recovery_key=new_recovery_key
         )
-        bundle = replica.key_bundle()
         recovery_hash = None
         if new_recovery_key is not None:
             recovery_hash = auth_key_hash(recovery_login_keys(new_recovery_key).auth_key)
         request = PutKeyBundle(
-            bundle,
+            replica.key_bundle(),
             replica.kdf_params(),
             new_login.auth_key,
             current.version,
             login.auth_key,
             recovery_auth_hash=recovery_hash,
+            expected_head=head,
         )
         send_key_change(client, request, revoke=revoked)
     replica.unlock_with_login_keys(new_login)

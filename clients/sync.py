@@ -93,7 +93,8 @@ class SyncReport:
     `retries` counts resent requests; `unconfirmed` counts versions the relay called
     superseded that nothing here supersedes after the pull (they stay to be pushed); `held`
     and `quarantined` count pulled versions set aside (to merge later) and those that could
-    not be opened (kept verbatim in quarantine, their records degraded)."""
+    not be opened (kept verbatim in quarantine, their records degraded); `untrusted` those
+    refused as a revoked device's (sealed under a retired key epoch, beyond its frontier)."""
 
     pushed: int
     stored: int
@@ -106,6 +107,7 @@ class SyncReport:
     unconfirmed: int = 0
     held: int = 0
     quarantined: int = 0
+    untrusted: int = 0
 
     @property
     def refused(self) -> int:
@@ -124,6 +126,7 @@ class _Tally:
     unconfirmed: int = 0
     held: int = 0
     quarantined: int = 0
+    untrusted: int = 0
 
     def report(self, retries: int) -> SyncReport:
         return SyncReport(
@@ -138,6 +141,7 @@ class _Tally:
             self.unconfirmed,
             self.held,
             self.quarantined,
+            self.untrusted,
         )
 
 
@@ -416,6 +420,7 @@ class SyncDriver:
             tally.merged += applied.merged
             tally.held += sum(applied.held.values())
             tally.quarantined += applied.quarantined
+            tally.untrusted += applied.untrusted
             report.moved_to(applied.cursor)
             report.step("merged", len(page.entries))
             if not page.has_more:

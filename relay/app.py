@@ -280,8 +280,7 @@ class RelayApi:
         revoke_device: str | None = None,
     ) -> int:
         """Compare-and-set the bundle with the current auth key; a rotation (one that revokes)
-        installs exactly the next generation. Checked against the stored bundle only when it
-        is the expected one: otherwise the compare-and-set fails anyway."""
+        installs exactly the next generation (checked if the stored bundle is the expected)."""
         try:
             check_kdf_params(body.kdf)
         except KdfParametersError as exc:
@@ -295,6 +294,7 @@ class RelayApi:
             only_device=only_device,
             revoke_device=revoke_device,
             recovery_hash=body.recovery_auth_hash,
+            max_head=body.expected_head,
         )
         version = await self.call(
             store,
@@ -305,8 +305,9 @@ class RelayApi:
             auth_key_hash(body.auth_key),
         )
         if version is None:
+            moved = "" if body.expected_head is None else f", or head past {body.expected_head}"
             raise VersionConflictError(
-                f"the key bundle is no longer at version {body.expected_version}"
+                f"the key bundle is no longer at version {body.expected_version}{moved}"
             )
         return version
 

@@ -213,13 +213,16 @@ class SQLStorage(ABC):
         only_device: str | None = None,
         revoke_device: str | None = None,
         recovery_hash: bytes | None = None,
+        max_head: int | None = None,
     ) -> int | None:
+        new = (bundle, encode_message(kdf), auth_hash, recovery_hash)
         with self._write() as tx:
             changed = tx.run(
                 "UPDATE accounts SET bundle = ?, kdf = ?, auth_hash = ?,"
                 " recovery_hash = COALESCE(?, recovery_hash),"
-                " bundle_version = bundle_version + 1 WHERE name = ? AND bundle_version = ?",
-                (bundle, encode_message(kdf), auth_hash, recovery_hash, name, expected_version),
+                " bundle_version = bundle_version + 1 WHERE name = ? AND bundle_version = ?"
+                " AND head <= COALESCE(?, head)",
+                (*new, name, expected_version, max_head),
             )
             if changed and revoke_device is not None:
                 _revoke_in(tx, name, revoke_device)

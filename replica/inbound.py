@@ -60,6 +60,8 @@ class InboundResult:
     merged: int = 0
     superseded: int = 0
     quarantined: int = 0
+    untrusted: int = 0
+    """Versions under a retired key epoch, beyond its frontier: refused, kept in quarantine."""
     held: Counter[str] = field(default_factory=Counter)
     events: list[ChangeEvent] = field(default_factory=list)
     max_hlc: int = 0
@@ -165,8 +167,7 @@ class _Merger:
             self._hold_unverified(header, envelope, "sealed")
             return
         if self.retired and not _within_frontier(header, self.retired):
-            reason = f"sealed under retired key epoch {header.epoch}, beyond the rotation frontier"
-            self._quarantine(header.key, envelope, reason, latch=False)
+            self._refuse_untrusted(header, envelope)
             return
         try:
             opened = open_envelope(opener.keys, envelope, header)  # not cached: see Opener
@@ -287,24 +288,25 @@ class _Merger:
         self._hold(header, envelope, reason, None, None)
 
     def _quarantine(
-        self,
-        key: bytes | None,
-        envelope: bytes,
-        reason: str,
-        dot: Dot | None = None,
-        *,
-        latch: bool = True,
+        self, key: bytes | None, envelope: bytes, reason: str, dot: Dot | None = None
     ) -> None:
         """Keep a pulled envelope that fails to open (its first 4 KiB: the relay keeps the
-        rest); its record is latched degraded when the batch is written (`_latch`), unless
-        the envelope is refused for what it is, not for damage: nothing of it is missing."""
+        rest); its record is latched degraded when the batch is written (`_latch`)."""
         if len(envelope) > QUARANTINE_PREFIX_BYTES:
             reason = f"{reason} (first {QUARANTINE_PREFIX_BYTES} of {len(envelope)} bytes kept)"
             envelope = envelope[:QUARANTINE_PREFIX_BYTES]
         self.ctx.store.quarantine(self.source, key, envelope, reason, self.now_ms)
-        if key is not None and latch:
+        if key is not None:
             self.suspects.append((key, dot, reason))
         self.result.quarantined += 1
+
+    def _refuse_untrusted(self, header: Header, envelope: bytes) -> None:
+        """Keep aside, in quarantine, a version `_within_frontier` refuses; its record is not
+        degraded: the version is refused for what it is, and nothing of the record is missing."""
+        reason = f"sealed under retired key epoch {header.epoch}, beyond the rotation frontier"
+        kept = envelope[:QUARANTINE_PREFIX_BYTES]
+        self.ctx.store.quarantine(self.source, header.key, kept, reason, self.now_ms)
+        self.result.untrusted += 1
 
     def _latch(self) -> None:
         """Mark degraded the records of envelopes that failed to open — unless a genuine

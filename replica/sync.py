@@ -68,6 +68,8 @@ class Applied:
     quarantined: int
     cursor: int
     cursor_advanced: bool
+    untrusted: int = 0
+    """Versions a revoked device's old keys could have made: refused (specs/replica.md §7.1)."""
 
 
 class SyncSession:
@@ -267,6 +269,7 @@ class SyncSession:
             quarantined=result.quarantined,
             cursor=cursor,
             cursor_advanced=advanced,
+            untrusted=result.untrusted,
         )
 
     def _note_sync(self, max_hlc: int, now: int) -> None:

@@ -522,6 +522,8 @@ class PutKeyBundle(Redacted, frozen=True):
     passphrase (a device that may be in someone else's hands)."""
     recovery_auth_hash: AuthKey | None = None
     """A new recovery key's auth hash, replacing the old one's (a rotation: see devices)."""
+    expected_head: Seq | None = None
+    """A rotation's: refused while the account's head is above it (the frontier missed it)."""
 
     shown = ("expected_version", "end_other_sessions")
 

@@ -20,6 +20,7 @@ from clients.device import device_client, load_settings, opened_replica
 from clients.errors import RelayRefusedError
 from clients.http import RelayClient
 from clients.keys import rotate_revoking, send_key_change, upgrade_keys
+from clients.sync import SyncDriver
 from replica import Replica, passphrase_login_keys
 from replica.errors import InvalidArgumentError
 from replica.keys import format_recovery_key
@@ -69,7 +70,8 @@ def revoke(
                 hint="choose a different passphrase; nothing was changed",
             )
         recovery_key = shown_recovery_key() if new_recovery_key else None
-        rotate_revoking(client, replica, login, new, device_id, recovery_key)
+        catch_up = SyncDriver(replica, client).sync
+        rotate_revoking(client, replica, login, new, device_id, recovery_key, catch_up=catch_up)
     return (
         f"revoked device {device_id} and rotated the account's keys: other devices take "
         "them at their next sync, with the new passphrase"

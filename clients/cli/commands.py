@@ -12,6 +12,7 @@ import datetime
 import json
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import closing
@@ -388,6 +389,9 @@ def report_round(report: SyncReport) -> None:
             f"opened and are in quarantine; {QUARANTINED_HINT}",
             markup=True,
         )
+    if report.untrusted:
+        message = UNTRUSTED_MESSAGE.format(n=report.untrusted)
+        err.print(f"[yellow]warning:[/yellow] {message}; {UNTRUSTED_HINT}", markup=True)
 
 
 def run_sync(
@@ -433,12 +437,26 @@ QUARANTINED_HINT = (
 )
 
 
+UNTRUSTED_MESSAGE = (
+    "{n} pulled version(s) were sealed under key epochs a rotation retired, beyond its "
+    "frontier: made with a revoked device's keys. They were refused and changed no record"
+)
+UNTRUSTED_HINT = (
+    "`sealsync diagnose` lists them (kept in quarantine); whoever could put them on the relay "
+    "holds a revoked device's keys"
+)
+
+
 def report_sync(report: SyncReport) -> None:
     """The round's line; then, on stderr, what needs the user, and the exit code it earns."""
     refused = f", {report.refused} refused" if report.refused else ""
     set_aside = "".join(
         f", {n} {what}"
-        for n, what in ((report.held, "held"), (report.quarantined, "quarantined"))
+        for n, what in (
+            (report.held, "held"),
+            (report.quarantined, "quarantined"),
+            (report.untrusted, "untrusted"),
+        )
         if n
     )
     out.print(
@@ -455,16 +473,24 @@ def report_sync(report: SyncReport) -> None:
             f"({', '.join(f'{n} {code}' for code, n in codes)}); they stay to be pushed again"
         )
         hint = "; ".join(hints) or None
-        if not report.quarantined:
+        if not (report.quarantined or report.untrusted):
             fail(message, hint)
         print_error(message, hint)  # and exit 3 below
+    report_set_aside(report)
+
+
+def report_set_aside(report: SyncReport) -> None:
+    """What was pulled but could not be merged, and exit 3 if anything was."""
+    if report.untrusted:
+        print_error(UNTRUSTED_MESSAGE.format(n=report.untrusted), UNTRUSTED_HINT)
     if report.quarantined:
-        fail(
+        print_error(
             f"{report.quarantined} pulled version(s) could not be opened: kept verbatim in "
             "quarantine, and their records refuse reads and writes",
             QUARANTINED_HINT,
-            code=ExitCode.DAMAGED,
         )
+    if report.untrusted or report.quarantined:
+        sys.exit(ExitCode.DAMAGED)
 
 
 @click.command("status")

@@ -5,6 +5,7 @@ a full copy of the relay's database — opens nothing written after the revocati
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ from click.testing import Result
 from clients.cli import main
 from clients.errors import RelayRefusedError
 from clients.http import RelayClient
+from relay.dialect import VERSION_COLUMNS
 from replica import (
     Replica,
     UnknownEpochError,
@@ -23,7 +25,7 @@ from replica import (
     recovery_login_keys,
 )
 from replica.bundles import parse_bundle, unlock_by_key, unlock_by_login
-from replica.wire import ErrorCode, LoginRequest, parse_header
+from replica.wire import ErrorCode, LoginRequest, node_to_i64, parse_header
 from tests.clients.test_cli import PASSPHRASE, Cli, assert_user_error
 from tests.clients.test_cli_admin import NEW_PASSPHRASE, revoke
 from tests.relay.server import RelayProcess
@@ -67,6 +69,29 @@ def put_after(cli: Cli, desk: Path) -> None:
     )
 
 
+def plant(relay: RelayProcess, envelope: bytes) -> None:
+    """Store an envelope on the relay as a relay that lets it through would (its database
+    is edited: the relay itself refuses the revoked device's pushes)."""
+    assert relay.db is not None
+    header = parse_header(envelope)
+    with sqlite3.connect(relay.db) as db:
+        account, head = db.execute("SELECT id, head FROM accounts WHERE name = 'ann'").fetchone()
+        row = (account, head + 1, header.key, node_to_i64(header.node), header.hlc,
+               header.vector_bytes, hashlib.sha256(envelope).digest(), envelope)  # fmt: skip
+        db.execute(f"INSERT INTO versions ({VERSION_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)", row)
+        db.execute("UPDATE accounts SET head = ? WHERE id = ?", (head + 1, account))
+    db.close()
+
+
+def phone_writes_with_old_keys(cli: Cli, phone: Path) -> bytes:
+    """The revoked phone overwrites "before" with the keys it kept; its envelope."""
+    cli.ok(phone, "put", "threads", "before", '{"title": "taken over"}')
+    with sqlite3.connect(phone) as db:
+        (envelope,) = db.execute("SELECT envelope FROM versions WHERE dirty = 1").fetchone()
+    db.close()
+    return bytes(envelope)
+
+
 def relay_envelopes(relay: RelayProcess) -> list[bytes]:
     assert relay.db is not None
     with sqlite3.connect(relay.db) as db:
@@ -89,6 +114,8 @@ def test_revoking_a_device_rotates_the_keys_and_the_others_follow_with_one_entry
         cli.ok(path, "sync")
     phone_id = next(d["id"] for d in cli.json_objects(desk, "devices") if d["name"] == "phone")
     assert isinstance(phone_id, str)
+    cli.ok(laptop, "put", "threads", "pushed", '{"title": "not pulled by the desk yet"}')
+    cli.ok(laptop, "sync")  # the revoke pulls it first, so the frontier covers it
     cli.ok(laptop, "put", "threads", "pending", '{"title": "written during the rotation"}')
 
     assert "rotated" in revoke(cli, desk, phone_id).stdout
@@ -97,11 +124,23 @@ def test_revoking_a_device_rotates_the_keys_and_the_others_follow_with_one_entry
     followed = run(cli, laptop, "sync", passphrase=PASSPHRASE, new=NEW_PASSPHRASE)
     assert "took the account's newer keys" in followed.stdout, followed.output
     run(cli, desk, "sync", passphrase=NEW_PASSPHRASE)
-    for path in (desk, laptop):
-        for record in ("before", "pending", "after"):
+    newcomer = tmp_path / "newcomer.db"
+    run(cli, newcomer, "join", "--relay", relay.url, "--account", "ann", "--device-name",
+        "newcomer", passphrase=NEW_PASSPHRASE)  # fmt: skip
+    run(cli, newcomer, "sync", passphrase=NEW_PASSPHRASE)
+    for path in (desk, laptop, newcomer):
+        for record in ("before", "pushed", "pending", "after"):
             assert run(cli, path, "get", "threads", record, passphrase=NEW_PASSPHRASE).stdout
 
     assert_user_error(cli(phone, "sync", "--retry-for", "1"), "does not have account")
+    plant(relay, phone_writes_with_old_keys(cli, phone))
+    for path in (desk, laptop):
+        env = {"SEALSYNC_PASSPHRASE": NEW_PASSPHRASE}
+        refused = cli.runner.invoke(main, ["--replica", str(path), "sync"], env=env)
+        assert refused.exit_code == 3, refused.output
+        assert "1 untrusted" in refused.stdout and "revoked device" in refused.stderr
+        got = run(cli, path, "get", "threads", "before", passphrase=NEW_PASSPHRASE).stdout
+        assert "everyone saw this" in got
     after = [e for e in relay_envelopes(relay) if parse_header(e).epoch == 1]
     assert after, "the rotation's new epoch seals what is written next"
     with Replica.open(phone) as revoked:  # every key the phone ever held

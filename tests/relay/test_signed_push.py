@@ -374,9 +374,16 @@ def test_bundle_changes_that_step_back_are_refused(old: BundleKeys, new: BundleK
 # -- rotation: revoking a device installs the next generation -----------------------------------
 
 
-def rotate_request(owner: Owner, generation: OpenedGeneration, version: int) -> bytes:
+def rotate_request(
+    owner: Owner, generation: OpenedGeneration, version: int, expected_head: int | None = None
+) -> bytes:
     request = PutKeyBundle(
-        sealed(generation), KDF, owner.keys.auth_key, version, owner.keys.auth_key
+        sealed(generation),
+        KDF,
+        owner.keys.auth_key,
+        version,
+        owner.keys.auth_key,
+        expected_head=expected_head,
     )
     return body(request)
 
@@ -428,3 +435,21 @@ def test_a_rotation_revokes_the_device_and_installs_the_next_generation_at_once(
     assert (retired.status_code, answer_code(retired)) == (403, "key_retired")
     owner.generation = second
     assert owner.push(owner.sign([record(b"k" * 16, 3)], counter=3)).status_code == 200
+
+
+def test_a_rotation_is_refused_while_the_head_is_past_the_one_it_expects(owner: Owner) -> None:
+    """Its frontier would miss the versions stored since: every device would refuse them."""
+    client = owner.relay.client
+    login = LoginRequest(owner.name, owner.keys.auth_key, "phone")
+    phone = decode(client.post("/v1/login", content=body(login), headers=MSGPACK).content, Session)
+    path = f"/v1/devices/{phone.device_id}/rotate"
+    before = owner.relay.storage.account(owner.name)
+    stale = rotate_request(owner, next_generation(owner), 1, expected_head=0)  # head is 1
+    answer = client.post(path, content=stale, headers=bearer(owner.session))
+    assert (answer.status_code, answer_code(answer)) == (409, "version_conflict")
+    assert b"or head past 0" in answer.content
+    assert owner.relay.storage.account(owner.name) == before
+    assert len(owner.relay.storage.devices(owner.name)) == 2  # the phone is not revoked
+    current = rotate_request(owner, next_generation(owner), 1, expected_head=1)
+    answer = client.post(path, content=current, headers=bearer(owner.session))
+    assert answer.status_code == 200, answer.content

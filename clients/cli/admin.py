@@ -45,11 +45,13 @@ def revoke(
     listed: list[DeviceInfo],
     device_id: str,
     new_recovery_key: bool,
+    keep_passphrase: bool = False,
 ) -> str:
     """Revoke another device of the account; what was done, in words. A version-2 account
     rotates its keys with it (a new passphrase, and a new recovery key if asked), so the
     device keeps nothing that opens what is written next; a version-1 one only ends the
-    device's tokens."""
+    device's tokens. `keep_passphrase` rotates under the current one, for a device known
+    to be destroyed: one that still works and knows it opens the new keys."""
     check_revocable(listed, device_id)
     with opened_replica(settings.replica_path) as replica:
         old = settings.passphrase()
@@ -63,12 +65,15 @@ def revoke(
             client.revoke_device(device_id, login.auth_key)
             return f"revoked device {device_id} (its keys stay valid: `sealsync upgrade` first)"
         replica.unlock_with_login_keys(login)  # a wrong passphrase stops here
-        new = settings.new_passphrase()
-        if new == old:
+        new = old if keep_passphrase else settings.new_passphrase()
+        if new == old and not keep_passphrase:
             raise InvalidArgumentError(
                 "the new passphrase is the current one, which the revoked device may know",
-                hint="choose a different passphrase; nothing was changed",
+                hint="choose a different passphrase (or --keep-passphrase for a device known "
+                "to be destroyed); nothing was changed",
             )
+        if keep_passphrase:
+            err.print(f"[yellow]warning:[/yellow] {KEPT_PASSPHRASE_WARNING}", markup=True)
         recovery_key = shown_recovery_key() if new_recovery_key else None
         catch_up = SyncDriver(replica, client).sync
         rotate_revoking(client, replica, login, new, device_id, recovery_key, catch_up=catch_up)
@@ -76,6 +81,12 @@ def revoke(
         f"revoked device {device_id} and rotated the account's keys: other devices take "
         "them at their next sync, with the new passphrase"
     )
+
+
+KEPT_PASSPHRASE_WARNING = (
+    "the passphrase stays: if the revoked device still works and its holder knows the "
+    "passphrase, they can open the new keys and read what is written next"
+)
 
 
 def shown_recovery_key() -> str:
@@ -107,21 +118,30 @@ def check_revocable(listed: list[DeviceInfo], device_id: str) -> None:
     is_flag=True,
     help="With --revoke: replace the recovery key too (the revoked device may have seen it).",
 )
+@click.option(
+    "--keep-passphrase",
+    is_flag=True,
+    help="With --revoke: keep the passphrase (only for a device known to be destroyed).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @click.pass_obj
 def devices(
-    settings: CliSettings, revoke_id: str | None, new_recovery_key: bool, as_json: bool
+    settings: CliSettings,
+    revoke_id: str | None,
+    new_recovery_key: bool,
+    keep_passphrase: bool,
+    as_json: bool,
 ) -> None:
     """The account's devices (this one marked); `--revoke ID` takes one's access away."""
-    if new_recovery_key and revoke_id is None:
-        fail(
-            "--new-recovery-key is used only with --revoke", "add --revoke ID", code=ExitCode.USAGE
-        )
+    for flag, given in (("--new-recovery-key", new_recovery_key),
+                        ("--keep-passphrase", keep_passphrase)):  # fmt: skip
+        if given and revoke_id is None:
+            fail(f"{flag} is used only with --revoke", "add --revoke ID", code=ExitCode.USAGE)
     path = settings.replica_path
     with user_errors(), device_client(path, load_settings(path)) as client:
         listed = client.devices().devices
         if revoke_id is not None:
-            done = revoke(settings, client, listed, revoke_id, new_recovery_key)
+            done = revoke(settings, client, listed, revoke_id, new_recovery_key, keep_passphrase)
             (err if as_json else out).print(done)  # stdout: JSON only
             listed = client.devices().devices
     if as_json:

@@ -24,7 +24,7 @@ from replica import (
     passphrase_login_keys,
     recovery_login_keys,
 )
-from replica.bundles import parse_bundle, unlock_by_key, unlock_by_login
+from replica.bundles import generation_of, parse_bundle, unlock_by_key, unlock_by_login
 from replica.wire import ErrorCode, LoginRequest, node_to_i64, parse_header
 from tests.clients.test_cli import PASSPHRASE, Cli, assert_user_error
 from tests.clients.test_cli_admin import NEW_PASSPHRASE, revoke
@@ -226,3 +226,29 @@ def test_after_a_wipe_the_revoked_devices_account_is_refused_by_the_others(
     assert_user_error(cli.runner.invoke(main, args, env=env), "older keys", "accounts --delete")
     assert_user_error(cli(desk, "sync", "--retry-for", "1", passphrase=NEW_PASSPHRASE))
     assert relay_envelopes(relay) == before  # nothing of the desk's reached that account
+
+
+@pytest.mark.slow
+def test_a_rotation_that_keeps_the_passphrase_says_what_it_leaves_open(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    """For a device known to be destroyed: the keys rotate (its tokens and signing key end),
+    the passphrase stays, and the other devices follow with it alone."""
+    relay = start_relay()
+    desk, _, phone_id, _ = desk_and_phone(cli, relay, tmp_path)
+    laptop = tmp_path / "laptop.db"
+    cli.ok(laptop, "join", "--relay", relay.url, "--account", "ann", "--device-name", "laptop")
+    cli.ok(laptop, "put", "threads", "pending", '{"title": "written during the rotation"}')
+    env = {"SEALSYNC_PASSPHRASE": PASSPHRASE, "XDG_CONFIG_HOME": str(cli.home / "config")}
+    args = ["--replica", str(desk), "devices", "--revoke", phone_id, "--keep-passphrase"]
+    done = cli.runner.invoke(main, args, env=env)
+    assert done.exit_code == 0, done.output
+    assert "can open the new keys" in done.stderr and "rotated" in done.stdout
+    assert generation_of(parse_bundle(cli_bundle(desk))) == 2
+    assert len(cli.json_objects(desk, "devices")) == 2  # desk and laptop
+    followed = cli.ok(laptop, "sync")
+    assert "took the account's newer keys" in followed.stdout, followed.output
+    cli.ok(desk, "sync")
+    assert "written during the rotation" in cli.ok(desk, "get", "threads", "pending").stdout
+    stray = cli(desk, "devices", "--keep-passphrase")
+    assert stray.exit_code == 2 and "only with --revoke" in stray.stderr

@@ -42,7 +42,7 @@ from relay.errors import (
 from relay.feed import HeadHub
 from relay.gate import Caller, Gate, in_worker_thread
 from relay.openapi import openapi_document
-from relay.signing import Pusher, bundle_keys, check_bundle_change
+from relay.signing import Pusher, bundle_keys, check_bundle_change, check_plain_revoke
 from relay.storage import AccountRecord, Device, Storage, TokenRecord
 from replica.errors import KdfParametersError
 from replica.wire import (
@@ -238,8 +238,9 @@ class RelayApi:
     async def revoke_device(self, request: Request) -> Response:
         caller = await self.gate.caller(request)
         body = await codec.read(request, KeyProof)
-        await self.prove(caller, body.auth_key, "revoking a device")
+        record = await self.prove(caller, body.auth_key, "revoking a device")
         device_id = codec.device_id(request)
+        check_plain_revoke(record.keys, device_id, caller.device_id)
         if not await self.call(self.storage.revoke_device, caller.account, device_id):
             raise NotFoundError("no such device")
         log.info("device revoked", extra={"device": device_id})

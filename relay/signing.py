@@ -76,6 +76,17 @@ def bundle_keys(bundle: bytes) -> BundleKeys:
     return BundleKeys(head.signing_public, head.generation, head.key_epoch)
 
 
+def check_plain_revoke(keys: BundleKeys, device_id: str, caller_device_id: str) -> None:
+    """A version-2 account revokes another device only with a rotation, so that the device
+    keeps nothing that opens what is written next (docs/key-generations.md §6); a device
+    may still end its own access (`clients.access` does, on an account it refuses)."""
+    if keys.generation and device_id != caller_device_id:
+        raise ConflictError(
+            "a version-2 account revokes a device by rotating its keys: "
+            f"POST /v1/devices/{device_id}/rotate (`sealsync devices --revoke`)"
+        )
+
+
 def check_bundle_change(old: BundleKeys, new: BundleKeys, *, rotation: bool = False) -> None:
     """Refuse a replacement that would step back: a lower generation or key epoch, a signing
     key changed within a generation, or a version-2 account's key dropped; and a rotation

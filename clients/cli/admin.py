@@ -65,15 +65,7 @@ def revoke(
             client.revoke_device(device_id, login.auth_key)
             return f"revoked device {device_id} (its keys stay valid: `sealsync upgrade` first)"
         replica.unlock_with_login_keys(login)  # a wrong passphrase stops here
-        new = old if keep_passphrase else settings.new_passphrase()
-        if new == old and not keep_passphrase:
-            raise InvalidArgumentError(
-                "the new passphrase is the current one, which the revoked device may know",
-                hint="choose a different passphrase (or --keep-passphrase for a device known "
-                "to be destroyed); nothing was changed",
-            )
-        if keep_passphrase:
-            err.print(f"[yellow]warning:[/yellow] {KEPT_PASSPHRASE_WARNING}", markup=True)
+        new = rotation_passphrase(settings, old, keep_passphrase)
         recovery_key = shown_recovery_key() if new_recovery_key else None
         catch_up = SyncDriver(replica, client).sync
         rotate_revoking(client, replica, login, new, device_id, recovery_key, catch_up=catch_up)
@@ -87,6 +79,21 @@ KEPT_PASSPHRASE_WARNING = (
     "the passphrase stays: if the revoked device still works and its holder knows the "
     "passphrase, they can open the new keys and read what is written next"
 )
+
+
+def rotation_passphrase(settings: CliSettings, old: str, keep: bool) -> str:
+    """The passphrase a revoke rotates to: a new one, unless `keep` (with a warning)."""
+    if keep:
+        err.print(f"[yellow]warning:[/yellow] {KEPT_PASSPHRASE_WARNING}", markup=True)
+        return old
+    new = settings.new_passphrase()
+    if new == old:
+        raise InvalidArgumentError(
+            "the new passphrase is the current one, which the revoked device may know",
+            hint="choose a different passphrase (or --keep-passphrase for a device known "
+            "to be destroyed); nothing was changed",
+        )
+    return new
 
 
 def shown_recovery_key() -> str:
@@ -144,6 +151,10 @@ def devices(
             done = revoke(settings, client, listed, revoke_id, new_recovery_key, keep_passphrase)
             (err if as_json else out).print(done)  # stdout: JSON only
             listed = client.devices().devices
+    show_devices(listed, as_json)
+
+
+def show_devices(listed: list[DeviceInfo], as_json: bool) -> None:
     if as_json:
         rows = [{"id": d.id, "name": d.name, "created_ms": d.created_ms, "current": d.current}
                 for d in listed]  # fmt: skip

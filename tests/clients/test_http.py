@@ -25,6 +25,8 @@ from clients.errors import (
     UnknownOutcomeError,
 )
 from clients.http import HINT_BY_CODE, RelayClient, check_relay_url
+from clients.keys import rotate_revoking
+from replica import LoginKeys
 from replica.errors import InvalidArgumentError, ProtocolError
 from replica.wire import PROTOCOL_VERSION, ErrorCode, PushBatch
 from tests.clients.chaos import FirstReplyLost
@@ -191,7 +193,9 @@ def test_refusals_are_definitive_typed_and_name_no_secret(
     fleet = fleets(relay.url)
     a, b = fleet.add("a"), fleet.add("b")
     b_id = b.client.session.device_id if b.client.session else ""
-    a.client.revoke_device(b_id, fleet.auth_key)
+    login = LoginKeys(fleet.auth_key, b"")  # the rotation proves the auth key alone
+    rotate_revoking(a.client, a.replica, login, "a new passphrase, long enough", b_id,
+                    catch_up=a.driver.sync)  # fmt: skip
     b.replica.put("notes", "n1", {"text": "one"})
     with pytest.raises(RelayRefusedError) as refused:
         b.driver.sync()  # the refresh is refused too: no retry, the device must log in

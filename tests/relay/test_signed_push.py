@@ -453,3 +453,19 @@ def test_a_rotation_is_refused_while_the_head_is_past_the_one_it_expects(owner: 
     current = rotate_request(owner, next_generation(owner), 1, expected_head=1)
     answer = client.post(path, content=current, headers=bearer(owner.session))
     assert answer.status_code == 200, answer.content
+
+
+def test_a_version_2_account_revokes_another_device_only_by_rotating(owner: Owner) -> None:
+    """A plain revoke would leave the device every key of what is written next; a device
+    may still end its own access."""
+    client = owner.relay.client
+    login = LoginRequest(owner.name, owner.keys.auth_key, "phone")
+    phone = decode(client.post("/v1/login", content=body(login), headers=MSGPACK).content, Session)
+    path, proof = f"/v1/devices/{phone.device_id}", body(KeyProof(owner.keys.auth_key))
+    answer = client.request("DELETE", path, content=proof, headers=bearer(owner.session))
+    assert (answer.status_code, answer_code(answer)) == (409, "conflict")
+    assert b"/rotate" in answer.content
+    assert len(owner.relay.storage.devices(owner.name)) == 2
+    answer = client.request("DELETE", path, content=proof, headers=bearer(phone))  # itself
+    assert answer.status_code == 204, answer.content
+    assert len(owner.relay.storage.devices(owner.name)) == 1

@@ -60,13 +60,20 @@ def echo_app() -> Starlette:
 
 
 def relay_app(db_path: str) -> Starlette:
-    """The relay as shipped (SQLite, WAL, synchronous=FULL), with rate limits out of reach."""
+    """The relay as shipped (SQLite, WAL, synchronous=FULL), with rate limits out of reach;
+    it takes the unsigned pushes of the version-1 accounts that `relay.load` and the
+    `relay.push.unsigned` baseline register (`relay.push` and `sync.e2e` sign theirs)."""
     from relay.app import create_app
     from relay.config import RelayConfig
     from relay.sqlite import SQLiteStorage
     from replica.wire import system_clock_ms
 
-    config = RelayConfig(open_signup=True, requests_per_second=BENCH_RATE, burst=int(BENCH_RATE))
+    config = RelayConfig(
+        open_signup=True,
+        requests_per_second=BENCH_RATE,
+        burst=int(BENCH_RATE),
+        accept_unsigned_pushes=True,
+    )
     return create_app(SQLiteStorage(db_path, config.version_rules(system_clock_ms)), config)
 
 

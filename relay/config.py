@@ -63,6 +63,10 @@ class RelayConfig:
     trusted_proxies: tuple[str, ...] = ()
     """Addresses whose X-Forwarded-For is believed; per-IP limits apply only behind them."""
     heartbeat_s: float = 15.0
+    accept_unsigned_pushes: bool = False
+    """Take unsigned pushes into version-1 accounts, which have no signing key: for a
+    transition only, for a stolen token can then forge their versions. Off, their devices
+    are told to run `sealsync upgrade` (specs/protocol.md §4.7)."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -98,6 +102,7 @@ class RelayConfig:
             self.page_size,
             self.max_account_bytes,
             self.max_page_bytes,
+            self.accept_unsigned_pushes,
         )
 
     def limits(self) -> RelayLimits:

@@ -102,10 +102,16 @@ class MemoryRelay:
         page_size: int = DEFAULT_PAGE_SIZE,
         max_account_bytes: int = DEFAULT_MAX_ACCOUNT_BYTES,
         max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
+        accept_unsigned_pushes: bool = False,
         new_id: Callable[[], str] = new_random_id,
     ) -> None:
         self._rules = VersionRules(
-            clock_ms, max_drift_ms, page_size, max_account_bytes, max_page_bytes
+            clock_ms,
+            max_drift_ms,
+            page_size,
+            max_account_bytes,
+            max_page_bytes,
+            accept_unsigned_pushes,
         )
         self._new_id = new_id
         self._storage_id = new_id()
@@ -417,10 +423,12 @@ class MemoryRelay:
         self, name: str, account: _Account, batch: PushBatch, pusher: Pusher | None
     ) -> BundleKeys:
         """The account's keys once the push is authorized, its counter recorded (an account
-        made by a push alone, as the sans-I/O tests make them, has none)."""
+        made by a push alone, as the sans-I/O tests make them, has none and takes unsigned
+        pushes: no device of it can sign)."""
         keys = account.record.keys if account.record is not None else BundleKeys()
         state = RelayState(self._storage_id, account.epoch, account.head)
-        if authorize_push(name, keys, state, batch, pusher):
+        unsigned = account.record is None or self._rules.accept_unsigned_pushes
+        if authorize_push(name, keys, state, batch, pusher, unsigned):
             assert pusher is not None, "a signed push has its pusher"
             if pusher.device_id not in account.devices:
                 raise UnauthorizedError()

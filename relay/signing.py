@@ -117,13 +117,24 @@ def check_bundle_change(old: BundleKeys, new: BundleKeys, *, rotation: bool = Fa
 
 
 def authorize_push(
-    name: str, keys: BundleKeys, state: RelayState, batch: PushBatch, pusher: Pusher | None
+    name: str,
+    keys: BundleKeys,
+    state: RelayState,
+    batch: PushBatch,
+    pusher: Pusher | None,
+    accept_unsigned: bool,
 ) -> bool:
     """Raise unless the account's key signed `batch` for `pusher` and this relay state;
     whether the push was signed (so its counter must be recorded). Decided from the clear
-    `generation` first: a retired key costs no verification."""
+    `generation` first: a retired key costs no verification. An account without a signing
+    key (version 1) gets no push accepted unless the relay is set to `accept_unsigned`."""
     if keys.signing_public is None:
-        return False
+        if accept_unsigned:
+            return False
+        raise ForbiddenError(
+            f"account {name!r} has no signing key, and this relay takes only signed pushes: "
+            "one of its devices runs `sealsync upgrade` (it asks for the recovery key once)"
+        )
     if batch.signature is None or pusher is None:
         raise ForbiddenError("this account takes only signed pushes")
     if batch.generation < keys.generation:

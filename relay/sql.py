@@ -92,6 +92,7 @@ class PendingPush:
     batch: PushBatch
     pusher: Pusher | None
     checked: list[Header | Receipt]
+    accept_unsigned: bool
     refusal: RelayError | None = None
 
 
@@ -437,18 +438,17 @@ class SQLStorage(ABC):
         """Each envelope's header, or the refusal it earns before storage is read."""
         now_ms = self._rules.clock_ms()
         checked = [check_envelope(e, now_ms, self._rules.max_drift_ms) for e in batch.envelopes]
-        return PendingPush(name, batch, pusher, checked)
+        return PendingPush(name, batch, pusher, checked, self._rules.accept_unsigned_pushes)
 
     def _apply_push(self, tx: Transaction, push: PendingPush) -> tuple[PushResult, bool]:
         """One push inside a write transaction: its receipts, and whether the head moved.
 
-        The account's row is locked first (`FOR NO KEY UPDATE`: pushes of one account take
-        turns, without blocking the foreign-key checks of a device or token added meanwhile)
-        and the push authorized under it. The stored versions of every key in the batch are
-        read at once (one query on PostgreSQL, chunks on SQLite), the batch is decided in
-        memory (`PushPlan`), and what stays is written with one statement per table. A push
-        over quota raises `QuotaExceededError` only once its counter is recorded: the
-        caller commits, then raises (`PendingPush.refusal`)."""
+        The account's row is locked first (`FOR NO KEY UPDATE`: pushes take turns, without
+        blocking foreign-key checks of new devices or tokens); the push is authorized under
+        it. The stored versions of the batch's keys are read at once (one query on PostgreSQL,
+        chunks on SQLite), the batch decided in memory (`PushPlan`), and what stays written
+        with one statement per table. A push over quota raises `QuotaExceededError` only
+        once its counter is recorded: the caller commits, then raises (`PendingPush.refusal`)."""
         row = tx.one(
             "SELECT id, epoch, head, stored_bytes, bundle FROM accounts WHERE name = ?"
             " FOR NO KEY UPDATE",
@@ -506,7 +506,7 @@ def _authorized(
 ) -> list[Header | Receipt]:
     """The push's checked headers once the account's key is found to have signed it (its
     counter then recorded), with every envelope of a key epoch not reached refused."""
-    if authorize_push(push.name, keys, state, push.batch, push.pusher):
+    if authorize_push(push.name, keys, state, push.batch, push.pusher, push.accept_unsigned):
         assert push.pusher is not None, "a signed push has its pusher"
         _record_counter(tx, account_id, push.pusher.device_id, push.batch.counter)
     return refuse_epochs_ahead(keys, push.checked)

@@ -244,6 +244,8 @@ class VersionRules:
     max_account_bytes: int = DEFAULT_MAX_ACCOUNT_BYTES
     max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES
     """A page holds at most this many envelope bytes (but always at least one envelope)."""
+    accept_unsigned_pushes: bool = False
+    """Take unsigned pushes into an account without a signing key (version 1)."""
 
 
 def refresh_step(

@@ -302,9 +302,9 @@ def reseed_proof(
 
 
 VERSION_1_NOTE = (
-    "this account's keys are version 1, so its pushes are not signed and a stolen device "
-    "token could push in its name; `sealsync upgrade` moves them to version 2 (it asks for "
-    "the recovery key once)"
+    "this account's keys are version 1, so its pushes are not signed: a relay that still "
+    "takes them lets a stolen device token push in its name; `sealsync upgrade` moves them "
+    "to version 2 (it asks for the recovery key once)"
 )
 
 
@@ -323,12 +323,26 @@ def with_newer_keys(
         report = run()
     except RelayRefusedError as exc:
         if not needs_newer_keys(exc) or not took_newer_keys(replica, client, settings, account):
+            refuse_unsigned(replica, exc)
             raise
     else:
         if not replica.held_for_keys() or not took_newer_keys(replica, client, settings, account):
             return report
     out.print("took the account's newer keys from the relay (changed on another device)")
     return run()
+
+
+def refuse_unsigned(replica: Replica, exc: RelayRefusedError) -> None:
+    """A version-1 account's push refused `forbidden`, with nothing newer to take: the relay
+    takes only signed pushes, and the account must be upgraded (specs/protocol.md §4.7)."""
+    if exc.code == ErrorCode.FORBIDDEN and not replica.key_generation:
+        raise RelayRefusedError(
+            exc.status,
+            exc.code,
+            "this relay takes only signed pushes, and a version-1 account signs none",
+            hint="run `sealsync upgrade` on one device (it asks for the recovery key once); "
+            "the others take the new keys at their next sync",
+        ) from exc
 
 
 def took_newer_keys(

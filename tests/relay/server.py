@@ -30,16 +30,23 @@ class RelayProcess:
     go to `log_path`."""
 
     def __init__(
-        self, db: Path | None, log_path: Path, *options: str, open_signup: bool = True
+        self,
+        db: Path | None,
+        log_path: Path,
+        *options: str,
+        open_signup: bool = True,
+        accept_unsigned: bool = False,
     ) -> None:
         """SQLite at `db`, or whatever storage `options` name (`--database-url …`); anyone
-        may register unless `open_signup` is False (then by invite only)."""
+        may register unless `open_signup` is False (then by invite only); unsigned pushes
+        (of accounts registered with a placeholder bundle) only with `accept_unsigned`."""
         self.db = db
         self.log_path = log_path
         self.options = (
             *(("--db", str(db)) if db else ()),
             *options,
             *(("--open-signup",) if open_signup else ()),
+            *(("--set", "accept_unsigned_pushes=true") if accept_unsigned else ()),
         )
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -68,7 +68,7 @@ def make_client(tmp_path: Path, clock: FakeClock) -> Iterator[AppFactory]:
     clients: list[TestClient] = []
 
     def make(**settings: Any) -> TestClient:
-        config = RelayConfig(**{"open_signup": True, **settings})
+        config = RelayConfig(**{"open_signup": True, "accept_unsigned_pushes": True, **settings})
         rules = config.version_rules(clock)
         storage = SQLiteStorage(tmp_path / f"relay{len(clients)}.db", rules)
         client = TestClient(create_app(storage, config, clock_ms=clock))

@@ -59,7 +59,7 @@ def test_the_relay_holds_no_plaintext_marker(tmp_path: Path, account: Account) -
         replicas.append(replica)
     folder = tmp_path / "relay"
     folder.mkdir()
-    with RelayProcess(folder / "relay.db", folder / "relay.log") as relay:
+    with RelayProcess(folder / "relay.db", folder / "relay.log", accept_unsigned=True) as relay:
         first = Device.register(replicas[0], relay.url, "acct", f"laptop {control}")
         second = first.join(replicas[1], "phone")
         a, b = replicas

@@ -64,7 +64,9 @@ def test_no_acknowledged_version_is_lost_or_duplicated_across_sigkills(tmp_path:
     rnd = random.Random(7)
     writers = Writers(rnd)
     pending = writers.write(2000)
-    relay = RelayProcess(tmp_path / "relay.db", tmp_path / "relay.log").start()
+    relay = RelayProcess(
+        tmp_path / "relay.db", tmp_path / "relay.log", accept_unsigned=True
+    ).start()
     token = register_over_http(relay.url, "durable")
     headers = {"authorization": f"Bearer {token}", **MSGPACK}
     acknowledged: dict[bytes, str] = {}

@@ -57,7 +57,11 @@ def relays(tmp_path: Path) -> Iterator[list[RelayProcess]]:
         started: list[RelayProcess] = []
         try:
             for i in range(2):
-                started.append(RelayProcess(None, tmp_path / f"relay{i}.log", *options).start())
+                started.append(
+                    RelayProcess(
+                        None, tmp_path / f"relay{i}.log", *options, accept_unsigned=True
+                    ).start()
+                )
             yield started
         finally:
             for relay in started:

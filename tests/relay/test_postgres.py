@@ -59,7 +59,7 @@ def make_storage(schema: str) -> Iterator[MakeStorage]:
     made: list[PostgresStorage] = []
 
     def make() -> PostgresStorage:
-        rules = VersionRules(FakeClock(NOW_MS), 5 * 60_000, 1000)
+        rules = VersionRules(FakeClock(NOW_MS), 5 * 60_000, 1000, accept_unsigned_pushes=True)
         made.append(PostgresStorage(postgres_url(), rules, schema=schema))
         return made[-1]
 
@@ -157,7 +157,8 @@ def test_a_listener_hears_nothing_from_another_schema(make_storage: MakeStorage)
     heard = Heard()
     storage.listen(heard)
     with fresh_schema() as other:
-        elsewhere = PostgresStorage(postgres_url(), VersionRules(FakeClock(NOW_MS)), schema=other)
+        rules = VersionRules(FakeClock(NOW_MS), accept_unsigned_pushes=True)
+        elsewhere = PostgresStorage(postgres_url(), rules, schema=other)
         register(elsewhere, "a")
         elsewhere.push("a", one(1))
         elsewhere.close()
@@ -419,7 +420,10 @@ def test_a_relay_logs_its_listen_connection_lost_and_restored_as_json(tmp_path: 
     log_path = tmp_path / "relay.log"
     with fresh_schema() as schema:
         options = ("--database-url", postgres_url(), "--schema", schema)
-        with RelayProcess(None, log_path, *options), psycopg.connect(postgres_url()) as db:
+        with (
+            RelayProcess(None, log_path, *options, accept_unsigned=True),
+            psycopg.connect(postgres_url()) as db,
+        ):
             db.autocommit = True
             find = "SELECT pid FROM pg_stat_activity WHERE application_name = %s"
             deadline = time.monotonic() + WAIT_S

@@ -34,7 +34,7 @@ def test_restore_wipe_and_reseed_are_visible_to_devices(
     tmp_path: Path, make_replica: ReplicaFactory
 ) -> None:
     db, old = tmp_path / "relay.db", tmp_path / "old-copy.db"
-    relay = RelayProcess(db, tmp_path / "relay.log").start()
+    relay = RelayProcess(db, tmp_path / "relay.log", accept_unsigned=True).start()
     a_replica, b_replica = make_replica("a"), make_replica("b")
     a = Device.register(a_replica, relay.url, "acct", "laptop")
     b = a.join(b_replica, "phone")

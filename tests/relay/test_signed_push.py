@@ -47,7 +47,7 @@ from replica.wire import (
     Session,
     auth_key_hash,
 )
-from tests.relay.api import KDF, MSGPACK, Keys, bearer, body, decode, new_keys
+from tests.relay.api import KDF, MSGPACK, Keys, bearer, body, decode, new_keys, register
 from tests.relay.conftest import HLC, NOW_MS, StorageFactory, account_record, envelope
 from tests.relay.harness import BACKENDS, Relay, open_relays
 
@@ -469,3 +469,24 @@ def test_a_version_2_account_revokes_another_device_only_by_rotating(owner: Owne
     answer = client.request("DELETE", path, content=proof, headers=bearer(phone))  # itself
     assert answer.status_code == 204, answer.content
     assert len(owner.relay.storage.devices(owner.name)) == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_version_1_account_gets_no_push_accepted_unless_the_relay_is_set_to(
+    backend: str, tmp_path: Path
+) -> None:
+    """No signing key, no push: a stolen token could forge it (item 2). An operator may
+    take them for a transition (`accept_unsigned_pushes`)."""
+    for relays in open_relays(tmp_path, backend):
+        for accept in (False, True):
+            relay = relays(accept_unsigned_pushes=accept)
+            session = register(relay.client, "old", new_keys())  # a bundle with no signing key
+            push = body(PushBatch([record(b"k" * 16, 1)]))
+            answer = relay.client.post("/v1/push", content=push, headers=bearer(session))
+            pulled = relay.client.get("/v1/pull?cursor=0", headers=bearer(session))
+            entries = decode(pulled.content, Page).entries
+            if accept:
+                assert answer.status_code == 200 and len(entries) == 1, answer.content
+            else:
+                assert (answer.status_code, answer_code(answer)) == (403, "forbidden")
+                assert b"sealsync upgrade" in answer.content and entries == []

@@ -452,7 +452,7 @@ def test_a_batch_decides_as_its_envelopes_pushed_one_by_one(
     those of the reference pushing the same envelopes one at a time: later envelopes see
     earlier ones of their batch."""
     monkeypatch.setattr(relay.sqlite, "KEYS_PER_QUERY", 1)
-    reference = MemoryRelay(clock_ms=FakeClock(NOW_MS))
+    reference = MemoryRelay(clock_ms=FakeClock(NOW_MS), accept_unsigned_pushes=True)
     s = make_storage()
     try:
         register(reference, "a")

@@ -162,4 +162,4 @@ def test_the_signed_push_vector_is_what_the_device_signs_and_the_relay_accepts()
     assert batch.signature is not None and batch.signature.hex() == PUSH["signature"]
     assert msgspec.msgpack.encode(batch).hex() == PUSH["push_batch"]
     keys = BundleKeys(hexed(BUNDLE["secrets"]["signing_public"]), PUSH["generation"], 0)
-    assert authorize_push(PUSH["account"], keys, state, batch, pusher)
+    assert authorize_push(PUSH["account"], keys, state, batch, pusher, accept_unsigned=False)

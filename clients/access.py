@@ -112,6 +112,9 @@ class Reentry:
     device_name: str
     recovery_key: Callable[[], str] = field(repr=False)
     invite: str | None = field(default=None, repr=False)
+    trust_account: bool = False
+    """Log in to an account another device registered again after a wipe (the person
+    knows that device: see `refuse_reregistered`)."""
 
 
 def regain_access(client: RelayClient, replica: Replica, reentry: Reentry) -> Regained | None:
@@ -126,7 +129,9 @@ def regain_access(client: RelayClient, replica: Replica, reentry: Reentry) -> Re
             raise
     if has_account(client, replica, reentry.account):  # the replica's KDF is the relay's
         was = client.session.device_id if client.session else None
-        log_in(client, reentry.account, reentry.login, reentry.device_name, device_id=was)
+        session = log_in(client, reentry.account, reentry.login, reentry.device_name, device_id=was)
+        if not reentry.trust_account:
+            refuse_reregistered(client, replica, reentry.account, reentry.login, session)
         return "logged_in"
     register_again(client, replica, reentry)
     return "registered"
@@ -172,12 +177,14 @@ def login_again(
     device_name: str,
     *,
     device_id: str | None = None,
+    trust_account: bool = False,
 ) -> Session:
     """`login`: unlock the replica with `secret` first — a secret of another account stops
     there, before anything is sent — then log in: as the device `device_id` it was, if the
     relay still lists it, else as a new one. Refused although the secret opens this replica:
     the relay does not have the account as this device knows it. The replica's KDF
-    parameters serve for both: a relay with others has not this account."""
+    parameters serve for both: a relay with others has not this account. An account another
+    device registered again after a wipe is refused unless `trust_account`."""
     keys = secret.login_keys(replica.kdf_params())
     secret.unlock(replica, keys)
     try:
@@ -192,7 +199,35 @@ def login_again(
             hint=RESEED_HINT,
         ) from exc
     refuse_foreign_account(client, replica, account, keys, session)
+    if not trust_account:
+        refuse_reregistered(client, replica, account, keys, session)
     return session
+
+
+def refuse_reregistered(
+    client: RelayClient, replica: Replica, account: str, keys: LoginKeys, session: Session
+) -> None:
+    """After a login: a relay wiped since this device last saw it (another storage id) has
+    the account only because another device registered it again. Holding the same keys as
+    this one, a trusted device and a revoked one that kept them look alike from here
+    (docs/key-generations.md §9), so this device pushes nothing there until the person, told
+    which device it was, says they trust it (`--trust-account`); the session just made is
+    ended meanwhile."""
+    known = replica.sync_session().last_relay_state()
+    if known is None or known.storage_id == session.state.storage_id:
+        return
+    others = [d for d in client.devices().devices if d.id != session.device_id]
+    first = min(others, key=lambda d: d.created_ms, default=None)
+    who = "another device" if first is None else f"device {first.name!r}"
+    client.revoke_device(session.device_id, keys.auth_key)
+    raise ForeignAccountError(
+        f"the relay was wiped since this device last synced, and {who} registered account "
+        f"{account!r} again: if that is a device you revoked, it kept the keys this one "
+        "holds, so this device pushes nothing there (its session there was ended)",
+        hint=f"if you trust {who}, run this again with --trust-account; if not, ask the "
+        f"relay's operator to delete the account (`sealsync relay accounts --delete "
+        f"{account}`), then `sealsync sync --reseed` here registers yours",
+    )
 
 
 def refuse_foreign_account(
@@ -258,5 +293,5 @@ def login_settings(
         )
     relay = RelaySettings(check_relay_url(relay_url, insecure=insecure), account, insecure)
     if saved is not None and (saved.url, saved.account) == (relay.url, relay.account):
-        return replace(relay, session=saved.session)
+        return replace(relay, session=saved.session, device_name=saved.device_name)
     return relay

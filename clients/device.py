@@ -45,6 +45,9 @@ class RelaySettings:
     account: str
     insecure: bool = False
     session: Session | None = None
+    device_name: str | None = None
+    """The name the relay lists this device under: a reseed registers it again under it, so
+    the other devices name it right when they ask whether to trust it."""
 
     def __repr__(self) -> str:  # the session's tokens never reach a repr
         return f"RelaySettings(url={self.url!r}, account={self.account!r})"
@@ -59,6 +62,7 @@ def settings_to_json(settings: RelaySettings) -> bytes:
         "account": settings.account,
         "insecure": settings.insecure,
         "session": msgspec.to_builtins(settings.session),
+        "device_name": settings.device_name,
     }
     return json.dumps(value, indent=2).encode() + b"\n"
 
@@ -72,12 +76,19 @@ def settings_from_json(data: bytes, path: Path) -> RelaySettings:
             account=str(value["account"]),
             insecure=bool(value.get("insecure", False)),
             session=None if session is None else msgspec.convert(session, Session),
+            device_name=_optional_str(value.get("device_name")),
         )
     except (ValueError, KeyError, TypeError, AttributeError, msgspec.ValidationError) as exc:
         raise StoreError(
             f"{path} is not a sealsync relay settings file ({type(exc).__name__})",
             hint="remove it and run `sealsync join` for this device again",
         ) from exc
+
+
+def _optional_str(value: object) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError("device_name")
+    return value
 
 
 def load_settings(replica_path: Path) -> RelaySettings:

@@ -323,8 +323,13 @@ class SyncSession:
 
     def knows_relay_state(self) -> bool:
         """Whether a relay state was seen since the last reseed (pushes are signed for it)."""
+        return self.last_relay_state() is not None
+
+    def last_relay_state(self) -> RelayState | None:
+        """The relay state seen last since the last reseed (None: none yet)."""
         with self._core.mutex:
-            return self._store.get_bytes("relay_state") is not None
+            stored = self._store.get_bytes("relay_state")
+        return None if stored is None else msgspec.msgpack.decode(stored, type=RelayState)
 
     def check_relay_state(self, state: RelayState) -> None:
         """Raise `RollbackError` if `state` shows a wiped or rolled-back relay; adopt it first time."""

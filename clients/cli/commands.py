@@ -97,6 +97,10 @@ RELAY_OPTIONS = (
         "--device-name", default=default_device_name, help="How the relay lists this device."
     ),
 )
+TRUST_ACCOUNT_HELP = (
+    "Log in to an account another device registered again after a relay wipe (a device you "
+    "trust: not one you revoked)."
+)
 SYNC_OPTIONS = (
     click.option("--reseed", is_flag=True, help="After a relay wipe or rollback: push everything."),
     click.option(
@@ -152,7 +156,8 @@ def init(
     path = settings.replica_path
     with user_errors():
         refuse_existing(path)
-        relay = RelaySettings(check_relay_url(relay_url, insecure=insecure), account, insecure)
+        url = check_relay_url(relay_url, insecure=insecure)
+        relay = RelaySettings(url, account, insecure, device_name=device_name)
         with RelayClient(relay.url, insecure=insecure) as client:
             client.info()  # unreachable, or another protocol: said before a file exists
             passphrase = settings.passphrase(confirm=True)
@@ -188,7 +193,8 @@ def join(
     path = settings.replica_path
     with user_errors():
         refuse_existing(path)
-        relay = RelaySettings(check_relay_url(relay_url, insecure=insecure), account, insecure)
+        url = check_relay_url(relay_url, insecure=insecure)
+        relay = RelaySettings(url, account, insecure, device_name=device_name)
         saver = SessionSaver(path, relay)
         with RelayClient(relay.url, insecure=insecure, on_session=saver) as client:
             client.info()
@@ -209,8 +215,9 @@ def join(
 @click.option("--relay", "relay_url", help="The relay's URL (default: this replica's settings).")
 @click.option("--account", help="The account's name (default: this replica's settings).")
 @click.option("--insecure", is_flag=True, help="Allow plain http to a host not loopback.")
-@click.option("--device-name", default=default_device_name, help="How the relay lists this device.")
+@click.option("--device-name", help="How the relay lists this device (default: as it was).")
 @click.option("--recovery-key", is_flag=True, help="Prove the account with its recovery key.")
+@click.option("--trust-account", is_flag=True, help=TRUST_ACCOUNT_HELP)
 @click.pass_obj
 def login(
     settings: CliSettings,
@@ -218,26 +225,24 @@ def login(
     relay_url: str | None,
     account: str | None,
     insecure: bool,
-    device_name: str,
+    device_name: str | None,
     recovery_key: bool,
+    trust_account: bool,
 ) -> None:
     """Log this replica in again (lost or revoked tokens, a wiped relay): as the device it was
     when the relay still lists it, else as a new one (a restored backup always is)."""
     path = settings.replica_path
     with user_errors(), opened_replica(path) as replica:
         relay = login_settings(path, relay_url, account, insecure)
+        name = device_name or relay.device_name or default_device_name()
+        relay = dataclasses.replace(relay, device_name=name)
         was = relay.session.device_id if relay.session else None
         saver = SessionSaver(path, relay)  # the sidecar is written once the relay said yes
         with RelayClient(relay.url, insecure=relay.insecure, on_session=saver) as client:
             client.info()  # unreachable, or another protocol: said before asking a secret
-            secret = (
-                Secret(settings.recovery_key(), is_recovery_key=True)
-                if recovery_key
-                else Secret(settings.passphrase())
-            )
-            session = login_again(
-                client, replica, relay.account, secret, device_name, device_id=was
-            )
+            secret = login_secret(settings, recovery_key)
+            session = login_again(client, replica, relay.account, secret, name,
+                                  device_id=was, trust_account=trust_account)  # fmt: skip
         finding = follow_relay(replica, session)
     out.print(f"logged in to {relay.url} as account {relay.account!r}, device {session.device_id}")
     if finding is not None:
@@ -245,13 +250,21 @@ def login(
         err.print(f"[yellow]note:[/yellow] {finding}; {then}", markup=True)
 
 
+def login_secret(settings: CliSettings, recovery_key: bool) -> Secret:
+    if recovery_key:
+        return Secret(settings.recovery_key(), is_recovery_key=True)
+    return Secret(settings.passphrase())
+
+
 @click.command("sync")
 @with_options(SYNC_OPTIONS)
+@click.option("--trust-account", is_flag=True, help=f"With --reseed: {TRUST_ACCOUNT_HELP}")
 @click.pass_obj
 def sync(
     settings: CliSettings,
     *,
     reseed: bool,
+    trust_account: bool,
     invite: str | None,
     watch: bool,
     idle_sync_s: float,
@@ -269,7 +282,9 @@ def sync(
         device_client(path, relay) as client,
         explained_refusals(client, replica, relay.account),
     ):
-        proof = reseed_proof(settings, replica, client, relay, invite) if reseed else None
+        proof = None
+        if reseed:
+            proof = reseed_proof(settings, replica, client, relay, invite, trust_account)
 
         def once() -> SyncReport:
             return run_sync(replica, client, retry_for_s, reseed_with=proof, mode=progress_mode)
@@ -288,13 +303,15 @@ def reseed_proof(
     client: RelayClient,
     relay: RelaySettings,
     invite: str | None,
+    trust_account: bool = False,
 ) -> bytes:
     """The auth key a reseed is asked with, once access is regained (the account registered
     again, or this device logged in again): Argon2id runs once for the unlock, the login or
     registration and the proof."""
     login = passphrase_login_keys(settings.passphrase(), replica.kdf_params())
     replica.unlock_with_login_keys(login)
-    reentry = Reentry(relay.account, login, default_device_name(), settings.recovery_key, invite)
+    name = relay.device_name or default_device_name()
+    reentry = Reentry(relay.account, login, name, settings.recovery_key, invite, trust_account)
     regained = regain_access(client, replica, reentry)
     if regained is not None:
         out.print(REGAINED_MESSAGE[regained].format(account=relay.account, url=relay.url))

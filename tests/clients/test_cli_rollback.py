@@ -61,9 +61,10 @@ def start_fleet(cli: Cli, relay: RelayProcess, a: Path, b: Path) -> str:
     return created.stdout.splitlines()[-1]
 
 
-def login_with_recovery_key(cli: Cli, replica: Path, recovery_key: str) -> Result:
+def login_with_recovery_key(cli: Cli, replica: Path, recovery_key: str, *flags: str) -> Result:
     env = {"SEALSYNC_RECOVERY_KEY": recovery_key, "XDG_CONFIG_HOME": str(cli.home / "config")}
-    return cli.runner.invoke(main, ["--replica", str(replica), "login", "--recovery-key"], env=env)
+    args = ["--replica", str(replica), "login", "--recovery-key", *flags]
+    return cli.runner.invoke(main, args, env=env)
 
 
 def copy_database(source: Path, target: Path) -> None:
@@ -124,7 +125,12 @@ def test_a_wiped_relay_is_found_reseeded_followed_and_joined_with_nothing_lost(
         mistyped = login_with_recovery_key(cli, b, typo)
         assert_user_error(mistyped, "recovery key")
         assert sidecar_path(b).read_bytes() == sidecar and dump(b) == before
-        logged_in = login_with_recovery_key(cli, b, recovery_key)  # registered again with it
+        # a registered the account again: b cannot tell it from a revoked device that kept
+        # the keys, and asks the person first
+        asked = login_with_recovery_key(cli, b, recovery_key)
+        assert_user_error(asked, "registered account 'ann' again", "--trust-account")
+        assert dump(b) == before
+        logged_in = login_with_recovery_key(cli, b, recovery_key, "--trust-account")
         assert logged_in.exit_code == 0, logged_in.output
         assert "logged in" in logged_in.stdout and "was reseeded" in logged_in.stderr
         cli.ok(b, "sync")  # follows the new account on its own: pushes everything it holds

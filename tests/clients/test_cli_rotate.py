@@ -205,11 +205,16 @@ def test_after_a_wipe_the_revoked_devices_account_is_refused_by_the_others(
     """The relay loses everything; the revoked phone registers the account again with the
     keys it kept (generation 1). The desk, at generation 2, follows the hints to a login —
     and refuses that account: its session there ends at once, and it pushes nothing there
-    (docs/key-generations.md §7)."""
+    (docs/key-generations.md §7). The laptop, offline through the rotation, holds the very
+    keys the phone kept: it cannot tell, so it names the device that registered the account
+    and pushes nothing until the person trusts it."""
     relay = start_relay()
     desk, phone, phone_id, recovery_key = desk_and_phone(cli, relay, tmp_path)
+    laptop = tmp_path / "laptop.db"
+    cli.ok(laptop, "join", "--relay", relay.url, "--account", "ann", "--device-name", "laptop")
     revoke(cli, desk, phone_id)
     put_after(cli, desk)
+    cli.ok(laptop, "put", "threads", "offline", '{"title": "not for the phone"}')
 
     relay.stop()
     assert relay.db is not None
@@ -225,7 +230,10 @@ def test_after_a_wipe_the_revoked_devices_account_is_refused_by_the_others(
     args = ["--replica", str(desk), "login", "--recovery-key"]
     assert_user_error(cli.runner.invoke(main, args, env=env), "older keys", "accounts --delete")
     assert_user_error(cli(desk, "sync", "--retry-for", "1", passphrase=NEW_PASSPHRASE))
-    assert relay_envelopes(relay) == before  # nothing of the desk's reached that account
+    asked = cli(laptop, "sync", "--reseed")
+    assert_user_error(asked, "device 'phone' registered account 'ann' again", "--trust-account")
+    assert_user_error(cli(laptop, "sync", "--retry-for", "1"))
+    assert relay_envelopes(relay) == before  # nothing of the desk's or the laptop's got there
 
 
 @pytest.mark.slow

@@ -77,7 +77,8 @@ def revoke(
 
 KEPT_PASSPHRASE_WARNING = (
     "the passphrase stays: if the revoked device still works and its holder knows the "
-    "passphrase, they can open the new keys and read what is written next"
+    "passphrase, they can open the new keys and read what is written next; the other "
+    "devices ask for the account's passphrase once (enter the same one)"
 )
 
 

@@ -365,18 +365,15 @@ def refuse_unsigned(replica: Replica, exc: RelayRefusedError) -> None:
 def took_newer_keys(
     replica: Replica, client: RelayClient, settings: CliSettings, account: str
 ) -> bool:
-    """Under the relay's KDF salt, with this device's passphrase first: a rotation draws a
-    new salt even when it keeps the passphrase (`devices --revoke --keep-passphrase`). If
-    the relay does not take it under another salt, the passphrase was changed on another
-    device, and only the changed one opens the relay's bundle."""
+    """Under the relay's KDF salt: when it is not this replica's, the passphrase was changed
+    on another device (a rotation draws a new salt), and the person enters it, even when a
+    rotation kept it (`devices --revoke --keep-passphrase`): a bundle the passphrase this
+    device holds opens could be a revoked device's forgery, for it knows that one too
+    (docs/key-generations.md §7)."""
     kdf = client.prelogin(account).kdf
-    current = passphrase_login_keys(settings.passphrase(), kdf)
-    if adopt_relay_keys(client, replica, current):
-        return True
-    if kdf == replica.kdf_params():
-        return False
-    changed = passphrase_login_keys(settings.changed_passphrase(), kdf)
-    return adopt_relay_keys(client, replica, changed)
+    changed = kdf != replica.kdf_params()
+    passphrase = settings.changed_passphrase() if changed else settings.passphrase()
+    return adopt_relay_keys(client, replica, passphrase_login_keys(passphrase, kdf))
 
 
 def refuse_invite_without_reseed(invite: str | None, reseed: bool) -> None:

@@ -66,24 +66,34 @@ def same_keys(
     return current, session.device_id if session is not None else ""
 
 
+KEY_CHANGE_ATTEMPTS = 3
+"""A new generation the relay refused because versions landed meanwhile is tried again."""
+
+
 def upgrade_keys(
-    client: RelayClient, replica: Replica, login: LoginKeys, recovery_key: str
+    client: RelayClient,
+    replica: Replica,
+    login: LoginKeys,
+    recovery_key: str,
+    *,
+    catch_up: Callable[[], object],
 ) -> None:
     """Generation 1 of the unlocked version-1 account, installed on the relay; the local
-    change commits only once the relay took it, and the new keys are unlocked then."""
-    current, device = same_keys(client, replica, login, "upgrade, if still needed")
-    with replica.batch():
-        replica.upgrade_keys(login, recovery_key, device=device)
-        bundle = replica.key_bundle()
-        request = PutKeyBundle(
-            bundle, replica.kdf_params(), login.auth_key, current.version, login.auth_key
-        )
-        send_key_change(client, request)
-    replica.unlock_with_login_keys(login)
+    change commits only once the relay took it, and the new keys are unlocked then. Its
+    frontier retires the version-1 epochs, so it is caught up like a rotation
+    (`rotate_revoking`); `catch_up` pulls only: the relay takes no unsigned push."""
 
+    def upgrade() -> None:
+        current, device = same_keys(client, replica, login, "upgrade, if still needed")
+        with replica.batch():
+            head = replica.sync_session().cursor  # the frontier's: read in the same transaction
+            replica.upgrade_keys(login, recovery_key, device=device)
+            request = PutKeyBundle(replica.key_bundle(), replica.kdf_params(), login.auth_key,
+                                   current.version, login.auth_key, expected_head=head)  # fmt: skip
+            send_key_change(client, request)
+        replica.unlock_with_login_keys(login)
 
-ROTATION_ATTEMPTS = 3
-"""A rotation the relay refused because versions landed meanwhile is tried again."""
+    caught_up(catch_up, upgrade)
 
 
 def rotate_revoking(
@@ -99,19 +109,25 @@ def rotate_revoking(
     """Revoke a device by rotating the account's keys (docs/key-generations.md §6): the next
     generation, under `new_passphrase`, installed with the revocation in one relay request;
     the local change commits only once the relay took it, and is unlocked then. With
-    `new_recovery_key`, the relay takes its auth hash in place of the old one's.
+    `new_recovery_key`, the relay takes its auth hash in place of the old one's."""
+    caught_up(
+        catch_up,
+        lambda: _rotate(client, replica, login, new_passphrase, revoked, new_recovery_key),
+    )
 
-    The new generation's frontier must cover every version the relay holds, or the other
-    devices would refuse those sealed under the retired epoch: each attempt first
-    `catch_up`s (a sync), and the relay refuses the rotation if its head moved past this
-    device's cursor; then it is tried again."""
-    for attempt in range(1, ROTATION_ATTEMPTS + 1):
+
+def caught_up(catch_up: Callable[[], object], change: Callable[[], None]) -> None:
+    """`change` a new key generation after `catch_up` (a sync): its frontier must cover every
+    version the relay holds, or the other devices would refuse those sealed under the epochs
+    it retires. The relay refuses it (`version_conflict`) if its head moved past this
+    device's cursor meanwhile; then it is tried again."""
+    for attempt in range(1, KEY_CHANGE_ATTEMPTS + 1):
         catch_up()
         try:
-            _rotate(client, replica, login, new_passphrase, revoked, new_recovery_key)
+            change()
             return
         except RelayRefusedError as exc:
-            if exc.code != ErrorCode.VERSION_CONFLICT or attempt == ROTATION_ATTEMPTS:
+            if exc.code != ErrorCode.VERSION_CONFLICT or attempt == KEY_CHANGE_ATTEMPTS:
                 raise
 
 

@@ -266,6 +266,16 @@ class SyncDriver:
             self._round(session, tally)
         return tally.report(self._retrier.retries - retries)
 
+    def pull(self) -> SyncReport:
+        """Pull everything new, pushing nothing: what a version-1 account's device can still
+        do before its upgrade, which must first see every version the relay holds."""
+        tally, retries = _Tally(), self._retrier.retries
+        session = self._session()
+        if not session.knows_relay_state():
+            session.check_relay_state(self._retrier.call(self._client.state))
+        self._pull_all(session, tally, _Reporter(self._progress, session, tally, session.cursor))
+        return tally.report(self._retrier.retries - retries)
+
     def reseed(self, auth_key: bytes, cause: RollbackError | None = None) -> SyncReport:
         """Push every version this device holds again and pull everything (protocol §4.5).
 
@@ -370,10 +380,7 @@ class SyncDriver:
             tally.refused_by_code.update(acknowledged.refused_by_code)
             report.step("receipts_saved", size)
             if following is None:
-                following = session.next_batch()  # what the receipts put back to push
-                if following is None:
-                    return
-                in_flight = self._send(session, following, report)
+                return
             batch = following
 
     def _send(

@@ -42,7 +42,7 @@ from relay.errors import (
 from relay.feed import HeadHub
 from relay.gate import Caller, Gate, in_worker_thread
 from relay.openapi import openapi_document
-from relay.signing import Pusher, bundle_keys, check_bundle_change, check_plain_revoke
+from relay.signing import Pusher, bundle_keys, check_key_change, check_plain_revoke
 from relay.storage import AccountRecord, Device, Storage, TokenRecord
 from replica.errors import KdfParametersError
 from replica.wire import (
@@ -288,8 +288,7 @@ class RelayApi:
             raise InvalidError(str(exc)) from exc
         record = await self.prove(caller, body.current_auth_key, "replacing the key bundle")
         if record.bundle_version == body.expected_version:
-            rotation = revoke_device is not None
-            check_bundle_change(record.keys, bundle_keys(body.bundle), rotation=rotation)
+            check_key_change(record.keys, body, rotation=revoke_device is not None)
         store = functools.partial(
             self.storage.put_key_bundle,
             only_device=only_device,

@@ -24,6 +24,7 @@ from replica.wire import (
     ErrorCode,
     Header,
     PushBatch,
+    PutKeyBundle,
     Receipt,
     RelayState,
     bundle_version,
@@ -87,10 +88,25 @@ def check_plain_revoke(keys: BundleKeys, device_id: str, caller_device_id: str) 
         )
 
 
-def check_bundle_change(old: BundleKeys, new: BundleKeys, *, rotation: bool = False) -> None:
+def check_key_change(old: BundleKeys, body: PutKeyBundle, *, rotation: bool) -> None:
+    """`check_bundle_change` for a request that replaces the bundle."""
+    checked = body.expected_head is not None
+    check_bundle_change(old, bundle_keys(body.bundle), rotation=rotation, head_checked=checked)
+
+
+def check_bundle_change(
+    old: BundleKeys, new: BundleKeys, *, rotation: bool = False, head_checked: bool = True
+) -> None:
     """Refuse a replacement that would step back: a lower generation or key epoch, a signing
-    key changed within a generation, or a version-2 account's key dropped; and a rotation
-    (one that revokes a device) that is not exactly the next generation."""
+    key changed within a generation, or a version-2 account's key dropped; a rotation (one
+    that revokes a device) that is not exactly the next generation; and a new generation
+    whose request names no head (`expected_head`): its frontier retires the old epochs, and
+    must cover every version stored (docs/key-generations.md §6)."""
+    if new.generation > old.generation and not head_checked:
+        raise ConflictError(
+            "a new key generation must name the relay head its frontier covers "
+            "(expected_head): update sealsync"
+        )
     if rotation and old.signing_public is None:
         raise ConflictError(
             "a version-1 account has no key generations to rotate: `sealsync upgrade` it first"

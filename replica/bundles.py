@@ -17,7 +17,6 @@ import msgspec
 from replica.errors import InvalidArgumentError, ProtocolError
 from replica.generations import (
     BUNDLE_VERSION_2,
-    Frontier,
     KeyBundleV2,
     OpenedGeneration,
     first_generation,
@@ -36,6 +35,7 @@ from replica.keys import (
     BUNDLE_VERSION,
     KEY_BYTES,
     AccountKeys,
+    Frontier,
     KeyBundle,
     LoginKeys,
     RandomBytes,

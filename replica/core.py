@@ -33,7 +33,7 @@ from replica.limits import check_name
 from replica.opener import Opener
 from replica.options import ReplicaOptions
 from replica.record import record_from_siblings
-from replica.reseal import reseal_pending
+from replica.reseal import pending_beyond_frontier, reseal_pending
 from replica.schema import REGISTER_ID, Collection, Schema, schema_from_bytes, schema_to_bytes
 from replica.store import HeldRow, Row, Store
 
@@ -130,14 +130,14 @@ class Core:
         beyond its frontier are re-sealed under the newest epoch (replica/reseal.py)."""
         try:
             schema = self._load_schema(keys)
+            if keys.retired_epochs and pending_beyond_frontier(self.store, keys):
+                with self.write_transaction():
+                    reseal_pending(self.store, keys, self.options.random_bytes)
         except BaseException:
             keys.drop()
             raise
         self.opener = Opener(keys, self.options.cache_entries)
         self._schema = schema
-        if keys.retired_epochs:
-            with self.write_transaction():
-                reseal_pending(self.store, keys, self.options.random_bytes)
 
     def key_change(self, device: str) -> KeyChange:
         """Who changes the account's keys now, and what this file knew then (its frontier)."""
@@ -265,8 +265,10 @@ class Core:
         source: str,
         accept_drift: bool = False,
         to_push: frozenset[tuple[bytes, int, int]] = frozenset(),
+        relay_origin: tuple[list[int], str] | None = None,
     ) -> InboundResult:
-        """Merge inbound envelopes inside the caller's transaction."""
+        """Merge inbound envelopes inside the caller's transaction; a pulled page's with its
+        `relay_origin`, the envelopes' seqs and the relay's storage id."""
         now = self.options.wall_clock_ms() if now_ms is None else now_ms
         options = self.options
         if accept_drift:
@@ -279,6 +281,8 @@ class Core:
             options,
             want_events=bool(self.subscribers),
             to_push=to_push,
+            seqs=None if relay_origin is None else relay_origin[0],
+            storage_id=None if relay_origin is None else relay_origin[1],
         )
         result = merge_inbound(ctx, envelopes, now, source)
         if ctx.want_events:

@@ -32,6 +32,7 @@ from replica.keys import (
     ACCOUNT_ID_BYTES,
     KEY_BYTES,
     AccountKeys,
+    Frontier,
     KeyBundle,
     RandomBytes,
     decode_bundle,
@@ -71,14 +72,6 @@ SUITE = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.AES_256_GCM)
 _U32 = struct.Struct(">I")
 
 Key = Key32
-
-
-class Frontier(msgspec.Struct, frozen=True):
-    """What the device that retired an epoch knew: the union of every version vector it held,
-    and the relay head it had pulled up to (docs/key-generations.md §6)."""
-
-    vector: dict[int, int]
-    head: int
 
 
 class GenerationSecrets(Redacted, frozen=True):
@@ -316,7 +309,7 @@ def generation_keys(opened: OpenedGeneration) -> AccountKeys:
         scope_key=secrets.scope_key,
         signing_key=secrets.signing_key,
         generation=secrets.generation,
-        retired_epochs={epoch: frontier.vector for epoch, frontier in secrets.frontiers.items()},
+        retired_epochs={e: f for e, f in secrets.frontiers.items() if f.is_enforced},
     )
 
 

@@ -20,7 +20,7 @@ applied whole or not at all.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -53,6 +53,10 @@ class InboundContext:
     want_events: bool = True
     to_push: frozenset[tuple[bytes, int, int]] = frozenset()
     """Identities a reseed marked for pushing: they stay marked wherever they end up."""
+    seqs: Sequence[int] | None = None
+    """A pulled page's: each envelope's seq, on the relay storage `storage_id` (the rule for
+    retired key epochs, specs/replica.md §7.1); None for versions released from holds."""
+    storage_id: str | None = None
 
 
 @dataclass
@@ -147,7 +151,7 @@ class _Merger:
             self.ctx.store, [d[0] for d in dots if d is not None]
         )
         result = self.result
-        for envelope, dot in zip(envelopes, dots, strict=True):
+        for index, (envelope, dot) in enumerate(zip(envelopes, dots, strict=True)):
             record = None if dot is None else records.get(dot[0])
             if record is not None and dot is not None and is_covered_dot(record.siblings, dot):
                 result.superseded += 1  # known already: no need to parse or open it
@@ -157,16 +161,18 @@ class _Merger:
             except ProtocolError as exc:
                 self._quarantine(None, envelope, f"malformed header: {exc}")
                 continue
-            self._consider(header, envelope, record)
+            self._consider(header, envelope, record, index)
         self._write()
         return self.result
 
-    def _consider(self, header: Header, envelope: bytes, record: _Record | None) -> None:
+    def _consider(
+        self, header: Header, envelope: bytes, record: _Record | None, index: int
+    ) -> None:
         opener = self.ctx.opener
         if opener is None:
             self._hold_unverified(header, envelope, "sealed")
             return
-        if self.retired and not _within_frontier(header, self.retired):
+        if self.retired and not self._trusted_epoch(header, index):
             self._refuse_untrusted(header, envelope)
             return
         try:
@@ -300,8 +306,19 @@ class _Merger:
             self.suspects.append((key, dot, reason))
         self.result.quarantined += 1
 
+    def _trusted_epoch(self, header: Header, index: int) -> bool:
+        """A version under a current key epoch is; under one a rotation retired, only one the
+        rotation's frontier vouches for (`Frontier.trusts`): a revoked device keeps the old
+        keys, and could otherwise mint versions that dominate every later write."""
+        frontier = self.retired.get(header.epoch)
+        if frontier is None:
+            return True
+        seqs = self.ctx.seqs
+        seq = None if seqs is None else seqs[index]
+        return frontier.trusts(header.vector, seq, self.ctx.storage_id)
+
     def _refuse_untrusted(self, header: Header, envelope: bytes) -> None:
-        """Keep aside, in quarantine, a version `_within_frontier` refuses; its record is not
+        """Keep aside, in quarantine, a version `_trusted_epoch` refuses; its record is not
         degraded: the version is refused for what it is, and nothing of the record is missing."""
         reason = f"sealed under retired key epoch {header.epoch}, beyond the rotation frontier"
         kept = envelope[:QUARANTINE_PREFIX_BYTES]
@@ -403,15 +420,6 @@ class _Merger:
             if gone:
                 old = [r for r in store.versions_of(key) if (r.node, r.hlc) in gone]
                 store.add_history(old, self.now_ms, collection.history)
-
-
-def _within_frontier(header: Header, retired: Mapping[int, Mapping[int, int]]) -> bool:
-    """Whether a version is trusted under its key epoch: any version under a current epoch;
-    under a retired one, only one whose whole vector the rotation's frontier covers — a
-    revoked device keeps the old keys, and could otherwise mint a version with a made-up
-    vector that dominates every later write (docs/key-generations.md §6)."""
-    frontier = retired.get(header.epoch)
-    return frontier is None or all(frontier.get(n, 0) >= h for n, h in header.vector.items())
 
 
 def merge_inbound(

@@ -211,6 +211,30 @@ def _keyed_state(key: bytes) -> _HmacState:
     return inner if inner is not None else state
 
 
+class Frontier(msgspec.Struct, frozen=True):
+    """What the device that retired an epoch knew (docs/key-generations.md §6): the union of
+    every version vector it held, and the relay it had pulled from — its storage id and the
+    head it had pulled up to, which the relay checked (`expected_head`) when it took the
+    rotation. One recorded before that check existed has no storage id, and is not enforced:
+    versions stored meanwhile could lie beyond it."""
+
+    vector: dict[int, int]
+    head: int
+    storage_id: str = ""
+
+    @property
+    def is_enforced(self) -> bool:
+        return bool(self.storage_id)
+
+    def trusts(self, vector: Mapping[int, int], seq: int | None, storage_id: str | None) -> bool:
+        """Whether a version under the retired epoch, with this vector, is trusted: its whole
+        vector within the frontier, and, pulled from the same relay storage, a seq the
+        rotating device had pulled (the relay took nothing under the old key after it)."""
+        if any(self.vector.get(node, 0) < hlc for node, hlc in vector.items()):
+            return False
+        return seq is None or storage_id != self.storage_id or seq <= self.head
+
+
 class AccountKeys:
     """An unlocked account's keys; `drop()` forgets all of them.
 
@@ -229,14 +253,14 @@ class AccountKeys:
         scope_key: bytes,
         signing_key: bytes | None = None,
         generation: int = 0,
-        retired_epochs: Mapping[int, Mapping[int, int]] | None = None,
+        retired_epochs: Mapping[int, Frontier] | None = None,
     ) -> None:
         self._unlock_key: bytes | None = unlock_key
         self._signing_key = signing_key
         self.generation = generation
         """The key generation (0: a version-1 account, which signs nothing)."""
-        self.retired_epochs: Mapping[int, Mapping[int, int]] = retired_epochs or {}
-        """Each epoch a rotation retired, with its frontier's vector: a version sealed under
+        self.retired_epochs: Mapping[int, Frontier] = retired_epochs or {}
+        """Each epoch a rotation retired behind an enforced frontier: a version sealed under
         one is trusted only within it (docs/key-generations.md §6)."""
         self.account_id = account_id
         self.key_epoch = key_epoch

@@ -266,8 +266,11 @@ def upgrade(settings: CliSettings) -> None:
         login = passphrase_login_keys(settings.passphrase(), replica.kdf_params())
         replica.unlock_with_login_keys(login)  # a wrong passphrase stops here, before sending
         recovery_key = settings.recovery_key()
+        replica.unlock_with_recovery_key(recovery_key)  # another account's stops here, too
+        replica.unlock_with_login_keys(login)
         with device_client(path, relay) as client:
-            upgrade_keys(client, replica, login, recovery_key)
+            catch_up = SyncDriver(replica, client).pull
+            upgrade_keys(client, replica, login, recovery_key, catch_up=catch_up)
     out.print("the account's keys are version 2 now: its pushes are signed, and other devices")
     out.print("take the new keys at their next sync (with the passphrase)")
 

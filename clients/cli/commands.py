@@ -272,7 +272,7 @@ def sync(
     progress_mode: ProgressMode | None,
 ) -> None:
     """Push this device's changes and pull everyone else's."""
-    refuse_invite_without_reseed(invite, reseed)
+    refuse_invite_without_reseed(invite, reseed, trust_account)
     path = settings.replica_path
     with user_errors():
         relay = load_settings(path)  # before the passphrase: a device with no relay fails fast
@@ -376,9 +376,11 @@ def took_newer_keys(
     return adopt_relay_keys(client, replica, passphrase_login_keys(passphrase, kdf))
 
 
-def refuse_invite_without_reseed(invite: str | None, reseed: bool) -> None:
+def refuse_invite_without_reseed(invite: str | None, reseed: bool, trust: bool = False) -> None:
     """--invite given on the command line without --reseed is a usage error (exit 2);
-    SEALSYNC_INVITE in the environment stays a standing setting."""
+    SEALSYNC_INVITE in the environment stays a standing setting. So is --trust-account."""
+    if trust and not reseed:
+        fail("--trust-account is used only with --reseed", "add --reseed", code=ExitCode.USAGE)
     given = click.get_current_context().get_parameter_source("invite")
     if invite is not None and not reseed and given is click.core.ParameterSource.COMMANDLINE:
         fail(

@@ -24,7 +24,6 @@ from relay.errors import ConflictError, CounterStaleError, QuotaExceededError
 from relay.signing import BundleKeys, Pusher, check_bundle_change
 from relay.storage import AccountSummary, Device, Storage, TokenRecord
 from replica.generations import (
-    Frontier,
     OpenedGeneration,
     PushSigner,
     bundle_v2_to_bytes,
@@ -33,6 +32,7 @@ from replica.generations import (
     seal_generation,
     sign_push,
 )
+from replica.keys import Frontier
 from replica.wire import (
     MAX_HLC,
     ErrorBody,
@@ -279,8 +279,14 @@ def test_an_envelope_of_a_key_epoch_not_reached_is_refused_alone(owner: Owner) -
     assert [(r.status, r.code) for r in receipts] == [("refused", "epoch_ahead"), ("stored", None)]
 
 
+def head_of(owner: Owner) -> int:
+    """What a device that pulled everything names as `expected_head`."""
+    return owner.stored()[1]
+
+
 def put_bundle(owner: Owner, bundle: bytes, expected_version: int) -> httpx2.Response:
-    request = PutKeyBundle(bundle, KDF, owner.keys.auth_key, expected_version, owner.keys.auth_key)
+    request = PutKeyBundle(bundle, KDF, owner.keys.auth_key, expected_version,
+                           owner.keys.auth_key, expected_head=head_of(owner))  # fmt: skip
     answer = owner.relay.client.put(
         "/v1/keys", content=body(request), headers=bearer(owner.session)
     )
@@ -368,6 +374,8 @@ def test_bundle_changes_that_step_back_are_refused(old: BundleKeys, new: BundleK
         check_bundle_change(old, new)
     later = BundleKeys(b"c" * 32, 3, 1)
     check_bundle_change(old, later)
+    with pytest.raises(ConflictError, match="expected_head"):  # its frontier could miss some
+        check_bundle_change(old, later, head_checked=False)
     check_bundle_change(BundleKeys(), new)  # a version-1 account may migrate, or stay
 
 
@@ -383,7 +391,7 @@ def rotate_request(
         owner.keys.auth_key,
         version,
         owner.keys.auth_key,
-        expected_head=expected_head,
+        expected_head=head_of(owner) if expected_head is None else expected_head,
     )
     return body(request)
 
@@ -490,3 +498,15 @@ def test_a_version_1_account_gets_no_push_accepted_unless_the_relay_is_set_to(
             else:
                 assert (answer.status_code, answer_code(answer)) == (403, "forbidden")
                 assert b"sealsync upgrade" in answer.content and entries == []
+
+
+def test_a_new_generation_by_put_names_a_head_the_relay_has_not_passed(owner: Owner) -> None:
+    """An upgrade retires epochs like a rotation does: its frontier must cover the relay."""
+    later = sealed(next_generation(owner))
+    for head, status in ((None, 409), (0, 409), (head_of(owner), 200)):
+        request = PutKeyBundle(later, KDF, owner.keys.auth_key, 1, owner.keys.auth_key,
+                               expected_head=head)  # fmt: skip
+        answer = owner.relay.client.put(
+            "/v1/keys", content=body(request), headers=bearer(owner.session)
+        )
+        assert answer.status_code == status, (head, answer.content)

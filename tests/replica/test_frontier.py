@@ -4,6 +4,7 @@ device's own offline writes are re-sealed under the new epoch before they are pu
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,9 +13,10 @@ import pytest
 
 from relay.memory import MemoryRelay
 from replica import Replica
-from replica.keys import LoginKeys
-from replica.wire import parse_header
-from tests.replica.test_sync_session import ACCOUNT, push_and_pull, sync
+from replica.envelope import Identity, seal
+from replica.keys import AccountKeys, Frontier, LoginKeys
+from replica.wire import PushBatch, parse_header
+from tests.replica.test_sync_session import ACCOUNT, sync
 from tests.replica.test_upgrade import upgrade, wall_clock_ms
 from tests.replica.v1 import V1Account
 
@@ -56,6 +58,25 @@ def revoke_phone(desk: Replica) -> LoginKeys:
 
 def epochs_of(envelopes: list[bytes]) -> set[int]:
     return {parse_header(envelope).epoch for envelope in envelopes}
+
+
+def generation_keys_of(replica: Replica) -> AccountKeys:
+    return replica._core.keys()
+
+
+def newest_epoch_of(phone: Replica) -> int:
+    """The epoch the phone, which kept the old keys, seals under."""
+    return generation_keys_of(phone).key_epoch
+
+
+def forge(
+    phone: Replica, id: str, document: dict[str, str], vector: dict[int, int], hlc: int
+) -> bytes:
+    """A version the phone seals with the keys it kept, at a dot and vector of its choice."""
+    keys = generation_keys_of(phone)
+    full = {**vector, phone.node: hlc}
+    return seal(keys, Identity("default", "threads", id), hlc=hlc, node=phone.node,
+                vector=full, deleted=False, document=document, nonce=os.urandom(12))  # fmt: skip
 
 
 def pending(replica: Replica) -> list[bytes]:
@@ -125,32 +146,50 @@ def test_an_offline_write_is_resealed_under_the_new_epoch_when_the_keys_are_take
     assert desk.status().quarantined == 0
 
 
-def test_an_earlier_sealing_the_relay_holds_is_pushed_back_not_a_conflict(
-    trio: list[Replica], relay: MemoryRelay
+def test_a_revoked_device_cannot_use_the_dots_below_the_frontier_either(
+    trio: list[Replica], relay: MemoryRelay, tmp_path: Path
 ) -> None:
-    """The relay stored the laptop's write but the answer was lost, and the rotation did not
-    see it: the re-sealed copy meets `identity_conflict`, and the earlier bytes go again."""
-    desk, laptop, _ = trio
-    laptop.put("threads", "lost answer", {"title": "stored, answer lost"})
-    session = laptop.sync_session()
-    batch = session.next_batch()
-    assert batch is not None
-    relay.push(ACCOUNT, batch)  # stored; the laptop never hears of it
+    """A vector within the frontier is not enough: the phone can mint a dot below its own
+    entry there that it never used, with a vector that dominates the desk's thread. Pulled
+    past the head the rotation saw, on the relay it saw, it is refused all the same."""
+    desk, laptop, phone = trio
     login = revoke_phone(desk)
     assert laptop.adopt_bundle(desk.key_bundle(), login)
-    assert laptop.status().dirty == 1
-    push_and_pull(laptop.sync_session(), relay)
-    assert laptop.status().dirty == 0
-    with sqlite3.connect(laptop.path) as db:
-        assert db.execute("SELECT count(*) FROM resealed").fetchone() == (0,)
-    db.close()
+    frontier = generation_keys_of(desk).retired_epochs[newest_epoch_of(phone)]
+    below = frontier.vector[phone.node] - 1  # a dot of the phone's the frontier covers
+    forged = forge(phone, "from-desk", {"title": "taken over"}, frontier.vector, below)
+    assert frontier.trusts(parse_header(forged).vector, None, None)  # the vector alone passes
+    relay.push(ACCOUNT, PushBatch([forged]))  # a relay that takes it
+    newcomer = Replica.join(tmp_path / "new.db", desk.key_bundle())
+    newcomer.unlock_with_login_keys(login)
+    for device in (desk, laptop, newcomer):
+        sync(device, relay)
+        assert device.status().quarantined == 1
+    for device in (desk, laptop):
+        record = device.get("threads", "from-desk")
+        assert record is not None and record.document == {"title": "desk"}
+    # the relay that took the forgery compacted the real version away: the newcomer has
+    # neither (the lying relay's doing), and never shows the phone's
+    assert newcomer.get("threads", "from-desk") is None
+    newcomer.close()
+
+
+def test_a_frontier_trusts_only_a_vector_within_it_and_a_seq_the_rotation_saw() -> None:
+    frontier = Frontier({1: 10, 2: 20}, head=7, storage_id="s")
+    assert frontier.trusts({1: 10, 2: 5}, 7, "s")
+    assert not frontier.trusts({1: 11}, 7, "s")  # beyond the vector
+    assert not frontier.trusts({3: 1}, None, None)  # a node it never saw
+    assert not frontier.trusts({1: 1}, 8, "s")  # pulled past the head it saw
+    assert frontier.trusts({1: 1}, 8, "another")  # another storage: seqs mean nothing there
+    assert frontier.trusts({1: 1}, None, None)  # released from a hold: checked on arrival
+    assert frontier.is_enforced and not Frontier({1: 10}, head=7).is_enforced
 
 
 def test_a_version_the_rotating_device_held_is_inside_its_frontier(
     trio: list[Replica], relay: MemoryRelay
 ) -> None:
     """Desk held the laptop's edit behind a freshness lock while it rotated: once the lock
-    ends, the edit merges there, and on a device that joins later."""
+    ends, the edit merges there."""
     desk, laptop, _ = trio
     lock = desk.lock_scope(collection="threads")
     laptop.put("threads", "from-laptop", {"title": "edited while desk held it"})

@@ -27,7 +27,6 @@ from replica.generations import (
     PASSPHRASE_AD,
     SECRETS_AD,
     SECRETS_KEY_INFO,
-    Frontier,
     GenerationSecrets,
     KeyBundleV2,
     OpenedGeneration,
@@ -46,6 +45,7 @@ from replica.generations import (
     verify_chain,
 )
 from replica.keys import (
+    Frontier,
     bundle_from_bytes,
     hkdf,
     open_info,

@@ -18,7 +18,6 @@ from replica import Replica, WrongKeyError
 from replica.bundles import is_foreign, new_account, parse_bundle
 from replica.errors import InvalidArgumentError, ProtocolError, ReplicaLockedError
 from replica.generations import (
-    Frontier,
     KeyBundleV2,
     OpenedGeneration,
     bundle_v2_to_bytes,
@@ -27,7 +26,7 @@ from replica.generations import (
     seal_generation,
     sign_chain,
 )
-from replica.keys import passphrase_login_keys
+from replica.keys import Frontier, passphrase_login_keys
 from replica.wire import MAX_HLC, KdfParams, parse_header
 from tests.replica.test_sync_session import push_and_pull
 from tests.replica.v1 import V1Account

@@ -36,6 +36,7 @@ from replica.record import record_from_siblings
 from replica.reseal import pending_beyond_frontier, reseal_pending
 from replica.schema import REGISTER_ID, Collection, Schema, schema_from_bytes, schema_to_bytes
 from replica.store import HeldRow, Row, Store
+from replica.wire import RelayState
 
 DegradedMark = tuple[bytes, bytes | None, str]
 
@@ -265,10 +266,10 @@ class Core:
         source: str,
         accept_drift: bool = False,
         to_push: frozenset[tuple[bytes, int, int]] = frozenset(),
-        relay_origin: tuple[list[int], str] | None = None,
+        relay_origin: tuple[list[int], RelayState] | None = None,
     ) -> InboundResult:
         """Merge inbound envelopes inside the caller's transaction; a pulled page's with its
-        `relay_origin`, the envelopes' seqs and the relay's storage id."""
+        `relay_origin`, the envelopes' seqs and the relay's state."""
         now = self.options.wall_clock_ms() if now_ms is None else now_ms
         options = self.options
         if accept_drift:
@@ -282,7 +283,7 @@ class Core:
             want_events=bool(self.subscribers),
             to_push=to_push,
             seqs=None if relay_origin is None else relay_origin[0],
-            storage_id=None if relay_origin is None else relay_origin[1],
+            relay=None if relay_origin is None else relay_origin[1],
         )
         result = merge_inbound(ctx, envelopes, now, source)
         if ctx.want_events:

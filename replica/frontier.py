@@ -22,8 +22,9 @@ def frontier_of(store: Store) -> Frontier:
     rows = store.db.execute("SELECT vector FROM versions WHERE dirty = 0")
     merged = (decode_vector(encoded) for (encoded,) in rows)
     held = (parse_header(row.envelope).vector for row in store.held_rows(AUTHENTICATED_HOLDS))
+    vector, cursor = merge_vectors((*merged, *held)), store.get_int("cursor")
     stored = store.get_bytes("relay_state")
-    storage_id = (
-        "" if stored is None else msgspec.msgpack.decode(stored, type=RelayState).storage_id
-    )
-    return Frontier(merge_vectors((*merged, *held)), store.get_int("cursor"), storage_id)
+    if stored is None:
+        return Frontier(vector, cursor)
+    relay = msgspec.msgpack.decode(stored, type=RelayState)
+    return Frontier(vector, cursor, relay.storage_id, relay.account_epoch)

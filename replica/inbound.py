@@ -35,7 +35,7 @@ from replica.opener import Opener
 from replica.options import ReplicaOptions
 from replica.schema import Schema
 from replica.store import HeldVersion, NewVersion, Row, Store
-from replica.wire import Dot, Header, decode_vector, parse_header, peek_dot
+from replica.wire import Dot, Header, RelayState, decode_vector, parse_header, peek_dot
 
 MAX_UNVERIFIED_HELD_BYTES = 256 * 1024 * 1024
 QUARANTINE_PREFIX_BYTES = 4096
@@ -54,9 +54,9 @@ class InboundContext:
     to_push: frozenset[tuple[bytes, int, int]] = frozenset()
     """Identities a reseed marked for pushing: they stay marked wherever they end up."""
     seqs: Sequence[int] | None = None
-    """A pulled page's: each envelope's seq, on the relay storage `storage_id` (the rule for
-    retired key epochs, specs/replica.md §7.1); None for versions released from holds."""
-    storage_id: str | None = None
+    """A pulled page's: each envelope's seq, on the relay `relay` (the rule for retired key
+    epochs, specs/replica.md §7.1); None for versions released from holds."""
+    relay: RelayState | None = None
 
 
 @dataclass
@@ -315,7 +315,7 @@ class _Merger:
             return True
         seqs = self.ctx.seqs
         seq = None if seqs is None else seqs[index]
-        return frontier.trusts(header.vector, seq, self.ctx.storage_id)
+        return frontier.trusts(header.vector, seq, self.ctx.relay)
 
     def _refuse_untrusted(self, header: Header, envelope: bytes) -> None:
         """Keep aside, in quarantine, a version `_trusted_epoch` refuses; its record is not

@@ -37,7 +37,7 @@ from replica.errors import (
     WrongKeyError,
 )
 from replica.passphrase import check_new_passphrase
-from replica.wire import SALT_BYTES, KdfParams, bundle_version, check_kdf_params
+from replica.wire import SALT_BYTES, KdfParams, RelayState, bundle_version, check_kdf_params
 
 KEY_BYTES = 32
 NONCE_BYTES = 12
@@ -213,26 +213,31 @@ def _keyed_state(key: bytes) -> _HmacState:
 
 class Frontier(msgspec.Struct, frozen=True):
     """What the device that retired an epoch knew (docs/key-generations.md §6): the union of
-    every version vector it held, and the relay it had pulled from — its storage id and the
-    head it had pulled up to, which the relay checked (`expected_head`) when it took the
-    rotation. One recorded before that check existed has no storage id, and is not enforced:
-    versions stored meanwhile could lie beyond it."""
+    every version vector it held, and the relay it had pulled from — its storage id, the
+    account's epoch there, and the head it had pulled up to, which the relay checked
+    (`expected_head`) when it took the change. One recorded before that check existed has no
+    storage id, and is not enforced: versions stored meanwhile could lie beyond it."""
 
     vector: dict[int, int]
     head: int
     storage_id: str = ""
+    account_epoch: str = ""
 
     @property
     def is_enforced(self) -> bool:
         return bool(self.storage_id)
 
-    def trusts(self, vector: Mapping[int, int], seq: int | None, storage_id: str | None) -> bool:
+    def trusts(self, vector: Mapping[int, int], seq: int | None, relay: RelayState | None) -> bool:
         """Whether a version under the retired epoch, with this vector, is trusted: its whole
-        vector within the frontier, and, pulled from the same relay storage, a seq the
-        rotating device had pulled (the relay took nothing under the old key after it)."""
+        vector within the frontier, and, pulled from the same relay storage and account
+        epoch (seqs are renumbered when an account is registered again or reseeded), a seq
+        the changing device had pulled: the relay took nothing under the old key after it."""
         if any(self.vector.get(node, 0) < hlc for node, hlc in vector.items()):
             return False
-        return seq is None or storage_id != self.storage_id or seq <= self.head
+        if seq is None or relay is None:
+            return True
+        same = (relay.storage_id, relay.account_epoch) == (self.storage_id, self.account_epoch)
+        return not same or seq <= self.head
 
 
 class AccountKeys:

@@ -233,7 +233,7 @@ class SyncSession:
         with core.mutex, core.write_transaction():
             self._check_state(page.state, top_seq)
             now = core.options.wall_clock_ms()
-            origin = ([e.seq for e in page.entries], page.state.storage_id)
+            origin = ([e.seq for e in page.entries], page.state)
             envelopes = [e.envelope for e in page.entries]
             result = core.merge(envelopes, now_ms=now, source="pull", relay_origin=origin)
             cursor = self._store.get_int("cursor")

@@ -15,7 +15,7 @@ from relay.memory import MemoryRelay
 from replica import Replica
 from replica.envelope import Identity, seal
 from replica.keys import AccountKeys, Frontier, LoginKeys
-from replica.wire import PushBatch, parse_header
+from replica.wire import PushBatch, RelayState, parse_header
 from tests.replica.test_sync_session import ACCOUNT, sync
 from tests.replica.test_upgrade import upgrade, wall_clock_ms
 from tests.replica.v1 import V1Account
@@ -175,12 +175,14 @@ def test_a_revoked_device_cannot_use_the_dots_below_the_frontier_either(
 
 
 def test_a_frontier_trusts_only_a_vector_within_it_and_a_seq_the_rotation_saw() -> None:
-    frontier = Frontier({1: 10, 2: 20}, head=7, storage_id="s")
-    assert frontier.trusts({1: 10, 2: 5}, 7, "s")
-    assert not frontier.trusts({1: 11}, 7, "s")  # beyond the vector
+    frontier = Frontier({1: 10, 2: 20}, head=7, storage_id="s", account_epoch="e")
+    relay = RelayState("s", "e", 9)
+    assert frontier.trusts({1: 10, 2: 5}, 7, relay)
+    assert not frontier.trusts({1: 11}, 7, relay)  # beyond the vector
     assert not frontier.trusts({3: 1}, None, None)  # a node it never saw
-    assert not frontier.trusts({1: 1}, 8, "s")  # pulled past the head it saw
-    assert frontier.trusts({1: 1}, 8, "another")  # another storage: seqs mean nothing there
+    assert not frontier.trusts({1: 1}, 8, relay)  # pulled past the head it saw
+    for elsewhere in (RelayState("another", "e", 9), RelayState("s", "reseeded", 9)):
+        assert frontier.trusts({1: 1}, 8, elsewhere)  # seqs renumbered: they mean nothing
     assert frontier.trusts({1: 1}, None, None)  # released from a hold: checked on arrival
     assert frontier.is_enforced and not Frontier({1: 10}, head=7).is_enforced
 

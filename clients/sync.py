@@ -254,27 +254,33 @@ class SyncDriver:
 
     def sync(self) -> SyncReport:
         """One round: push everything dirty, pull everything new."""
+        return self._following_reseeds(self._round)
+
+    def pull(self) -> SyncReport:
+        """Pull everything new, pushing nothing: what a version-1 account's device can still
+        do before its upgrade, which must first see every version the relay holds."""
+        return self._following_reseeds(self._pull_round)
+
+    def _following_reseeds(self, run: Callable[[SyncSession, _Tally], None]) -> SyncReport:
+        """`run`, and again after reseeding here when another device reseeded the account
+        (an epoch change): every device follows a reseed on its next sync (protocol §4.5)."""
         tally, retries = _Tally(), self._retrier.retries
         session = self._session()
         try:
-            self._round(session, tally)
+            run(session, tally)
         except RollbackError as exc:
             if not (self._follow_reseeds and is_epoch_change(exc)):
                 raise
             log.warning("%s: reseeding this device", exc)
             session.reseed()
-            self._round(session, tally)
+            run(session, tally)
         return tally.report(self._retrier.retries - retries)
 
-    def pull(self) -> SyncReport:
-        """Pull everything new, pushing nothing: what a version-1 account's device can still
-        do before its upgrade, which must first see every version the relay holds."""
-        tally, retries = _Tally(), self._retrier.retries
-        session = self._session()
+    def _pull_round(self, session: SyncSession, tally: _Tally) -> None:
+        tally.rounds += 1
         if not session.knows_relay_state():
             session.check_relay_state(self._retrier.call(self._client.state))
         self._pull_all(session, tally, _Reporter(self._progress, session, tally, session.cursor))
-        return tally.report(self._retrier.retries - retries)
 
     def reseed(self, auth_key: bytes, cause: RollbackError | None = None) -> SyncReport:
         """Push every version this device holds again and pull everything (protocol §4.5).
@@ -380,7 +386,10 @@ class SyncDriver:
             tally.refused_by_code.update(acknowledged.refused_by_code)
             report.step("receipts_saved", size)
             if following is None:
-                return
+                following = session.next_batch()  # what the receipts put back to push
+                if following is None:
+                    return
+                in_flight = self._send(session, following, report)
             batch = following
 
     def _send(

@@ -33,7 +33,7 @@ from replica.limits import check_name
 from replica.opener import Opener
 from replica.options import ReplicaOptions
 from replica.record import record_from_siblings
-from replica.reseal import pending_beyond_frontier, reseal_pending
+from replica.reseal import forget_acknowledged, pending_under_retired, reseal_pending
 from replica.schema import REGISTER_ID, Collection, Schema, schema_from_bytes, schema_to_bytes
 from replica.store import HeldRow, Row, Store
 from replica.wire import RelayState
@@ -127,12 +127,13 @@ class Core:
 
     def unlock(self, keys: AccountKeys) -> None:
         """Take the keys, and the schema they open (sealing a clear one first); on failure
-        the keys are dropped and the replica stays locked. Pending writes a rotation left
-        beyond its frontier are re-sealed under the newest epoch (replica/reseal.py)."""
+        the keys are dropped and the replica stays locked. Pending writes under an epoch a
+        rotation retired are re-sealed under the newest one (replica/reseal.py)."""
         try:
             schema = self._load_schema(keys)
-            if keys.retired_epochs and pending_beyond_frontier(self.store, keys):
+            if keys.retired_epochs and pending_under_retired(self.store, keys):
                 with self.write_transaction():
+                    forget_acknowledged(self.store)
                     reseal_pending(self.store, keys, self.options.random_bytes)
         except BaseException:
             keys.drop()

@@ -14,12 +14,13 @@ AUTHENTICATED_HOLDS = ("drift", "lock", "collection")
 
 
 def frontier_of(store: Store) -> Frontier:
-    """Over the synced versions (history is dominated by them) and the authenticated held
-    ones: a version this device pulled but holds must stay within the frontier, or every
-    device would refuse it once its epoch is retired. Its own unpushed writes are left out:
-    they are not on the relay, and are re-sealed under the new epoch (replica/reseal.py).
-    Without a relay state (never synced since a reseed) the frontier is not enforced."""
-    rows = store.db.execute("SELECT vector FROM versions WHERE dirty = 0")
+    """Over the versions (history is dominated by them) and the authenticated held ones: a
+    version this device pulled but holds must stay within the frontier, or every device would
+    refuse it once its epoch is retired. Its own pending writes count too: one the relay
+    stored although the answer was lost is trusted by the others from that copy, and its
+    vector may hold the only entry left of a version it replaced. Without a relay state
+    (never synced since a reseed) the frontier is not enforced."""
+    rows = store.db.execute("SELECT vector FROM versions")
     merged = (decode_vector(encoded) for (encoded,) in rows)
     held = (parse_header(row.envelope).vector for row in store.held_rows(AUTHENTICATED_HOLDS))
     vector, cursor = merge_vectors((*merged, *held)), store.get_int("cursor")

@@ -58,5 +58,12 @@ MIGRATIONS: tuple[str, ...] = (
     """
     UPDATE meta SET name = 'clear_schema' WHERE name = 'schema';
     """,
+    # 4: the earlier sealing of a pending write re-sealed under a newer key epoch after a
+    # rotation (replica/reseal.py), kept until the write is acknowledged
+    """
+    CREATE TABLE resealed (
+        key BLOB NOT NULL, node INTEGER NOT NULL, hlc INTEGER NOT NULL,
+        envelope BLOB NOT NULL, PRIMARY KEY (key, node, hlc)) WITHOUT ROWID;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -232,7 +232,7 @@ def test_after_a_wipe_the_revoked_devices_account_is_refused_by_the_others(
     assert_user_error(cli(desk, "sync", "--retry-for", "1", passphrase=NEW_PASSPHRASE))
     asked = cli(laptop, "sync", "--reseed")
     assert_user_error(asked, "device 'phone' registered account 'ann' again", "--trust-account")
-    assert_user_error(cli(laptop, "sync", "--retry-for", "1"))
+    assert_user_error(cli(laptop, "sync", "--retry-for", "1"), "does not take this device's")
     stray = cli(laptop, "sync", "--trust-account")
     assert stray.exit_code == 2 and "only with --reseed" in stray.stderr
     assert relay_envelopes(relay) == before  # nothing of the desk's or the laptop's got there

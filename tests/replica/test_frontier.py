@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from relay.memory import MemoryRelay
-from replica import Replica
+from replica import Replica, clock
 from replica.envelope import Identity, seal
 from replica.keys import AccountKeys, Frontier, LoginKeys
 from replica.wire import PushBatch, RelayState, parse_header
@@ -85,6 +85,13 @@ def pending(replica: Replica) -> list[bytes]:
         rows = db.execute("SELECT envelope FROM versions WHERE dirty = 1 ORDER BY id").fetchall()
     db.close()
     return [envelope for (envelope,) in rows]
+
+
+def pending_or_probe(replica: Replica) -> bytes:
+    """The last envelope `replica` wrote and has not pushed (a probe write if none)."""
+    if not pending(replica):
+        replica.put("threads", "probe", {"title": "probe"})
+    return pending(replica)[-1]
 
 
 def newest_epoch(replica: Replica) -> int:
@@ -203,3 +210,117 @@ def test_a_version_the_rotating_device_held_is_inside_its_frontier(
     record = desk.get("threads", "from-laptop")
     assert record is not None and record.document == {"title": "edited while desk held it"}
     assert desk.status().quarantined == 0
+
+
+def test_an_offline_write_under_a_frontier_inflated_by_the_revoked_device_arrives(
+    trio: list[Replica], relay: MemoryRelay
+) -> None:
+    """The frontier is a per-node maximum: before its revocation the phone pushed a vector
+    with an entry for the laptop a minute ahead, so the laptop's offline write has a vector
+    within the frontier. It is re-sealed all the same (every pending write under a retired
+    epoch is), and arrives."""
+    desk, laptop, phone = trio
+    ahead = clock.pack_hlc(clock.hlc_ms(parse_header(pending_or_probe(laptop)).hlc) + 60_000, 0)
+    planted = forge(phone, "planted", {"title": "ahead"}, {laptop.node: ahead}, ahead)
+    relay.push(ACCOUNT, PushBatch([planted]))  # the phone is not revoked yet: it may
+    sync(desk, relay)
+    laptop.put("threads", "offline", {"title": "written offline"})
+    assert generation_keys_of(desk).key_epoch == newest_epoch(laptop)
+    login = revoke_phone(desk)
+    assert generation_keys_of(desk).retired_epochs[newest_epoch(laptop)].vector[laptop.node] > (
+        parse_header(pending(laptop)[-1]).hlc
+    )  # the write is within the frontier's vector
+    assert laptop.adopt_bundle(desk.key_bundle(), login)
+    sync(laptop, relay)
+    sync(desk, relay)
+    record = desk.get("threads", "offline")
+    assert record is not None and desk.status().quarantined == 0
+
+
+def test_an_earlier_sealing_the_relay_holds_is_pushed_back_and_read_everywhere(
+    trio: list[Replica], relay: MemoryRelay, tmp_path: Path
+) -> None:
+    """The relay stored the laptop's write, the answer was lost, and the desk pulled it before
+    rotating: the laptop's re-sealed copy meets `identity_conflict`, the earlier bytes go
+    again, and every device, one joining after the rotation too, reads that copy."""
+    desk, laptop, _ = trio
+    laptop.put("threads", "lost answer", {"title": "stored, answer lost"})
+    batch = laptop.sync_session().next_batch()
+    assert batch is not None
+    relay.push(ACCOUNT, batch)  # stored; the laptop never hears of it
+    sync(desk, relay)
+    login = revoke_phone(desk)
+    assert laptop.adopt_bundle(desk.key_bundle(), login)
+    assert newest_epoch(laptop) == generation_keys_of(desk).key_epoch  # re-sealed
+    sync(laptop, relay)
+    assert laptop.status().dirty == 0
+    newcomer = Replica.join(tmp_path / "new.db", desk.key_bundle())
+    newcomer.unlock_with_login_keys(login)
+    sync(newcomer, relay)
+    for device in (desk, newcomer):
+        record = device.get("threads", "lost answer")
+        assert record is not None and device.status().quarantined == 0
+    newcomer.close()
+    with sqlite3.connect(laptop.path) as db:
+        assert db.execute("SELECT count(*) FROM resealed").fetchone() == (0,)
+    db.close()
+
+
+def pull_only(replica: Replica, relay: MemoryRelay) -> None:
+    """What `sealsync upgrade` does first: a version-1 device cannot push any more."""
+    session = replica.sync_session()
+    while True:
+        page = relay.pull(ACCOUNT, session.cursor)
+        session.apply_page(page)
+        if not page.has_more:
+            return
+
+
+def two_version_1_devices(tmp_path: Path, v1: V1Account) -> tuple[Replica, Replica]:
+    devices = []
+    for name in ("u", "v"):
+        device = Replica.join(tmp_path / f"{name}.db", v1.bundle_bytes)
+        device.unlock_with_login_keys(v1.login)
+        devices.append(device)
+    return devices[0], devices[1]
+
+
+def test_an_upgrade_whose_last_push_lost_its_answer_loses_nothing(
+    tmp_path: Path, v1: V1Account, relay: MemoryRelay
+) -> None:
+    u, v = two_version_1_devices(tmp_path, v1)
+    u.put("threads", "b", {"title": "stored, answer lost"})
+    batch = u.sync_session().next_batch()
+    assert batch is not None
+    relay.push(ACCOUNT, batch)
+    pull_only(u, relay)
+    upgrade(u, v1, v1.recovery_key)
+    assert v.adopt_bundle(u.key_bundle(), v1.login)
+    sync(v, relay)
+    sync(u, relay)
+    record = v.get("threads", "b")
+    assert record is not None and v.status().quarantined == 0
+    assert u.status().dirty == 0
+
+
+def test_an_upgrade_keeps_in_its_frontier_what_an_offline_overwrite_replaced(
+    tmp_path: Path, v1: V1Account, relay: MemoryRelay
+) -> None:
+    """The upgrading device overwrote v's record offline: the version it replaced is only in
+    the pending write's vector now, and a device joining before that write is pushed still
+    trusts v's copy on the relay."""
+    u, v = two_version_1_devices(tmp_path, v1)
+    v.put("threads", "x", {"title": "by v"})
+    sync(v, relay)
+    sync(u, relay)
+    u.put("threads", "x", {"title": "u, offline"})
+    pull_only(u, relay)
+    upgrade(u, v1, v1.recovery_key)
+    w = Replica.join(tmp_path / "w.db", u.key_bundle())
+    w.unlock_with_login_keys(v1.login)
+    sync(w, relay)
+    record = w.get("threads", "x")
+    assert record is not None and record.document == {"title": "by v"}
+    assert w.status().quarantined == 0
+    for device in (u, v, w):
+        device.close()

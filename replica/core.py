@@ -33,12 +33,15 @@ from replica.limits import check_name
 from replica.opener import Opener
 from replica.options import ReplicaOptions
 from replica.record import record_from_siblings
-from replica.reseal import forget_acknowledged, pending_under_retired, reseal_pending
+from replica.reseal import forget_acknowledged, reseal_pending
 from replica.schema import REGISTER_ID, Collection, Schema, schema_from_bytes, schema_to_bytes
 from replica.store import HeldRow, Row, Store
 from replica.wire import RelayState
 
 DegradedMark = tuple[bytes, bytes | None, str]
+RESEALED_FOR = "resealed_for"
+"""Meta: the key generation whose retired epochs this file's pending writes were re-sealed
+from (specs/replica.md §7.1)."""
 
 
 class Core:
@@ -131,15 +134,23 @@ class Core:
         rotation retired are re-sealed under the newest one (replica/reseal.py)."""
         try:
             schema = self._load_schema(keys)
-            if keys.retired_epochs and pending_under_retired(self.store, keys):
-                with self.write_transaction():
-                    forget_acknowledged(self.store)
-                    reseal_pending(self.store, keys, self.options.random_bytes)
+            if keys.retired_epochs and self.store.get_int(RESEALED_FOR) < keys.generation:
+                self._reseal(keys)
         except BaseException:
             keys.drop()
             raise
         self.opener = Opener(keys, self.options.cache_entries)
         self._schema = schema
+
+    def _reseal(self, keys: AccountKeys) -> None:
+        """Re-seal this device's pending writes once per generation that retires epochs
+        (replica/reseal.py): the first unlock with it, so a crash after taking the keys is
+        mended at the next. Not at later unlocks: after a reseed every version is pending
+        again, and one acknowledged before must keep the bytes the others hold."""
+        with self.write_transaction():
+            forget_acknowledged(self.store)
+            reseal_pending(self.store, keys, self.node(), self.options.random_bytes)
+            self.store.set_meta(RESEALED_FOR, keys.generation)
 
     def key_change(self, device: str) -> KeyChange:
         """Who changes the account's keys now, and what this file knew then (its frontier)."""

@@ -4,7 +4,7 @@ For each envelope, in order (specs/merge.md §9): drop it if a stored sibling al
 the dot its fixed header claims (a duplicate or a stale version: nothing is parsed or opened
 for it); parse the header (malformed → quarantine); hold it, within a bound, while the
 replica is locked or its key epoch is unknown; refuse it (quarantine, not degraded) if it is
-sealed under a key epoch a rotation retired and its vector is beyond that rotation's frontier;
+sealed under a key epoch a rotation retired and that rotation's frontier does not vouch for it;
 open it (damage → quarantine and mark the record degraded); from here on it is
 authenticated: hold it for drift if its hlc is too far ahead; spot a clone (our own node id
 on a version we never held); hold it if its collection is undeclared (or device-local) here;

@@ -5,8 +5,10 @@ Every device refuses a version under a retired epoch that the rotation's frontie
 vouch for (`Frontier.trusts`): a revoked device keeps the old keys. A write this device has
 not pushed yet may be such a version: made offline, before it took the new generation, even
 with a vector the frontier covers (the frontier is a per-node maximum, so an hlc below it
-proves nothing). So every pending write under a retired epoch is sealed again under the
-newest epoch, with the same dot and vector, before it is pushed.
+proves nothing). So every pending write of its own under a retired epoch is sealed again
+under the newest epoch, with the same dot and vector, before it is pushed. Other devices'
+versions a reseed marked for pushing keep their bytes: they came from the relay, within the
+frontier, and two devices sealing one dot differently would conflict forever.
 
 The earlier sealing is kept in `resealed` until the write is acknowledged: if the relay holds
 it already (the answer to an earlier push was lost), the relay answers `identity_conflict`,
@@ -26,10 +28,12 @@ from replica.wire import NONCE_BYTES, Header, node_to_i64, parse_header
 Identity = tuple[bytes, int, int]
 
 
-def pending_under_retired(store: Store, keys: AccountKeys) -> list[tuple[int, Header, bytes]]:
-    """(row id, header, envelope) of each dirty version sealed under a retired epoch (read
-    only: the usual unlock finds none). A row whose header does not parse is left out: the
-    push path keeps damaged rows back."""
+def pending_under_retired(
+    store: Store, keys: AccountKeys, node: int
+) -> list[tuple[int, Header, bytes]]:
+    """(row id, header, envelope) of each dirty version of this device's (`node`) sealed under
+    a retired epoch. A row whose header does not parse is left out: the push path keeps
+    damaged rows back."""
     retired = keys.retired_epochs
     found = []
     for rowid, envelope in store.db.execute("SELECT id, envelope FROM versions WHERE dirty = 1"):
@@ -37,17 +41,17 @@ def pending_under_retired(store: Store, keys: AccountKeys) -> list[tuple[int, He
             header = parse_header(envelope)
         except ProtocolError:
             continue
-        if header.epoch in retired:
+        if header.epoch in retired and header.node == node:
             found.append((rowid, header, envelope))
     return found
 
 
-def reseal_pending(store: Store, keys: AccountKeys, random_bytes: RandomBytes) -> int:
+def reseal_pending(store: Store, keys: AccountKeys, node: int, random_bytes: RandomBytes) -> int:
     """Re-seal, inside the caller's write transaction, every version `pending_under_retired`
     finds, keeping its earlier sealing; how many. One that no longer opens is left as it is."""
     updates: list[tuple[bytes, int]] = []
     earlier: list[tuple[bytes, int, int, bytes]] = []
-    for rowid, header, envelope in pending_under_retired(store, keys):
+    for rowid, header, envelope in pending_under_retired(store, keys, node):
         try:
             opened = open_envelope(keys, envelope, header)
         except (EnvelopeError, UnknownEpochError):

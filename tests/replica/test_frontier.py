@@ -16,7 +16,7 @@ from replica import Replica, clock
 from replica.envelope import Identity, seal
 from replica.keys import AccountKeys, Frontier, LoginKeys
 from replica.wire import PushBatch, RelayState, parse_header
-from tests.replica.test_sync_session import ACCOUNT, sync
+from tests.replica.test_sync_session import ACCOUNT, push_and_pull, sync
 from tests.replica.test_upgrade import upgrade, wall_clock_ms
 from tests.replica.v1 import V1Account
 
@@ -324,3 +324,23 @@ def test_an_upgrade_keeps_in_its_frontier_what_an_offline_overwrite_replaced(
     assert w.status().quarantined == 0
     for device in (u, v, w):
         device.close()
+
+
+def test_after_a_wipe_the_reseeds_push_the_bytes_everyone_holds(
+    trio: list[Replica], relay: MemoryRelay
+) -> None:
+    """A reseed marks every version for pushing again: those acknowledged before keep their
+    bytes (re-sealing them would give one dot two sealings, a conflict forever)."""
+    desk, laptop, _ = trio
+    login = revoke_phone(desk)
+    assert laptop.adopt_bundle(desk.key_bundle(), login)
+    relay.wipe()
+    for device in (desk, laptop):
+        session = device.sync_session()
+        session.reseed()
+        device.lock()
+        device.unlock_with_login_keys(login)  # an unlock after the reseed re-seals nothing
+        push_and_pull(device.sync_session(), relay)
+    for device in (desk, laptop):
+        sync(device, relay)
+        assert device.status().dirty == 0 and device.status().quarantined == 0

@@ -116,6 +116,7 @@ def test_no_acknowledged_version_is_lost_or_duplicated_across_sigkills(tmp_path:
             served = pull_everything(client, relay.url, headers)
     finally:
         stop.set()
+        thread.join(timeout=30)  # else it may start the relay again after the kill below
         relay.kill()
 
     assert kills_in_flight >= KILLS and retries > 0

@@ -277,6 +277,69 @@ def bundle_vector() -> dict[str, Any]:
     }
 
 
+NEW_PASSPHRASE = "a new passphrase for generation two"
+FRONTIER = {
+    "vector": {7: 123_456_789, 2**63 + 5: 987_654_321},
+    "head": 42,
+    "storage_id": "st-9",
+    "account_epoch": "ep-4",
+}
+
+
+def rotation_vector() -> dict[str, Any]:
+    """Generation 2, made by a rotation that revoked a device (docs/key-generations.md §6):
+    a new generation key, epoch and signing key, the old epoch kept behind its frontier, a
+    new passphrase under a new salt, and generation 1's signing key vouching for it."""
+    salt, generation_key = fixed_bytes("salt 2", 16), fixed_bytes("generation key 2", 32)
+    login = login_keys(NEW_PASSPHRASE, salt)
+    recovery = recovery_keys(fixed_bytes("recovery key", 32))
+    secrets = secrets_map(recovery["x25519_public"], recovery["auth_key_hash"]) | {
+        "generation": 2,
+        "key_epoch": 1,
+        "epoch_keys": {0: fixed_bytes("epoch key 0", 32), 1: fixed_bytes("epoch key 1", 32)},
+        "signing_key": fixed_bytes("signing key 2", 32),
+        "frontiers": {0: FRONTIER},
+        "revoked_device": "dev-2",
+        "rotated_by": "dev-1",
+        "rotated_at_ms": 1_800_000_000_000,
+    }
+    signing_public = public_of(secrets["signing_key"])
+    identity = b"sealsync chain v2\0" + U32.pack(2) + U32.pack(1)
+    identity += signing_public + recovery["x25519_public"]
+    previous = Ed25519PrivateKey.from_private_bytes(fixed_bytes("signing key", 32))
+    clear: dict[str, Any] = {
+        "version": 2,
+        "generation": 2,
+        "key_epoch": 1,
+        "kdf": {"salt": salt, **KDF},
+        "signing_public": signing_public,
+        "recovery_public": recovery["x25519_public"],
+        "chain_signature": previous.sign(identity),
+    }
+    c = clear_digest(clear)
+    wraps = wrapped(generation_key, login["kek"], recovery["x25519_public"], secrets, c)
+    return {
+        "description": "generation 2, by a rotation that revoked dev-2 (key-generations.md §6)",
+        "passphrase": NEW_PASSPHRASE,
+        "kdf": {"salt": salt.hex(), **KDF},
+        "login": {name: value.hex() for name, value in login.items()},
+        "generation_key": generation_key.hex(),
+        "clear_digest": c.hex(),
+        "chain_identity": identity.hex(),
+        "chain_signature": clear["chain_signature"].hex(),
+        "previous_signing_public": public_of(fixed_bytes("signing key", 32)).hex(),
+        "frontier": {
+            "epoch": 0,
+            "vector": {str(node): hlc for node, hlc in FRONTIER["vector"].items()},
+            "head": FRONTIER["head"],
+            "storage_id": FRONTIER["storage_id"],
+            "account_epoch": FRONTIER["account_epoch"],
+        },
+        "secrets_messagepack": pack(secrets).hex(),
+        "bundle": pack({**clear, **wraps}).hex(),
+    }
+
+
 def local_keys(scope_key: bytes, index_key: bytes) -> dict[str, str]:
     """The keys a replica derives from the stored ones (envelope.md §4, replica.md §3)."""
 
@@ -328,6 +391,7 @@ def build_vectors() -> dict[str, Any]:
     return {
         "vectors_version": VECTORS_VERSION,
         "bundle_v2": bundle_vector(),
+        "rotation": rotation_vector(),
         "signed_push": push_vector(),
     }
 

@@ -29,9 +29,12 @@ from replica.generations import (
     open_with_recovery_key,
     recovery_public_key,
     seal_generation,
+    sign_chain,
     sign_push,
+    verify_chain,
 )
 from replica.keys import (
+    Frontier,
     hkdf,
     parse_recovery_key,
     passphrase_login_keys,
@@ -163,3 +166,43 @@ def test_the_signed_push_vector_is_what_the_device_signs_and_the_relay_accepts()
     assert msgspec.msgpack.encode(batch).hex() == PUSH["push_batch"]
     keys = BundleKeys(hexed(BUNDLE["secrets"]["signing_public"]), PUSH["generation"], 0)
     assert authorize_push(PUSH["account"], keys, state, batch, pusher, accept_unsigned=False)
+
+
+ROTATION: dict[str, Any] = VECTORS["rotation"]
+
+
+def test_the_rotation_vector_opens_chains_and_seals_again_to_the_same_bytes() -> None:
+    """Generation 2: the new passphrase and the recovery key open it, generation 1's signing
+    key vouches for it, its secrets keep epoch 0 behind the vector's frontier, and the code
+    seals it to the same bytes but for the HPKE wrap."""
+    given = bundle_v2_from_bytes(hexed(ROTATION["bundle"]))
+    assert clear_digest(given).hex() == ROTATION["clear_digest"]
+    kdf = ROTATION["kdf"]
+    params = KdfParams(hexed(kdf["salt"]), kdf["memory_kib"], kdf["iterations"], kdf["lanes"])
+    login = passphrase_login_keys(ROTATION["passphrase"], params)
+    assert login.wrapping_key.hex() == ROTATION["login"]["kek"]
+    by_kek = open_with_kek(given, login.wrapping_key)
+    assert by_kek == open_with_recovery_key(given, hexed(BUNDLE["recovery"]["raw"]))
+    assert by_kek.key.hex() == ROTATION["generation_key"]
+    assert msgspec.msgpack.encode(by_kek.secrets).hex() == ROTATION["secrets_messagepack"]
+    previous = hexed(ROTATION["previous_signing_public"])
+    assert previous.hex() == BUNDLE["secrets"]["signing_public"]
+    assert verify_chain(given, previous)
+    assert (
+        sign_chain(by_kek.secrets, hexed(BUNDLE["secrets"]["signing_key"])).hex()
+        == (ROTATION["chain_signature"])
+    )
+    expected = ROTATION["frontier"]
+    frontier = generation_keys(by_kek).retired_epochs[expected["epoch"]]
+    assert frontier == Frontier(
+        {int(node): hlc for node, hlc in expected["vector"].items()},
+        expected["head"],
+        expected["storage_id"],
+        expected["account_epoch"],
+    )
+    nonces = BUNDLE["nonces"]
+    random = fixed_random(hexed(nonces["passphrase_wrap"]), hexed(nonces["sealed_secrets"]))
+    sealed = seal_generation(by_kek, given.kdf, login.wrapping_key, random, given.chain_signature)
+    assert msgspec.structs.replace(sealed, recovery_wrap=b"") == msgspec.structs.replace(
+        given, recovery_wrap=b""
+    )

@@ -237,23 +237,36 @@ def wrapped(
     }
 
 
+def sealed_bundle(
+    secrets: dict[str, Any],
+    salt: bytes,
+    kek: bytes,
+    generation_key: bytes,
+    chain_signature: bytes | None,
+) -> tuple[bytes, bytes]:
+    """(C, the bundle's MessagePack) of a generation's secrets, wrapped under `kek` and to
+    the secrets' recovery public key."""
+    clear: dict[str, Any] = {
+        "version": 2,
+        "generation": secrets["generation"],
+        "key_epoch": secrets["key_epoch"],
+        "kdf": {"salt": salt, **KDF},
+        "signing_public": public_of(secrets["signing_key"]),
+        "recovery_public": secrets["recovery_public"],
+        "chain_signature": chain_signature,
+    }
+    c = clear_digest(clear)
+    wraps = wrapped(generation_key, kek, secrets["recovery_public"], secrets, c)
+    return c, pack({**clear, **wraps})
+
+
 def bundle_vector() -> dict[str, Any]:
     salt, generation_key = fixed_bytes("salt", 16), fixed_bytes("generation key", 32)
     login = login_keys(PASSPHRASE, salt)
     recovery = recovery_keys(fixed_bytes("recovery key", 32))
     secrets = secrets_map(recovery["x25519_public"], recovery["auth_key_hash"])
     signing_public = public_of(secrets["signing_key"])
-    clear: dict[str, Any] = {
-        "version": 2,
-        "generation": 1,
-        "key_epoch": 0,
-        "kdf": {"salt": salt, **KDF},
-        "signing_public": signing_public,
-        "recovery_public": recovery["x25519_public"],
-        "chain_signature": None,
-    }
-    c = clear_digest(clear)
-    wraps = wrapped(generation_key, login["kek"], recovery["x25519_public"], secrets, c)
+    c, bundle = sealed_bundle(secrets, salt, login["kek"], generation_key, None)
     return {
         "description": "generation 1 of a new account (envelope.md §2.1-§2.4)",
         "passphrase": PASSPHRASE,
@@ -273,7 +286,7 @@ def bundle_vector() -> dict[str, Any]:
             "messagepack": pack(secrets).hex(),
         },
         "local_keys": local_keys(secrets["scope_key"], secrets["index_key"]),
-        "bundle": pack({**clear, **wraps}).hex(),
+        "bundle": bundle.hex(),
     }
 
 
@@ -307,17 +320,8 @@ def rotation_vector() -> dict[str, Any]:
     identity = b"sealsync chain v2\0" + U32.pack(2) + U32.pack(1)
     identity += signing_public + recovery["x25519_public"]
     previous = Ed25519PrivateKey.from_private_bytes(fixed_bytes("signing key", 32))
-    clear: dict[str, Any] = {
-        "version": 2,
-        "generation": 2,
-        "key_epoch": 1,
-        "kdf": {"salt": salt, **KDF},
-        "signing_public": signing_public,
-        "recovery_public": recovery["x25519_public"],
-        "chain_signature": previous.sign(identity),
-    }
-    c = clear_digest(clear)
-    wraps = wrapped(generation_key, login["kek"], recovery["x25519_public"], secrets, c)
+    chain_signature = previous.sign(identity)
+    c, bundle = sealed_bundle(secrets, salt, login["kek"], generation_key, chain_signature)
     return {
         "description": "generation 2, by a rotation that revoked dev-2 (key-generations.md §6)",
         "passphrase": NEW_PASSPHRASE,
@@ -326,7 +330,7 @@ def rotation_vector() -> dict[str, Any]:
         "generation_key": generation_key.hex(),
         "clear_digest": c.hex(),
         "chain_identity": identity.hex(),
-        "chain_signature": clear["chain_signature"].hex(),
+        "chain_signature": chain_signature.hex(),
         "previous_signing_public": public_of(fixed_bytes("signing key", 32)).hex(),
         "frontier": {
             "epoch": 0,
@@ -336,7 +340,7 @@ def rotation_vector() -> dict[str, Any]:
             "account_epoch": FRONTIER["account_epoch"],
         },
         "secrets_messagepack": pack(secrets).hex(),
-        "bundle": pack({**clear, **wraps}).hex(),
+        "bundle": bundle.hex(),
     }
 
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+import msgspec
+
 from clients.account import Secret, log_in
 from clients.device import RelaySettings, load_settings, sidecar_path
 from clients.errors import (
@@ -31,7 +33,7 @@ from clients.errors import (
     RelayRefusedError,
 )
 from clients.http import RelayClient, check_relay_url
-from replica import LoginKeys, RelayState, Replica, RollbackError, recovery_login_keys
+from replica import LoginKeys, Replica, RollbackError, recovery_login_keys
 from replica.bundles import is_foreign, parse_bundle
 from replica.errors import InvalidArgumentError, ProtocolError
 from replica.wire import ErrorCode, RegisterRequest, Session, auth_key_hash
@@ -127,17 +129,18 @@ def regain_access(client: RelayClient, replica: Replica, reentry: Reentry) -> Re
         if not is_session_refused(exc):
             raise
     else:  # a session saved by a login whose end below did not reach the relay, say
-        if not reentry.trust_account and client.session is not None:
-            device_id = client.session.device_id
-            refuse_reregistered(client, replica, reentry.account, reentry.login, state, device_id)
+        if client.session is not None:
+            session = msgspec.structs.replace(client.session, state=state)
+            trust = reentry.trust_account
+            refuse_reregistered(
+                client, replica, reentry.account, reentry.login, session, trust=trust
+            )
         return None
     if has_account(client, replica, reentry.account):  # the replica's KDF is the relay's
         was = client.session.device_id if client.session else None
         session = log_in(client, reentry.account, reentry.login, reentry.device_name, device_id=was)
-        if not reentry.trust_account:
-            refuse_reregistered(
-                client, replica, reentry.account, reentry.login, session.state, session.device_id
-            )
+        trust = reentry.trust_account
+        refuse_reregistered(client, replica, reentry.account, reentry.login, session, trust=trust)
         return "logged_in"
     register_again(client, replica, reentry)
     return "registered"
@@ -205,8 +208,7 @@ def login_again(
             hint=RESEED_HINT,
         ) from exc
     refuse_foreign_account(client, replica, account, keys, session)
-    if not trust_account:
-        refuse_reregistered(client, replica, account, keys, session.state, session.device_id)
+    refuse_reregistered(client, replica, account, keys, session, trust=trust_account)
     return session
 
 
@@ -215,23 +217,24 @@ def refuse_reregistered(
     replica: Replica,
     account: str,
     keys: LoginKeys,
-    state: RelayState,
-    device_id: str,
+    session: Session,
+    *,
+    trust: bool,
 ) -> None:
     """After a login: a relay wiped since this device last saw it (another storage id) has
     the account only because a device registered it again. Another one, holding the same
     keys as this one, may be trusted or may be a revoked one that kept them: they look alike
     from here (docs/key-generations.md §9), so this device pushes nothing there until the
     person, told which device it was, says they trust it (`--trust-account`); its session
-    there, `device_id`, is ended meanwhile."""
+    there, `session`, is ended meanwhile. Nothing is checked when the person said `trust`."""
     known = replica.sync_session().last_relay_state()
-    if known is None or known.storage_id == state.storage_id:
+    if trust or known is None or known.storage_id == session.state.storage_id:
         return
     first = min(client.devices().devices, key=lambda d: d.created_ms, default=None)
-    if first is None or first.id == device_id:
+    if first is None or first.id == session.device_id:
         return  # this device registered it again itself
     who = f"device {first.name!r}"
-    client.revoke_device(device_id, keys.auth_key)
+    client.revoke_device(session.device_id, keys.auth_key)
     raise ForeignAccountError(
         f"the relay was wiped since this device last synced, and {who} registered account "
         f"{account!r} again: if that is a device you revoked, it kept the keys this one "

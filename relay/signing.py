@@ -95,7 +95,7 @@ def check_key_change(old: BundleKeys, body: PutKeyBundle, *, rotation: bool) -> 
 
 
 def check_bundle_change(
-    old: BundleKeys, new: BundleKeys, *, rotation: bool = False, head_checked: bool = True
+    old: BundleKeys, new: BundleKeys, *, rotation: bool = False, head_checked: bool
 ) -> None:
     """Refuse a replacement that would step back: a lower generation or key epoch, a signing
     key changed within a generation, or a version-2 account's key dropped; a rotation (one

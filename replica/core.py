@@ -278,10 +278,11 @@ class Core:
         source: str,
         accept_drift: bool = False,
         to_push: frozenset[tuple[bytes, int, int]] = frozenset(),
-        relay_origin: tuple[list[int], RelayState] | None = None,
+        seqs: list[int] | None = None,
+        relay: RelayState | None = None,
     ) -> InboundResult:
-        """Merge inbound envelopes inside the caller's transaction; a pulled page's with its
-        `relay_origin`, the envelopes' seqs and the relay's state."""
+        """Merge inbound envelopes inside the caller's transaction; a pulled page's with the
+        envelopes' `seqs` and the `relay` state they came with."""
         now = self.options.wall_clock_ms() if now_ms is None else now_ms
         options = self.options
         if accept_drift:
@@ -294,8 +295,8 @@ class Core:
             options,
             want_events=bool(self.subscribers),
             to_push=to_push,
-            seqs=None if relay_origin is None else relay_origin[0],
-            relay=None if relay_origin is None else relay_origin[1],
+            seqs=seqs,
+            relay=relay,
         )
         result = merge_inbound(ctx, envelopes, now, source)
         if ctx.want_events:

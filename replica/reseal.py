@@ -10,7 +10,8 @@ under the newest epoch, with the same dot and vector, before it is pushed. Other
 versions a reseed marked for pushing keep their bytes: they came from the relay, within the
 frontier, and two devices sealing one dot differently would conflict forever.
 
-The earlier sealing is kept in `resealed` until the write is acknowledged: if the relay holds
+The earlier sealing is kept in `resealed` (until the next re-seal, which drops those of
+acknowledged writes; a push that uses one drops it): if the relay holds
 it already (the answer to an earlier push was lost), the relay answers `identity_conflict`,
 and the earlier bytes are pushed again, which it acknowledges as stored. That copy was
 stored before the rotation, which pulled it (the relay checked its head): within the
@@ -36,12 +37,15 @@ def pending_under_retired(
     damaged rows back."""
     retired = keys.retired_epochs
     found = []
-    for rowid, envelope in store.db.execute("SELECT id, envelope FROM versions WHERE dirty = 1"):
+    rows = store.db.execute(
+        "SELECT id, envelope FROM versions WHERE dirty = 1 AND node = ?", (node_to_i64(node),)
+    )
+    for rowid, envelope in rows:
         try:
             header = parse_header(envelope)
         except ProtocolError:
             continue
-        if header.epoch in retired and header.node == node:
+        if header.epoch in retired:
             found.append((rowid, header, envelope))
     return found
 

@@ -255,9 +255,8 @@ class SyncSession:
         with core.mutex, core.write_transaction():
             self._check_state(page.state, top_seq)
             now = core.options.wall_clock_ms()
-            origin = ([e.seq for e in page.entries], page.state)
-            envelopes = [e.envelope for e in page.entries]
-            result = core.merge(envelopes, now_ms=now, source="pull", relay_origin=origin)
+            envelopes, seqs = [e.envelope for e in page.entries], [e.seq for e in page.entries]
+            result = core.merge(envelopes, now_ms=now, source="pull", seqs=seqs, relay=page.state)
             cursor = self._store.get_int("cursor")
             advanced = page.cursor == cursor and page.next_cursor >= cursor
             if advanced:
@@ -326,7 +325,8 @@ class SyncSession:
 
     def knows_relay_state(self) -> bool:
         """Whether a relay state was seen since the last reseed (pushes are signed for it)."""
-        return self.last_relay_state() is not None
+        with self._core.mutex:
+            return self._store.get_bytes("relay_state") is not None
 
     def last_relay_state(self) -> RelayState | None:
         """The relay state seen last since the last reseed (None: none yet)."""

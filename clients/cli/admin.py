@@ -45,7 +45,7 @@ def revoke(
     listed: list[DeviceInfo],
     device_id: str,
     new_recovery_key: bool,
-    keep_passphrase: bool = False,
+    keep_passphrase: bool,
 ) -> str:
     """Revoke another device of the account; what was done, in words. A version-2 account
     rotates its keys with it (a new passphrase, and a new recovery key if asked), so the

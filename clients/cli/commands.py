@@ -303,7 +303,7 @@ def reseed_proof(
     client: RelayClient,
     relay: RelaySettings,
     invite: str | None,
-    trust_account: bool = False,
+    trust_account: bool,
 ) -> bytes:
     """The auth key a reseed is asked with, once access is regained (the account registered
     again, or this device logged in again): Argon2id runs once for the unlock, the login or
@@ -376,7 +376,7 @@ def took_newer_keys(
     return adopt_relay_keys(client, replica, passphrase_login_keys(passphrase, kdf))
 
 
-def refuse_invite_without_reseed(invite: str | None, reseed: bool, trust: bool = False) -> None:
+def refuse_invite_without_reseed(invite: str | None, reseed: bool, trust: bool) -> None:
     """--invite given on the command line without --reseed is a usage error (exit 2);
     SEALSYNC_INVITE in the environment stays a standing setting. So is --trust-account."""
     if trust and not reseed:

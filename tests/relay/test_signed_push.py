@@ -371,12 +371,14 @@ def test_a_version_1_account_still_pushes_unsigned(make_storage: StorageFactory)
 )
 def test_bundle_changes_that_step_back_are_refused(old: BundleKeys, new: BundleKeys) -> None:
     with pytest.raises(ConflictError):
-        check_bundle_change(old, new)
+        check_bundle_change(old, new, head_checked=True)
     later = BundleKeys(b"c" * 32, 3, 1)
-    check_bundle_change(old, later)
+    check_bundle_change(old, later, head_checked=True)
     with pytest.raises(ConflictError, match="expected_head"):  # its frontier could miss some
         check_bundle_change(old, later, head_checked=False)
-    check_bundle_change(BundleKeys(), new)  # a version-1 account may migrate, or stay
+    check_bundle_change(
+        BundleKeys(), new, head_checked=True
+    )  # a version-1 account may migrate, or stay
 
 
 # -- rotation: revoking a device installs the next generation -----------------------------------

@@ -66,10 +66,6 @@ def same_keys(
     return current, session.device_id if session is not None else ""
 
 
-KEY_CHANGE_ATTEMPTS = 3
-"""A new generation the relay refused because versions landed meanwhile is tried again."""
-
-
 def upgrade_keys(
     client: RelayClient,
     replica: Replica,
@@ -80,7 +76,7 @@ def upgrade_keys(
 ) -> None:
     """Generation 1 of the unlocked version-1 account, installed on the relay; the local
     change commits only once the relay took it, and the new keys are unlocked then. Its
-    frontier retires the version-1 epochs, so it is caught up like a rotation
+    frontier retires the version-1 epochs, so it is made after `catch_up`, like a rotation
     (`rotate_revoking`); `catch_up` pulls only: the relay takes no unsigned push."""
 
     def upgrade() -> None:
@@ -93,7 +89,8 @@ def upgrade_keys(
             send_key_change(client, request)
         replica.unlock_with_login_keys(login)
 
-    caught_up(catch_up, upgrade)
+    catch_up()
+    upgrade()
 
 
 def rotate_revoking(
@@ -109,26 +106,14 @@ def rotate_revoking(
     """Revoke a device by rotating the account's keys (docs/key-generations.md §6): the next
     generation, under `new_passphrase`, installed with the revocation in one relay request;
     the local change commits only once the relay took it, and is unlocked then. With
-    `new_recovery_key`, the relay takes its auth hash in place of the old one's."""
-    caught_up(
-        catch_up,
-        lambda: _rotate(client, replica, login, new_passphrase, revoked, new_recovery_key),
-    )
+    `new_recovery_key`, the relay takes its auth hash in place of the old one's.
 
-
-def caught_up(catch_up: Callable[[], object], change: Callable[[], None]) -> None:
-    """`change` a new key generation after `catch_up` (a sync): its frontier must cover every
-    version the relay holds, or the other devices would refuse those sealed under the epochs
-    it retires. The relay refuses it (`version_conflict`) if its head moved past this
-    device's cursor meanwhile; then it is tried again."""
-    for attempt in range(1, KEY_CHANGE_ATTEMPTS + 1):
-        catch_up()
-        try:
-            change()
-            return
-        except RelayRefusedError as exc:
-            if exc.code != ErrorCode.VERSION_CONFLICT or attempt == KEY_CHANGE_ATTEMPTS:
-                raise
+    `catch_up` (a sync) comes first, so the frontier covers every version the relay holds;
+    what another device stores before the change commits, that device seals again once it
+    takes the change, and the relay refuses no rotation for it: the device being revoked
+    could otherwise hold its revocation off by pushing."""
+    catch_up()
+    _rotate(client, replica, login, new_passphrase, revoked, new_recovery_key)
 
 
 def _rotate(

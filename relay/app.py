@@ -294,7 +294,6 @@ class RelayApi:
             only_device=only_device,
             revoke_device=revoke_device,
             recovery_hash=body.recovery_auth_hash,
-            max_head=body.expected_head,
         )
         version = await self.call(
             store,
@@ -305,9 +304,8 @@ class RelayApi:
             auth_key_hash(body.auth_key),
         )
         if version is None:
-            moved = "" if body.expected_head is None else f", or head past {body.expected_head}"
             raise VersionConflictError(
-                f"the key bundle is no longer at version {body.expected_version}{moved}"
+                f"the key bundle is no longer at version {body.expected_version}"
             )
         return version
 

@@ -62,6 +62,7 @@ from replica.wire import (
     PushResult,
     Receipt,
     RelayState,
+    parse_header,
 )
 
 
@@ -185,15 +186,12 @@ class MemoryRelay:
         only_device: str | None = None,
         revoke_device: str | None = None,
         recovery_hash: bytes | None = None,
-        max_head: int | None = None,
     ) -> int | None:
         with self._mutex:
             entry = self._accounts.get(name)
             if entry is None or entry.record is None:
                 return None
             if entry.record.bundle_version != expected_version:
-                return None
-            if max_head is not None and entry.head > max_head:
                 return None
             if revoke_device is not None and not self.revoke_device(name, revoke_device):
                 raise NotFoundError("no such device")
@@ -442,7 +440,9 @@ class MemoryRelay:
         if isinstance(header, Receipt):
             return header
         siblings = account.by_key.get(header.key, [])
-        decision = decide(header, envelope, siblings)
+        decision = decide(
+            header, envelope, siblings, lambda seq: parse_header(account.by_seq[seq]).epoch
+        )
         if not isinstance(decision, Store):
             return decision
         for seq in decision.dominated:

@@ -100,8 +100,9 @@ def check_bundle_change(
     """Refuse a replacement that would step back: a lower generation or key epoch, a signing
     key changed within a generation, or a version-2 account's key dropped; a rotation (one
     that revokes a device) that is not exactly the next generation; and a new generation
-    whose request names no head (`expected_head`): its frontier retires the old epochs, and
-    must cover every version stored (docs/key-generations.md §6)."""
+    whose request names no head (`expected_head`): it comes from a client that records no
+    frontier, which every device needs once the old epochs retire (docs/key-generations.md
+    §6)."""
     if new.generation > old.generation and not head_checked:
         raise ConflictError(
             "a new key generation must name the relay head its frontier covers "

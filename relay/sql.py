@@ -17,25 +17,19 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 
 from relay.dialect import Transaction
 from relay.errors import (
     AccountExistsError,
-    CounterStaleError,
     ForbiddenError,
     NotFoundError,
     QuotaExceededError,
-    RelayError,
-    UnauthorizedError,
 )
 from relay.signing import (
-    BundleKeys,
     Pusher,
-    authorize_push,
     bundle_keys,
-    refuse_epochs_ahead,
 )
+from relay.sqlpush import PendingPush, authorized, push_plan, write_plan
 from relay.storage import (
     AccountRecord,
     AccountSummary,
@@ -50,8 +44,6 @@ from relay.storage import (
     spent_until,
 )
 from relay.versions import (
-    PushPlan,
-    StoredVersion,
     check_envelope,
     cut_page,
     is_over_quota,
@@ -67,10 +59,7 @@ from replica.wire import (
     Receipt,
     RelayState,
     decode_message,
-    decode_vector,
     encode_message,
-    node_from_i64,
-    node_to_i64,
 )
 
 _INSERT_DEVICE = "INSERT INTO devices (account, id, name, created_ms) VALUES (?, ?, ?, ?)"
@@ -81,38 +70,6 @@ _INSERT_ACCOUNT = (
     "INSERT INTO accounts (name, auth_hash, recovery_hash, kdf, bundle, bundle_version,"
     " created_ms, epoch) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING RETURNING id"
 )
-
-
-@dataclass
-class PendingPush:
-    """A push on its way into a transaction: headers parsed, and, after `_apply_push`, the
-    refusal to raise once the transaction commits (so the push's counter is kept)."""
-
-    name: str
-    batch: PushBatch
-    pusher: Pusher | None
-    checked: list[Header | Receipt]
-    accept_unsigned: bool
-    refusal: RelayError | None = None
-
-
-STORED_VERSIONS = (
-    "SELECT key, seq, node, hlc, vector, digest, length(envelope) FROM versions"
-    " WHERE account = ? AND key = ANY(?)"
-)
-"""The stored versions of a batch's keys, without their envelopes."""
-
-
-def _stored_versions(
-    tx: Transaction, account_id: int, keys: list[bytes]
-) -> dict[bytes, list[StoredVersion]]:
-    """The stored versions of each of `keys` (keys with none are absent), without envelopes."""
-    found: dict[bytes, list[StoredVersion]] = {}
-    rows = tx.all_in(STORED_VERSIONS, (account_id,), list(dict.fromkeys(keys)))
-    for key, seq, node, hlc, vector, digest, size in rows:
-        version = StoredVersion(seq, node_from_i64(node), hlc, decode_vector(vector), digest, size)
-        found.setdefault(key, []).append(version)
-    return found
 
 
 def _insert_device(
@@ -214,16 +171,14 @@ class SQLStorage(ABC):
         only_device: str | None = None,
         revoke_device: str | None = None,
         recovery_hash: bytes | None = None,
-        max_head: int | None = None,
     ) -> int | None:
         new = (bundle, encode_message(kdf), auth_hash, recovery_hash)
         with self._write() as tx:
             changed = tx.run(
                 "UPDATE accounts SET bundle = ?, kdf = ?, auth_hash = ?,"
                 " recovery_hash = COALESCE(?, recovery_hash),"
-                " bundle_version = bundle_version + 1 WHERE name = ? AND bundle_version = ?"
-                " AND head <= COALESCE(?, head)",
-                (*new, name, expected_version, max_head),
+                " bundle_version = bundle_version + 1 WHERE name = ? AND bundle_version = ?",
+                (*new, name, expected_version),
             )
             if changed and revoke_device is not None:
                 _revoke_in(tx, name, revoke_device)
@@ -458,9 +413,9 @@ class SQLStorage(ABC):
             raise NotFoundError("no such account")
         account_id, epoch, before, stored_bytes, bundle = row
         state = RelayState(self._storage_id, epoch, before)
-        checked = _authorized(tx, account_id, bundle_keys(bundle), state, push)
+        checked = authorized(tx, account_id, bundle_keys(bundle), state, push)
         keys = [header.key for header in checked if isinstance(header, Header)]
-        plan = PushPlan(before, stored_bytes, _stored_versions(tx, account_id, keys))
+        plan = push_plan(tx, account_id, before, stored_bytes, keys)
         receipts = [
             h if isinstance(h, Receipt) else plan.add(h, e)
             for h, e in zip(checked, push.batch.envelopes, strict=True)
@@ -472,7 +427,7 @@ class SQLStorage(ABC):
             )
             return PushResult([], state), False
         if plan.head != before:
-            _write_plan(tx, account_id, plan)
+            write_plan(tx, account_id, plan)
             tx.announce(push.name, plan.head)
         state = RelayState(self._storage_id, epoch, plan.head)
         return PushResult(receipts, state), plan.head != before
@@ -499,33 +454,6 @@ class SQLStorage(ABC):
         next_cursor = entries[-1].seq if has_more else max(head, cursor)
         state = RelayState(self._storage_id, epoch, head)
         return Page(cursor, entries, next_cursor, has_more, state)
-
-
-def _authorized(
-    tx: Transaction, account_id: int, keys: BundleKeys, state: RelayState, push: PendingPush
-) -> list[Header | Receipt]:
-    """The push's checked headers once the account's key is found to have signed it (its
-    counter then recorded), with every envelope of a key epoch not reached refused."""
-    if authorize_push(push.name, keys, state, push.batch, push.pusher, push.accept_unsigned):
-        assert push.pusher is not None, "a signed push has its pusher"
-        _record_counter(tx, account_id, push.pusher.device_id, push.batch.counter)
-    return refuse_epochs_ahead(keys, push.checked)
-
-
-def _record_counter(tx: Transaction, account_id: int, device_id: str, counter: int) -> None:
-    """Take `counter` as the device's last, or raise `CounterStaleError` with the last one
-    when it is not above it (`UnauthorizedError` when the device was revoked meanwhile)."""
-    if tx.run(
-        "UPDATE devices SET push_counter = ? WHERE account = ? AND id = ? AND push_counter < ?",
-        (counter, account_id, device_id, counter),
-    ):
-        return
-    row = tx.one(
-        "SELECT push_counter FROM devices WHERE account = ? AND id = ?", (account_id, device_id)
-    )
-    if row is None:
-        raise UnauthorizedError()
-    raise CounterStaleError(counter, row[0])
 
 
 def _account_values(account: AccountRecord) -> tuple[object, ...]:
@@ -580,20 +508,3 @@ def _locked_token(tx: Transaction, old_hash: bytes) -> tuple[int, str, TokenKind
     if row is None:
         return None
     return account, device, row[0], row[1]
-
-
-def _write_plan(tx: Transaction, account_id: int, plan: PushPlan) -> None:
-    """Carry out a decided push: delete what it dominates, insert what it stores."""
-    tx.run_in(
-        "DELETE FROM versions WHERE account = ? AND seq = ANY(?)", (account_id,), plan.deleted
-    )
-    tx.insert_versions(
-        [
-            (account_id, seq, h.key, node_to_i64(h.node), h.hlc, h.vector_bytes, d, e)
-            for seq, (h, e, d) in plan.inserted.items()
-        ]
-    )
-    tx.run(
-        "UPDATE accounts SET head = ?, stored_bytes = ? WHERE id = ?",
-        (plan.head, plan.stored_bytes, account_id),
-    )

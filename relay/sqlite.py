@@ -22,7 +22,8 @@ from typing import Any
 from relay import dialect
 from relay.errors import RelayError, StoreFailedError
 from relay.signing import Pusher
-from relay.sql import PendingPush, SQLStorage
+from relay.sql import SQLStorage
+from relay.sqlpush import PendingPush
 from relay.storage import VersionRules, new_random_id
 from replica.errors import InvalidArgumentError
 from replica.wire import PushBatch, PushResult

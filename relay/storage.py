@@ -126,7 +126,6 @@ class Storage(Protocol):
         only_device: str | None = None,
         revoke_device: str | None = None,
         recovery_hash: bytes | None = None,
-        max_head: int | None = None,
     ) -> int | None:
         """Replace the bundle (and the passphrase's auth hash) if its version is still
         `expected_version`; the new version, or None when another change came first. With
@@ -134,8 +133,7 @@ class Storage(Protocol):
         devices log in again, with the new passphrase); with `revoke_device`, that device
         and its tokens go in it (`NotFoundError`, and nothing changed, if there is none):
         a rotation that revokes (docs/key-generations.md §6); with `recovery_hash`, a new
-        recovery key's auth hash replaces the old one's; with `max_head`, None also when the
-        account's head is above it (a rotation's frontier must cover every stored version)."""
+        recovery key's auth hash replaces the old one's."""
         ...
 
     def add_invite(self, invite_hash: bytes, expires_ms: int) -> None: ...

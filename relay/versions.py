@@ -8,7 +8,7 @@ cannot drift apart: a backend reads the stored siblings of the envelope's opaque
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from replica.errors import InvalidArgumentError, ProtocolError
@@ -72,15 +72,33 @@ def check_envelope(envelope: bytes, now_ms: int, max_drift_ms: int) -> Header | 
     return header
 
 
-def decide(header: Header, envelope: bytes, siblings: Sequence[StoredVersion]) -> Decision:
+EpochOf = Callable[[int], int]
+"""The key epoch of the stored version with this seq: read from its envelope only when the
+same dot arrives with other bytes, so the common push never loads a stored envelope."""
+
+
+def decide(
+    header: Header, envelope: bytes, siblings: Sequence[StoredVersion], epoch_of: EpochOf
+) -> Decision:
     """Idempotent on the version's identity (its dot); dropped only when a stored version of
-    the same key dominates it; otherwise stored, replacing exactly the versions it dominates."""
+    the same key dominates it; otherwise stored, replacing exactly the versions it dominates.
+
+    The same dot with other bytes is one version sealed twice: after a rotation a device
+    seals its own versions again under the newest key epoch (replica/reseal.py). A later
+    sealing replaces an earlier one; an earlier one, pushed again (by a reseed of a device
+    that holds it), is stored already in the later; two sealings under one epoch are an
+    `identity_conflict` (a copied replica writing as its original)."""
     node, hlc = header.node, header.hlc
     for stored in siblings:
         if stored.node == node and stored.hlc == hlc:
-            if stored.digest != envelope_sha256(envelope):
+            if stored.digest == envelope_sha256(envelope):
+                return Receipt("stored", seq=stored.seq)
+            stored_epoch = epoch_of(stored.seq)
+            if stored_epoch == header.epoch:
                 return IDENTITY_CONFLICT
-            return Receipt("stored", seq=stored.seq)
+            if stored_epoch > header.epoch:
+                return Receipt("stored", seq=stored.seq)
+            continue  # re-sealed: its vector dominates the earlier sealing, which it replaces
         if dominates(stored.vector, (node, hlc)):
             return SUPERSEDED
     vector = header.vector
@@ -121,7 +139,11 @@ class PushPlan:
     per envelope. Later envelopes of the batch see the earlier ones, as if pushed one by one."""
 
     def __init__(
-        self, head: int, stored_bytes: int, siblings: dict[bytes, list[StoredVersion]]
+        self,
+        head: int,
+        stored_bytes: int,
+        siblings: dict[bytes, list[StoredVersion]],
+        stored_epoch_of: EpochOf,
     ) -> None:
         self.head = head
         self.stored_bytes = stored_bytes
@@ -130,10 +152,15 @@ class PushPlan:
         """(header, envelope, digest) by seq; a later envelope may take one out again."""
         self.deleted: list[int] = []
         """seqs of versions stored before the batch that it dominates."""
+        self._stored_epoch_of = stored_epoch_of
+
+    def _epoch_of(self, seq: int) -> int:
+        inserted = self.inserted.get(seq)
+        return inserted[0].epoch if inserted is not None else self._stored_epoch_of(seq)
 
     def add(self, header: Header, envelope: bytes) -> Receipt:
         siblings = self.siblings.setdefault(header.key, [])
-        decision = decide(header, envelope, siblings)
+        decision = decide(header, envelope, siblings, self._epoch_of)
         if not isinstance(decision, Store):
             return decision
         for stored in siblings:

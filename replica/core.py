@@ -33,7 +33,7 @@ from replica.limits import check_name
 from replica.opener import Opener
 from replica.options import ReplicaOptions
 from replica.record import record_from_siblings
-from replica.reseal import forget_acknowledged, reseal_pending
+from replica.reseal import reseal_own
 from replica.schema import REGISTER_ID, Collection, Schema, schema_from_bytes, schema_to_bytes
 from replica.store import HeldRow, Row, Store
 from replica.wire import RelayState
@@ -130,8 +130,8 @@ class Core:
 
     def unlock(self, keys: AccountKeys) -> None:
         """Take the keys, and the schema they open (sealing a clear one first); on failure
-        the keys are dropped and the replica stays locked. Pending writes under an epoch a
-        rotation retired are re-sealed under the newest one (replica/reseal.py)."""
+        the keys are dropped and the replica stays locked. This device's versions under an
+        epoch a rotation retired are re-sealed under the newest one (replica/reseal.py)."""
         try:
             schema = self._load_schema(keys)
             if keys.retired_epochs and self.store.get_int(RESEALED_FOR) < keys.generation:
@@ -143,13 +143,11 @@ class Core:
         self._schema = schema
 
     def _reseal(self, keys: AccountKeys) -> None:
-        """Re-seal this device's pending writes once per generation that retires epochs
-        (replica/reseal.py): the first unlock with it, so a crash after taking the keys is
-        mended at the next. Not at later unlocks: after a reseed every version is pending
-        again, and one acknowledged before must keep the bytes the others hold."""
+        """Re-seal this device's versions once per generation that retires epochs
+        (replica/reseal.py): at the first unlock with it, so a crash after taking the keys
+        is mended at the next; not at every unlock, for it reads every version of its own."""
         with self.write_transaction():
-            forget_acknowledged(self.store)
-            reseal_pending(self.store, keys, self.node(), self.options.random_bytes)
+            reseal_own(self.store, keys, self.node(), self.options.random_bytes)
             self.store.set_meta(RESEALED_FOR, keys.generation)
 
     def key_change(self, device: str) -> KeyChange:

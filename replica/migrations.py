@@ -65,5 +65,10 @@ MIGRATIONS: tuple[str, ...] = (
         key BLOB NOT NULL, node INTEGER NOT NULL, hlc INTEGER NOT NULL,
         envelope BLOB NOT NULL, PRIMARY KEY (key, node, hlc)) WITHOUT ROWID;
     """,
+    # 5: no earlier sealing is kept any more: the relay replaces a version's earlier sealing
+    # by a later one (relay/versions.py), so it never has to be pushed back
+    """
+    DROP TABLE resealed;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

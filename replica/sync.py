@@ -25,7 +25,6 @@ from replica import clock
 from replica.bundles import generation_of
 from replica.errors import InvalidArgumentError, ProtocolError, ReplicaLockedError, RollbackError
 from replica.generations import PushSigner, sign_push
-from replica.reseal import restore_earlier_sealings
 from replica.store import Row
 from replica.wire import (
     MAX_HLC,
@@ -153,13 +152,10 @@ class SyncSession:
             self._check_state(result.state, max(seqs, default=0))
             stored: list[Identity] = []
             superseded: list[Identity] = []
-            conflicts: list[Identity] = []
             refused: dict[ErrorCode, int] = {}
             for envelope, receipt in zip(batch.envelopes, result.receipts, strict=True):
                 header = parse_header(envelope)
                 identity = (header.key, header.node, header.hlc)
-                if receipt.code == ErrorCode.IDENTITY_CONFLICT:
-                    conflicts.append(identity)
                 if receipt.code is not None:  # refused: only a refused receipt has a code
                     refused[receipt.code] = refused.get(receipt.code, 0) + 1
                     continue
@@ -168,29 +164,11 @@ class SyncSession:
             self._superseded.update(set(superseded) - set(proven))
             self._store.clear_dirty(stored + proven)
             self._pass_own_versions(seqs)
-            self._push_earlier_sealings(conflicts, refused)
         return Acknowledged(
             stored=sum(r.status == "stored" for r in result.receipts),
             superseded=sum(r.status == "superseded" for r in result.receipts),
             refused_by_code=refused,
         )
-
-    def _push_earlier_sealings(
-        self, conflicts: list[Identity], refused: dict[ErrorCode, int]
-    ) -> None:
-        """A re-sealed write the relay already holds under its earlier sealing (the answer to
-        its push was lost) is pushed again with those bytes, in this pass: the relay then
-        acknowledges it as stored, and the others trust that copy (replica/reseal.py)."""
-        if not conflicts:
-            return
-        restored, lowest = restore_earlier_sealings(self._store, conflicts)
-        if restored:
-            self._after["versions"] = min(self._after["versions"], lowest - 1)
-            left = refused[ErrorCode.IDENTITY_CONFLICT] - restored
-            if left:
-                refused[ErrorCode.IDENTITY_CONFLICT] = left
-            else:
-                del refused[ErrorCode.IDENTITY_CONFLICT]
 
     def settle_superseded(self) -> int:
         """After a pass's pull: a version the relay called superseded stops being pushed once

@@ -35,7 +35,7 @@ import msgspec
 
 from replica.errors import InvalidArgumentError, KdfParametersError, ProtocolError
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 FORMAT_VERSION = 1
 ALGORITHM_AES_256_GCM = 1
 KEY_BYTES = 16
@@ -523,7 +523,8 @@ class PutKeyBundle(Redacted, frozen=True):
     recovery_auth_hash: AuthKey | None = None
     """A new recovery key's auth hash, replacing the old one's (a rotation: see devices)."""
     expected_head: Seq | None = None
-    """A rotation's: refused while the account's head is above it (the frontier missed it)."""
+    """A new generation's: the head its frontier covers; required, so that only a client that
+    records a frontier retires epochs (docs/key-generations.md §6)."""
 
     shown = ("expected_version", "end_other_sessions")
 

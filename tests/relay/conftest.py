@@ -36,9 +36,11 @@ last, and each holds a server connection (PostgreSQL allows 100 by default)."""
 StorageFactory = Callable[..., Storage]
 
 
-def envelope(key: bytes, node: int, hlc: int, vector: dict[int, int], body: bytes = b"") -> bytes:
+def envelope(
+    key: bytes, node: int, hlc: int, vector: dict[int, int], body: bytes = b"", epoch: int = 0
+) -> bytes:
     """A header the relay can read and an opaque body it never opens."""
-    return encode_header(0, key, hlc, node, vector) + (body or os.urandom(44))
+    return encode_header(epoch, key, hlc, node, vector) + (body or os.urandom(44))
 
 
 def account_record(name: str, created_ms: int = NOW_MS) -> AccountRecord:

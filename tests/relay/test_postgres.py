@@ -24,7 +24,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import TupleRow
 
 from relay.postgres import CHANNEL, PostgresStorage, postgres_statement
-from relay.sql import STORED_VERSIONS
+from relay.sqlpush import STORED_VERSIONS
 from relay.storage import Device, TokenRecord, VersionRules
 from replica.errors import InvalidArgumentError
 from replica.wire import KdfParams, Page, PushBatch

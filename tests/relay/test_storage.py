@@ -76,6 +76,29 @@ def test_a_repeated_push_is_idempotent_and_a_changed_body_is_refused(storage: St
     assert storage.state("a").head == 1
 
 
+@pytest.mark.parametrize("in_one_batch", [False, True], ids=["two pushes", "one batch"])
+def test_a_later_sealing_of_a_version_replaces_the_earlier_one(
+    storage: Storage, in_one_batch: bool
+) -> None:
+    """After a rotation a device seals its own versions again under the newest key epoch
+    (replica/reseal.py): same dot, other bytes. The later sealing replaces the earlier; the
+    earlier, pushed again (a reseed), is stored in the later already; one epoch sealed twice
+    still conflicts."""
+    earlier = envelope(KEY, 1, HLC, {1: HLC}, epoch=1)
+    later = envelope(KEY, 1, HLC, {1: HLC}, epoch=2)
+    if in_one_batch:
+        receipts = storage.push("a", PushBatch([earlier, later])).receipts
+    else:
+        receipts = [storage.push("a", PushBatch([e])).receipts[0] for e in (earlier, later)]
+    assert [(r.status, r.seq) for r in receipts] == [("stored", 1), ("stored", 2)]
+    assert pull_all(storage, "a") == [later] and storage.stored_versions("a") == 1
+    again = storage.push("a", PushBatch([earlier])).receipts[0]
+    assert (again.status, again.seq) == ("stored", 2)
+    twice = storage.push("a", PushBatch([envelope(KEY, 1, HLC, {1: HLC}, epoch=2)]))
+    assert (twice.receipts[0].status, twice.receipts[0].code) == ("refused", "identity_conflict")
+    assert pull_all(storage, "a") == [later] and storage.state("a").head == 2
+
+
 def test_a_dominated_version_is_superseded_and_a_dominating_one_replaces(
     make_storage: StorageFactory,
 ) -> None:
@@ -418,8 +441,8 @@ def test_storage_stays_the_siblings_of_everything_pushed(
 def batched_writes(draw: st.DrawFn) -> list[list[bytes]]:
     """Writes by 3 devices to 2 keys, each device sometimes knowing an earlier write of the
     key (so a later write may dominate one of the same batch); some envelopes sent twice,
-    some versions again with other bytes (an identity conflict); cut into batches of random
-    sizes."""
+    some versions again with other bytes, under the same key epoch or another (an identity
+    conflict, or a later or earlier sealing); cut into batches of random sizes."""
     written: list[tuple[bytes, dict[int, int]]] = []
     for i in range(draw(st.integers(1, 16))):
         key, node = bytes([draw(st.integers(0, 1))]) * 16, draw(st.integers(1, 3))
@@ -431,8 +454,9 @@ def batched_writes(draw: st.DrawFn) -> list[list[bytes]]:
         written.append((key, vector))
     envelopes = [envelope(k, max(v, key=v.__getitem__), max(v.values()), v) for k, v in written]
     envelopes += draw(st.lists(st.sampled_from(envelopes), max_size=4))
-    for k, v in draw(st.lists(st.sampled_from(written), max_size=2)):  # other bytes, same dot
-        envelopes.append(envelope(k, max(v, key=v.__getitem__), max(v.values()), v))
+    for k, v in draw(st.lists(st.sampled_from(written), max_size=3)):  # other bytes, same dot
+        epoch = draw(st.integers(0, 2))
+        envelopes.append(envelope(k, max(v, key=v.__getitem__), max(v.values()), v, epoch=epoch))
     envelopes = draw(st.permutations(envelopes))
     cuts = (
         sorted(draw(st.sets(st.integers(1, len(envelopes) - 1), max_size=4)))

@@ -237,33 +237,75 @@ def test_an_offline_write_under_a_frontier_inflated_by_the_revoked_device_arrive
     assert record is not None and desk.status().quarantined == 0
 
 
-def test_an_earlier_sealing_the_relay_holds_is_pushed_back_and_read_everywhere(
+def stored_epochs(relay: MemoryRelay, id_key: bytes) -> list[int]:
+    """The key epochs of the relay's stored versions of one opaque key."""
+    page = relay.pull(ACCOUNT, 0)
+    return [
+        parse_header(e.envelope).epoch
+        for e in page.entries
+        if parse_header(e.envelope).key == id_key
+    ]
+
+
+def test_an_earlier_sealing_the_relay_holds_is_replaced_and_read_everywhere(
     trio: list[Replica], relay: MemoryRelay, tmp_path: Path
 ) -> None:
     """The relay stored the laptop's write, the answer was lost, and the desk pulled it before
-    rotating: the laptop's re-sealed copy meets `identity_conflict`, the earlier bytes go
-    again, and every device, one joining after the rotation too, reads that copy."""
+    rotating: the laptop's re-sealed copy replaces it on the relay, the desk keeps the copy it
+    trusted, and a device joining after the rotation reads the new one."""
     desk, laptop, _ = trio
     laptop.put("threads", "lost answer", {"title": "stored, answer lost"})
     batch = laptop.sync_session().next_batch()
     assert batch is not None
     relay.push(ACCOUNT, batch)  # stored; the laptop never hears of it
+    key = parse_header(batch.envelopes[-1]).key
     sync(desk, relay)
     login = revoke_phone(desk)
     assert laptop.adopt_bundle(desk.key_bundle(), login)
-    assert newest_epoch(laptop) == generation_keys_of(desk).key_epoch  # re-sealed
+    new_epoch = generation_keys_of(desk).key_epoch
+    assert newest_epoch(laptop) == new_epoch  # re-sealed
     sync(laptop, relay)
-    assert laptop.status().dirty == 0
+    assert laptop.status().dirty == 0 and stored_epochs(relay, key) == [new_epoch]
     newcomer = Replica.join(tmp_path / "new.db", desk.key_bundle())
     newcomer.unlock_with_login_keys(login)
+    sync(desk, relay)
     sync(newcomer, relay)
     for device in (desk, newcomer):
         record = device.get("threads", "lost answer")
         assert record is not None and device.status().quarantined == 0
     newcomer.close()
-    with sqlite3.connect(laptop.path) as db:
-        assert db.execute("SELECT count(*) FROM resealed").fetchone() == (0,)
-    db.close()
+
+
+def test_a_write_stored_while_the_rotation_was_under_way_arrives_re_sealed(
+    trio: list[Replica], relay: MemoryRelay, tmp_path: Path
+) -> None:
+    """The relay takes no rotation back for versions stored past the head it names (the
+    device being revoked could hold it off so): the laptop pushed one then. Every device that
+    took the new keys refuses that sealing; the laptop seals all its own versions again when
+    it takes them, so its write arrives everywhere."""
+    desk, laptop, _ = trio
+    sync(desk, relay)
+    laptop.put("threads", "during", {"title": "pushed while desk rotated"})
+    sync(laptop, relay)  # stored past the head desk's frontier names
+    login = revoke_phone(desk)
+    sync(desk, relay)
+    assert desk.get("threads", "during") is None  # refused: beyond the frontier
+    assert laptop.adopt_bundle(desk.key_bundle(), login)
+    sync(laptop, relay)
+    newcomer = Replica.join(tmp_path / "new.db", desk.key_bundle())
+    newcomer.unlock_with_login_keys(login)
+    for device in (desk, newcomer):
+        sync(device, relay)
+        record = device.get("threads", "during")
+        assert record is not None and record.document == {"title": "pushed while desk rotated"}
+    assert newcomer.status().quarantined == 0
+    assert sorted(r.id for r in newcomer.scan("threads")) == [
+        "during",
+        "from-desk",
+        "from-laptop",
+        "from-phone",
+    ]
+    newcomer.close()
 
 
 def pull_only(replica: Replica, relay: MemoryRelay) -> None:
@@ -330,7 +372,8 @@ def test_after_a_wipe_the_reseeds_push_the_bytes_everyone_holds(
     trio: list[Replica], relay: MemoryRelay
 ) -> None:
     """A reseed marks every version for pushing again: those acknowledged before keep their
-    bytes (re-sealing them would give one dot two sealings, a conflict forever)."""
+    bytes, and the relay keeps the later of two sealings of one dot whichever comes first
+    (the laptop holds the desk's versions as sealed before the desk re-sealed them)."""
     desk, laptop, _ = trio
     login = revoke_phone(desk)
     assert laptop.adopt_bundle(desk.key_bundle(), login)

@@ -104,7 +104,6 @@ def set_meta_schema(path: Path, value: bytes, *, format: int | None = None) -> N
     with sqlite3.connect(path) as db:
         db.execute("UPDATE meta SET value = ? WHERE name = 'schema'", (value,))
         if format is not None:
-            db.execute("DROP TABLE resealed")  # format 4's
             db.execute(f"PRAGMA user_version = {format}")
 
 

@@ -76,6 +76,9 @@ HINT_BY_CODE: dict[ErrorCode, str] = {
     ErrorCode.RATE_LIMITED: "wait a little and try again",
     ErrorCode.KEY_RETIRED: "the account's keys were rotated on another device: unlock with the "
     "new passphrase or the recovery key; this device's unsent writes are kept",
+    ErrorCode.DEVICE_REVOKED: "another device removed this one from the account (`sealsync "
+    "devices --revoke`): nothing more syncs here. This file keeps what it held; writes made "
+    "here since reach no other device",
 }
 UNKNOWN_OUTCOME_HINT = "the relay may or may not have acted; sending the same request is safe"
 

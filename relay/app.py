@@ -208,6 +208,8 @@ class RelayApi:
         body = await codec.read(request, RefreshRequest)
         digest = tokens.token_hash(body.refresh_token)
         record = await self.call(self.storage.token, digest) if digest else None
+        if record is None and digest:
+            await self.gate.refuse_revoked(digest)
         now = self.clock_ms()
         if record is None or record.kind == "access" or record.expires_ms <= now:
             raise UnauthorizedError()
@@ -241,7 +243,9 @@ class RelayApi:
         record = await self.prove(caller, body.auth_key, "revoking a device")
         device_id = codec.device_id(request)
         check_plain_revoke(record.keys, device_id, caller.device_id)
-        if not await self.call(self.storage.revoke_device, caller.account, device_id):
+        own = device_id == caller.device_id
+        revoke = functools.partial(self.storage.revoke_device, own=own)
+        if not await self.call(revoke, caller.account, device_id):
             raise NotFoundError("no such device")
         log.info("device revoked", extra={"device": device_id})
         return Response(status_code=204)

@@ -78,7 +78,14 @@ PUSH_COUNTERS = """
 -- the highest signed-push counter each device used: a captured push cannot be sent again
 ALTER TABLE devices ADD COLUMN push_counter {int} NOT NULL DEFAULT 0
 """
-SCHEMA_STEPS = (SCHEMA, LOGIN_FAILURES, PUSH_COUNTERS)
+REVOKED_TOKENS = """
+-- the tokens a device held when it was revoked: it is told so, not only that its session ended
+CREATE TABLE revoked_tokens (
+    hash {bytes} PRIMARY KEY,
+    account {int} NOT NULL REFERENCES accounts(id) ON DELETE CASCADE
+){strict}
+"""
+SCHEMA_STEPS = (SCHEMA, LOGIN_FAILURES, PUSH_COUNTERS, REVOKED_TOKENS)
 """Step n makes a database of schema n - 1 one of schema n; a new one runs them all."""
 SCHEMA_VERSION = len(SCHEMA_STEPS)
 

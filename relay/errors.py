@@ -75,6 +75,17 @@ class KeyRetiredError(RelayError):
     code = ErrorCode.KEY_RETIRED
 
 
+class DeviceRevokedError(RelayError):
+    """A token its device held when another device revoked it: that device stops, and says
+    so (docs/key-generations.md §7)."""
+
+    status = 403
+    code = ErrorCode.DEVICE_REVOKED
+
+    def __init__(self) -> None:
+        super().__init__("this device was revoked by another device of the account")
+
+
 class NotFoundError(RelayError):
     status = 404
     code = ErrorCode.NOT_FOUND

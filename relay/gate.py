@@ -22,7 +22,7 @@ from starlette.requests import Request
 
 from relay import tokens
 from relay.config import RelayConfig
-from relay.errors import RateLimitedError, UnauthorizedError
+from relay.errors import DeviceRevokedError, RateLimitedError, UnauthorizedError
 from relay.storage import LoginFailures, Storage
 from relay.throttle import TokenBuckets
 
@@ -130,11 +130,13 @@ class Gate:
 
     async def caller(self, request: Request) -> Caller:
         """The account and device of the request's access token; one answer for every way a
-        token can be wrong, so none of them can be told apart."""
+        token can be wrong, so none of them can be told apart, but for a revoked device's."""
         self.limit_address(request)
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         digest = tokens.token_hash(token.strip()) if scheme.lower() == "bearer" else None
         record = await self.call(self.storage.token, digest) if digest else None
+        if record is None and digest:
+            await self.refuse_revoked(digest)
         if record is None or record.kind != "access" or record.expires_ms <= self.clock_ms():
             raise UnauthorizedError()
         wait = self.token_buckets.take(record.device_id + "/" + record.account)
@@ -144,6 +146,12 @@ class Gate:
                 retry_after_s=wait,
             )
         return Caller(record.account, record.device_id, record.hash, record.expires_ms)
+
+    async def refuse_revoked(self, token_hash: bytes) -> None:
+        """Raise `DeviceRevokedError` for a token whose device was revoked: the holder of that
+        token is that device, and should stop rather than log in again."""
+        if await self.call(self.storage.is_revoked_token, token_hash):
+            raise DeviceRevokedError()
 
     async def throttle_login(self, name: str, address: str) -> LoginFailures:
         """Failed logins are counted per (account name, address), names that exist or not

@@ -119,6 +119,8 @@ class MemoryRelay:
         self._secret = secrets.token_bytes(32)
         self._accounts: dict[str, _Account] = {}
         self._tokens: dict[bytes, TokenRecord] = {}
+        self._revoked_tokens: dict[bytes, str] = {}
+        """hash → account name of each token a revoked device held."""
         self._invites: dict[bytes, int] = {}
         self._login_failures: dict[str, list[tuple[str, int]]] = {}
         """name → (address, at_ms) of each failed login still remembered."""
@@ -173,6 +175,7 @@ class MemoryRelay:
         with self._mutex:
             entry = self._accounts.pop(name, None)
             self._tokens = {h: t for h, t in self._tokens.items() if t.account != name}
+            self._revoked_tokens = {h: a for h, a in self._revoked_tokens.items() if a != name}
             return entry is not None and entry.record is not None
 
     def put_key_bundle(
@@ -291,24 +294,28 @@ class MemoryRelay:
             entry.devices[device_id] = replace(entry.devices[device_id], name=new_name)
             return True
 
-    def revoke_device(self, name: str, device_id: str) -> bool:
+    def revoke_device(self, name: str, device_id: str, *, own: bool = False) -> bool:
         if "\0" in device_id:  # no device has one: PostgreSQL TEXT cannot even hold it
             return False
         with self._mutex:
             entry = self._accounts.get(name)
             if entry is None or entry.devices.pop(device_id, None) is None:
                 return False
-            self._tokens = {
-                h: t
-                for h, t in self._tokens.items()
-                if not (t.account == name and t.device_id == device_id)
+            held = {
+                h for h, t in self._tokens.items() if (t.account, t.device_id) == (name, device_id)
             }
+            self._revoked_tokens.update((h, name) for h in held if not own)
+            self._tokens = {h: t for h, t in self._tokens.items() if h not in held}
             return True
 
     def token(self, token_hash: bytes) -> TokenRecord | None:
         with self._mutex:
             token = self._tokens.get(token_hash)
             return token if token is not None and self._has_device(token) else None
+
+    def is_revoked_token(self, token_hash: bytes) -> bool:
+        with self._mutex:
+            return token_hash in self._revoked_tokens
 
     def replace_token(
         self, old_hash: bytes, tokens: list[TokenRecord], grace_until_ms: int

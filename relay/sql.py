@@ -289,11 +289,17 @@ class SQLStorage(ABC):
             )
         return changed > 0
 
-    def revoke_device(self, name: str, device_id: str) -> bool:
+    def revoke_device(self, name: str, device_id: str, *, own: bool = False) -> bool:
         if not _can_name_a_device(device_id):
             return False
         with self._write() as tx:
+            if not own:
+                _remember_revoked_tokens(tx, name, device_id)
             return _deleted_device(tx, name, device_id)
+
+    def is_revoked_token(self, token_hash: bytes) -> bool:
+        with self._read() as tx:
+            return tx.one("SELECT 1 FROM revoked_tokens WHERE hash = ?", (token_hash,)) is not None
 
     def token(self, token_hash: bytes) -> TokenRecord | None:
         with self._read() as tx:
@@ -479,9 +485,23 @@ def _deleted_device(tx: Transaction, name: str, device_id: str) -> bool:
     return deleted > 0
 
 
+def _remember_revoked_tokens(tx: Transaction, name: str, device_id: str) -> None:
+    """Keep the hashes of a device's tokens as it is revoked (`is_revoked_token`). A successor
+    that a refresh commits meanwhile is missed: its holder hears only that its session ended."""
+    tx.run(
+        "INSERT INTO revoked_tokens (hash, account) SELECT hash, account FROM tokens"
+        " WHERE device = ? AND account = (SELECT id FROM accounts WHERE name = ?)"
+        " ON CONFLICT (hash) DO NOTHING",
+        (device_id, name),
+    )
+
+
 def _revoke_in(tx: Transaction, name: str, device_id: str) -> None:
     """Revoke inside a bundle change: no such device undoes the whole transaction."""
-    if not (_can_name_a_device(device_id) and _deleted_device(tx, name, device_id)):
+    if not _can_name_a_device(device_id):
+        raise NotFoundError("no such device")
+    _remember_revoked_tokens(tx, name, device_id)
+    if not _deleted_device(tx, name, device_id):
         raise NotFoundError("no such device")
 
 

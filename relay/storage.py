@@ -170,12 +170,18 @@ class Storage(Protocol):
         """False if the device is not this account's (an id with NUL never is one)."""
         ...
 
-    def revoke_device(self, name: str, device_id: str) -> bool:
+    def revoke_device(self, name: str, device_id: str, *, own: bool = False) -> bool:
         """Delete the device and every token it holds; False if it is not this account's (an
-        id with NUL never is one)."""
+        id with NUL never is one). Unless the device ends its `own` access, its tokens are
+        remembered as revoked (`is_revoked_token`)."""
         ...
 
     def token(self, token_hash: bytes) -> TokenRecord | None: ...
+
+    def is_revoked_token(self, token_hash: bytes) -> bool:
+        """Whether a device held this token when it was revoked: it is told so, not only
+        that its session ended (kept until the account is deleted)."""
+        ...
 
     def replace_token(
         self, old_hash: bytes, tokens: list[TokenRecord], grace_until_ms: int

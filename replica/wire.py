@@ -286,10 +286,9 @@ class ErrorCode(enum.StrEnum):
     are checked by mypy against the codes the relay can actually send.
 
     A code travels as its string (msgspec encodes a StrEnum as its value), and a device decodes
-    only these: a code outside them fails to decode. So a new member is a protocol change —
-    `PROTOCOL_VERSION` goes up with it, and a device of the older version is refused at
-    `/v1/info` instead of meeting a code it cannot name. specs/protocol.md §3 and §6.1 say
-    when each is sent."""
+    only these. So a new member is a protocol change: `PROTOCOL_VERSION` goes up with it, and
+    a device of the older version is refused at `/v1/info` instead of meeting a code it cannot
+    name. specs/protocol.md §3 and §6.1 say when each is sent."""
 
     BAD_REQUEST = "bad_request"
     MALFORMED = "malformed"
@@ -311,6 +310,7 @@ class ErrorCode(enum.StrEnum):
     IDENTITY_CONFLICT = "identity_conflict"
     EPOCH_AHEAD = "epoch_ahead"
     KEY_RETIRED = "key_retired"
+    DEVICE_REVOKED = "device_revoked"
     COUNTER_STALE = "counter_stale"
 
 

@@ -155,7 +155,7 @@ def test_two_devices_sync_and_a_put_resolves_a_concurrent_edit(
     revoked = cli.runner.invoke(main, args, env=env)
     assert revoked.exit_code == 0, revoked.output
     before = dump(b)
-    assert_user_error(cli(b, "sync", "--retry-for", "1"), "may be the revoked one")
+    assert_user_error(cli(b, "sync", "--retry-for", "1"), "this device was revoked")
     assert dump(b) == before
 
 

@@ -71,7 +71,7 @@ def test_devices_lists_the_account_marks_this_one_and_revokes_another(
     assert [d["name"] for d in json.loads(revoked.stdout)] == ["desk"]  # stdout is JSON only
     assert [d["name"] for d in cli.json_objects(a, "devices")] == ["desk"]
     before = dump(b)
-    assert_user_error(cli(b, "sync", "--retry-for", "1"), "does not have account")
+    assert_user_error(cli(b, "sync", "--retry-for", "1"), "this device was revoked")
     assert dump(b) == before
 
 

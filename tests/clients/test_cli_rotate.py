@@ -132,7 +132,8 @@ def test_revoking_a_device_rotates_the_keys_and_the_others_follow_with_one_entry
         for record in ("before", "pushed", "pending", "after"):
             assert run(cli, path, "get", "threads", record, passphrase=NEW_PASSPHRASE).stdout
 
-    assert_user_error(cli(phone, "sync", "--retry-for", "1"), "does not have account")
+    stopped = cli(phone, "sync", "--retry-for", "1")  # it says so, and does not log in again
+    assert_user_error(stopped, "this device was revoked", "devices --revoke")
     plant(relay, phone_writes_with_old_keys(cli, phone))
     for path in (desk, laptop):
         env = {"SEALSYNC_PASSPHRASE": NEW_PASSPHRASE}

@@ -126,4 +126,4 @@ def test_a_version_1_account_revokes_without_rotating_and_says_so(
     assert json.loads(ok(run(cli, v1, desk, "devices", "--json")).stdout) == json.loads(listed)
     revoked = ok(run(cli, v1, desk, "devices", "--revoke", laptop_id))
     assert "stay valid" in revoked.stdout and "upgrade" in revoked.stdout
-    assert_user_error(run(cli, v1, laptop, "sync", "--retry-for", "1"), "unauthorized")
+    assert_user_error(run(cli, v1, laptop, "sync", "--retry-for", "1"), "this device was revoked")

@@ -198,9 +198,9 @@ def test_refusals_are_definitive_typed_and_name_no_secret(
                     catch_up=a.driver.sync)  # fmt: skip
     b.replica.put("notes", "n1", {"text": "one"})
     with pytest.raises(RelayRefusedError) as refused:
-        b.driver.sync()  # the refresh is refused too: no retry, the device must log in
-    assert refused.value.code == "unauthorized" and not refused.value.retryable
-    assert refused.value.hint and "log in" in refused.value.hint
+        b.driver.sync()  # no retry, and no login: the device was revoked
+    assert refused.value.code == "device_revoked" and not refused.value.retryable
+    assert refused.value.hint and "removed this one" in refused.value.hint
     with pytest.raises(RelayRefusedError) as too_many:
         a.client.push(PushBatch([b"x" * 40] * (a.client.limits().max_push_envelopes + 1)))
     assert (too_many.value.status, too_many.value.code) == (413, "too_large")

@@ -291,11 +291,12 @@ def test_devices_are_renamed_and_revoked(client: TestClient) -> None:
     proof = body(KeyProof(keys.auth_key))
     revoked = client.request("DELETE", path, content=proof, headers=bearer(laptop))
     assert revoked.status_code == 204
-    assert client.get("/v1/state", headers=bearer(phone)).status_code == 401
+    state = client.get("/v1/state", headers=bearer(phone))
+    assert (state.status_code, error_code(state)) == (403, "device_revoked")
     refresh = client.post(
         "/v1/refresh", content=body(RefreshRequest(phone.refresh_token)), headers=MSGPACK
     )
-    assert refresh.status_code == 401
+    assert (refresh.status_code, error_code(refresh)) == (403, "device_revoked")
     listed = decode(client.get("/v1/devices", headers=bearer(laptop)).content, DeviceList)
     assert [d.id for d in listed.devices] == [laptop.device_id]
 

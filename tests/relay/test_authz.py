@@ -30,6 +30,7 @@ from replica.wire import (
     PushBatch,
     PushResult,
     PutKeyBundle,
+    RefreshRequest,
     RegisterRequest,
     RelayState,
     RenameDevice,
@@ -190,7 +191,6 @@ def bad_credentials(world: World) -> dict[str, dict[str, str]]:
         "too long": {"authorization": f"Bearer {world.alice.access_token}x", **MSGPACK},
         "random well-formed": {"authorization": f"Bearer {random_token}", **MSGPACK},
         "refresh token": {"authorization": f"Bearer {world.alice.refresh_token}", **MSGPACK},
-        "revoked device": bearer(world.revoked),
     }
 
 
@@ -211,6 +211,23 @@ def test_every_bad_token_gets_one_identical_401_and_nothing_happens(
             assert answer.content == reference.content, what
             assert "retry-after" not in answer.headers
             assert not [s for s in secrets if s in answer.content], what
+    assert_alice_untouched(world)
+
+
+@pytest.mark.parametrize("endpoint", AUTHENTICATED, ids=lambda e: f"{e.method} {e.path}")
+def test_a_revoked_devices_token_is_told_so_and_nothing_happens(
+    endpoint: Endpoint, world: World
+) -> None:
+    """Its holder is that device: it should stop, not log in again as a new one. Its refresh
+    token is told the same; a token of a device that never existed still gets the 401."""
+    relay = world.relay
+    data = request_body(endpoint, world.alice_keys)
+    for device_id in (world.alice.device_id, world.revoked.device_id):
+        answer = send(relay, endpoint, bearer(world.revoked), device_id, data)
+        assert (answer.status_code, code_of(answer)) == (403, "device_revoked"), answer.content
+    refresh = body(RefreshRequest(world.revoked.refresh_token))
+    answer = relay.client.post("/v1/refresh", content=refresh, headers=MSGPACK)
+    assert (answer.status_code, code_of(answer)) == (403, "device_revoked"), answer.content
     assert_alice_untouched(world)
 
 

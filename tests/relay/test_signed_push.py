@@ -440,7 +440,8 @@ def test_a_rotation_revokes_the_device_and_installs_the_next_generation_at_once(
         path, content=rotate_request(owner, second, 1), headers=bearer(owner.session)
     )
     assert answer.status_code == 200, answer.content
-    assert client.get("/v1/state", headers=bearer(phone)).status_code == 401
+    told = client.get("/v1/state", headers=bearer(phone))
+    assert (told.status_code, answer_code(told)) == (403, "device_revoked")
     retired = owner.push(owner.sign([record(b"k" * 16, 2)], counter=2))
     assert (retired.status_code, answer_code(retired)) == (403, "key_retired")
     owner.generation = second

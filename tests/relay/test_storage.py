@@ -264,8 +264,21 @@ def test_devices_are_added_renamed_and_revoked_with_their_tokens(storage: Storag
         ("d1", "laptop"),
         ("d2", "old phone"),
     ]
+    assert not storage.is_revoked_token(b"t" * 32)
     assert storage.revoke_device("a", "d2") and not storage.revoke_device("a", "d2")
     assert storage.token(b"t" * 32) is None and [d.id for d in storage.devices("a")] == ["d1"]
+    assert storage.is_revoked_token(b"t" * 32)  # its device is told so
+    assert not storage.is_revoked_token(hashlib.sha256(b"a/d1").digest())  # d1's, live
+    assert not storage.is_revoked_token(b"u" * 32)
+    storage.delete_account("a")
+    assert not storage.is_revoked_token(b"t" * 32)
+
+
+def test_a_device_that_ends_its_own_access_is_not_told_it_was_revoked(storage: Storage) -> None:
+    token = TokenRecord(b"t" * 32, "a", "d2", "access", NOW_MS + 1)
+    storage.add_device("a", Device("d2", "phone", NOW_MS), [token])
+    assert storage.revoke_device("a", "d2", own=True)
+    assert storage.token(b"t" * 32) is None and not storage.is_revoked_token(b"t" * 32)
 
 
 def test_a_device_id_with_nul_is_no_device(storage: Storage) -> None:

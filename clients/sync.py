@@ -22,11 +22,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Generic, Literal, TypeVar, cast
 
 from clients.errors import NoSessionError, RelayClientError, RelayRefusedError
 from clients.http import RelayClient
+from clients.keys import needs_newer_keys
 from clients.live import HeadFeed
 from clients.retry import Backoff, Retrier
 from replica import (
@@ -94,7 +95,9 @@ class SyncReport:
     superseded that nothing here supersedes after the pull (they stay to be pushed); `held`
     and `quarantined` count pulled versions set aside (to merge later) and those that could
     not be opened (kept verbatim in quarantine, their records degraded); `untrusted` those
-    refused as a revoked device's (sealed under a retired key epoch, beyond its frontier)."""
+    refused as a revoked device's (sealed under a retired key epoch, beyond its frontier);
+    `pushing_paused` that a watch pulled only: the account's keys changed on another device,
+    and this one needs the new passphrase to take them."""
 
     pushed: int
     stored: int
@@ -108,6 +111,7 @@ class SyncReport:
     held: int = 0
     quarantined: int = 0
     untrusted: int = 0
+    pushing_paused: bool = False
 
     @property
     def refused(self) -> int:
@@ -251,6 +255,8 @@ class SyncDriver:
         self._follow_reseeds = follow_reseeds
         self._bounds = (max_batch_count, max_batch_bytes)
         self._sync_session: SyncSession | None = None
+        self._keys_behind = False
+        """A watch met keys newer than this device's: it pulls only from then on."""
 
     def sync(self) -> SyncReport:
         """One round: push everything dirty, pull everything new."""
@@ -453,15 +459,27 @@ class SyncDriver:
     # -- watching ----------------------------------------------------------------------------
 
     def _watch_round(self, on_report: Callable[[SyncReport], None] | None) -> None:
+        """One sync; once a push is refused for keys behind the account's (rotated or
+        upgraded on another device), pulls only: a watch cannot ask for the new passphrase,
+        and this device's writes stay pending until it is given it (docs/key-generations.md
+        §7). Versions under the new keys are held meanwhile."""
         try:
-            report = self.sync()
+            report = self._pull_only() if self._keys_behind else self.sync()
         except RelayClientError as exc:
+            if needs_newer_keys(exc) and not self._keys_behind:
+                log.warning("the account's keys changed on another device: pulling only")
+                self._keys_behind = True
+                self._watch_round(on_report)
+                return
             if not exc.retryable:
                 raise
             log.warning("sync failed, trying again on the next wake: %s", exc)
             return
         if on_report is not None:
             on_report(report)
+
+    def _pull_only(self) -> SyncReport:
+        return replace(self.pull(), pushing_paused=True)
 
     def _wait_for_work(
         self,

@@ -410,6 +410,13 @@ def watch_live(driver: SyncDriver, idle_sync_s: float) -> None:
     out.print("stopped watching")
 
 
+PAUSED_WARNING = (
+    "needs the new passphrase: the account's keys changed on another device. Pulling only; "
+    "this device's writes are kept and go out once `sealsync sync` (which asks for it) "
+    "takes the new keys"
+)
+
+
 def report_round(report: SyncReport) -> None:
     """One line per round, with the time, so a terminal left open shows when it last synced."""
     moment = datetime.datetime.now().strftime("%H:%M:%S")
@@ -428,6 +435,8 @@ def report_round(report: SyncReport) -> None:
     if report.untrusted:
         message = UNTRUSTED_MESSAGE.format(n=report.untrusted)
         err.print(f"[yellow]warning:[/yellow] {message}; {UNTRUSTED_HINT}", markup=True)
+    if report.pushing_paused:
+        err.print(f"[yellow]warning:[/yellow] {PAUSED_WARNING}", markup=True)
 
 
 def run_sync(

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from clients.http import RelayClient
-from clients.sync import Progress, SyncDriver, is_epoch_change
-from replica import Replica, RollbackError
+from clients.keys import rotate_revoking
+from clients.sync import Progress, SyncDriver, SyncReport, is_epoch_change
+from replica import LoginKeys, Replica, RollbackError
 from replica.wire import LoginRequest, parse_header
 from tests.clients.chaos import ChaosTransport, FirstReplyLost
 from tests.clients.conftest import Device, Fleet, contents
@@ -408,3 +409,32 @@ def wait_for(device: Device, record: str, timeout_s: float = 20) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+@pytest.mark.slow
+def test_a_watch_that_meets_newer_keys_pulls_only_and_keeps_its_writes(
+    start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet]
+) -> None:
+    """Another device rotated the keys (revoking a third): a watch cannot ask for the new
+    passphrase, so instead of ending it stops pushing, keeps pulling, and says so."""
+    relay = start_relay()
+    fleet = fleets(relay.url)
+    a, b, c = fleet.add("a"), fleet.add("b"), fleet.add("c")
+    revoked = c.client.session.device_id if c.client.session else ""
+    rotate_revoking(a.client, a.replica, LoginKeys(fleet.auth_key, b""), "a new passphrase, long "
+                    "enough", revoked, catch_up=a.driver.sync)  # fmt: skip
+    b.replica.put("notes", "mine", {"text": "written before b heard of it"})
+    a.replica.put("notes", "theirs", {"text": "under the new keys"})
+    a.driver.sync()
+    reports: list[SyncReport] = []
+    stop = threading.Event()
+
+    def after_two_rounds(report: SyncReport) -> None:
+        reports.append(report)
+        if len(reports) == 2:
+            stop.set()
+
+    b.driver.watch(stop, poll_interval_s=0.1, idle_sync_s=0.2, on_report=after_two_rounds)
+    assert all(report.pushing_paused and report.pushed == 0 for report in reports)
+    assert reports[0].held == 1  # a's write, under an epoch b does not have yet
+    assert b.replica.status().dirty == 1 and b.replica.get("notes", "mine") is not None

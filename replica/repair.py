@@ -7,7 +7,8 @@ under another key). Repair moves the unreadable rows verbatim into the quarantin
 the reason, unlatches the degraded records, and resets the pull cursor so the relay's versions
 are merged again against the repaired siblings. When more than half of the rows (and more than
 one) are undecryptable the cause is almost surely a key mismatch, not damage: repair then
-refuses unless forced, and says to restore the matching key or backup.
+refuses unless forced, and says to restore the matching key or backup. A quarantined
+version that opens with the keys held now (the right key arrived) is merged again, verified.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Literal
 from replica.core import Core
 from replica.errors import EnvelopeError, ProtocolError, RepairRefusedError, UnknownEpochError
 from replica.store import Row
-from replica.wire import node_from_i64, node_to_i64, parse_header
+from replica.wire import Header, node_from_i64, node_to_i64, parse_header
 from replica.write import local_row
 
 Damage = Literal["corrupt", "undecryptable"]
@@ -64,6 +65,13 @@ class Diagnosis:
 class RepairReport:
     quarantined: int
     unlatched_records: int
+    readmitted: int
+    """Quarantined versions that opened with the keys held now, and were merged again."""
+
+
+READMITTED_SOURCES = ("pull", "held", "versions")
+"""Where a quarantined version can go back to by merging. Drafts (`local`) and replaced
+versions (`history`) stay: merging would not put them back where they were."""
 
 
 def _stored_rows(core: Core, scope: bytes | None) -> Iterator[tuple[str, Row, bytes | None]]:
@@ -148,9 +156,44 @@ def repair(core: Core, *, force: bool = False, scope: bytes | None = None) -> Re
                 (scope, scope),
             )
             unlatched -= core.store.count_degraded()
+        readmitted = readmit(core) if scope is None else 0
     if core.opener is not None:
         core.opener.forget()
-    return RepairReport(len(diagnosis.findings), unlatched)
+    return RepairReport(len(diagnosis.findings), unlatched, readmitted)
+
+
+def readmit(core: Core) -> int:
+    """Merge again, inside the caller's transaction, every quarantined version that opens
+    with the keys held now (a repair forced under another key, then the right one unlocked),
+    under the identity it was set aside as, and drop its quarantine row; how many. The
+    merge verifies it as if it had just arrived. A genuine envelope found in another
+    record's row stays: it is evidence of that row's damage, not a lost version.
+    None under a retired key epoch is taken back: where it came from, and so whether the
+    rotation's frontier vouches for it, is no longer known (specs/replica.md §7.1)."""
+    opener, retired = core.opener_or_raise(), core.keys().retired_epochs
+    ids: list[tuple[int]] = []
+    envelopes: list[bytes] = []
+    rows = core.store.db.execute(
+        "SELECT id, key, node, hlc, envelope FROM quarantine WHERE source IN (?, ?, ?) ORDER BY id",
+        READMITTED_SOURCES,
+    )
+    for rowid, key, node, hlc, envelope in rows.fetchall():
+        try:
+            header = parse_header(envelope)
+            if header.epoch in retired or not _is_its_own(header, key, node, hlc):
+                continue
+            opener.open(envelope, header)
+        except (ProtocolError, EnvelopeError, UnknownEpochError):
+            continue
+        ids.append((rowid,))
+        envelopes.append(envelope)
+    if envelopes:
+        # merged while their rows still name their dots, so this device's own versions are
+        # not taken for a copied file's; what opens and is not retired is never set aside
+        # in quarantine again (it may be held, or found covered)
+        core.publish(core.merge(envelopes, now_ms=None, source="quarantine").events)
+        core.store.db.executemany("DELETE FROM quarantine WHERE id = ?", ids)
+    return len(ids)
 
 
 def _quarantine_row(core: Core, finding: Finding, now: int) -> None:
@@ -164,3 +207,11 @@ def _quarantine_row(core: Core, finding: Finding, now: int) -> None:
             f"DELETE FROM {finding.table} WHERE key = ? AND node = ? AND hlc = ?",
             (row.key, node_to_i64(row.node), row.hlc),
         )
+
+
+def _is_its_own(header: Header, key: bytes | None, node: int | None, hlc: int | None) -> bool:
+    """Whether an envelope names the identity its quarantine row was kept under (NULL: not
+    known, as for a pulled envelope whose header did not parse then)."""
+    if key is not None and key != header.key:
+        return False
+    return node is None or (node_from_i64(node), hlc) == (header.node, header.hlc)

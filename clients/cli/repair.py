@@ -90,7 +90,8 @@ def repair(settings: CliSettings, force: bool) -> None:
         report = replica.repair(force=force)
     out.print(
         f"repaired: {report.quarantined} row(s) quarantined, "
-        f"{report.unlatched_records} record(s) readable again"
+        f"{report.unlatched_records} record(s) readable again, "
+        f"{report.readmitted} quarantined version(s) opened and merged again"
     )
 
 

@@ -282,6 +282,30 @@ def test_repair_refuses_when_most_rows_are_undecryptable(
     assert report.quarantined == len(rows)
 
 
+def test_a_quarantined_version_that_opens_now_is_merged_again_by_repair(
+    populated: tuple[Replica, dict[str, bytes]],
+) -> None:
+    """A repair forced under another key set r3 aside as undecryptable; with the right key
+    back, the next repair merges it again (verified) and keeps only what still does not
+    open. This device's own version is not taken for a copied file's."""
+    replica, others = populated
+    key = opaque_key(replica._core.keys().index_key, Identity("default", "notes", "r3"))
+    forged = resealed_under_other_key(account_id=True)(others["r3"], others)
+    header, node = parse_header(others["r3"]), replica.status().node
+    with replica._core.write_transaction():  # as `repair(force=True)` moved it
+        store = replica._core.store
+        store.quarantine("versions", key, others["r3"], "undecryptable: another key", 1, header.dot)
+        store.db.execute("DELETE FROM versions WHERE key = ?", (key,))
+        store.quarantine("pull", key, forged, "undecryptable: forged", 1)
+    assert replica.get("notes", "r3") is None and replica.status().quarantined == 2
+    report = replica.repair()
+    assert (report.quarantined, report.readmitted) == (0, 1)
+    record = replica.get("notes", "r3")
+    assert record is not None and record.document == {"id": "r3"}
+    assert replica.status().quarantined == 1 and replica.status().node == node
+    assert replica.repair().readmitted == 0  # the forgery stays
+
+
 def test_clear_empties_a_degraded_collection(populated: tuple[Replica, dict[str, bytes]]) -> None:
     replica, others = populated
     key = opaque_key(replica._core.keys().index_key, Identity("default", "notes", "r2"))

@@ -387,3 +387,18 @@ def test_after_a_wipe_the_reseeds_push_the_bytes_everyone_holds(
     for device in (desk, laptop):
         sync(device, relay)
         assert device.status().dirty == 0 and device.status().quarantined == 0
+
+
+def test_repair_takes_nothing_back_from_quarantine_under_a_retired_epoch(
+    trio: list[Replica], relay: MemoryRelay
+) -> None:
+    """Where a quarantined version came from, and so whether the frontier vouches for it, is
+    no longer known: one under a retired epoch stays, even though it opens."""
+    desk, _, phone = trio
+    forged = forge(phone, "planted", {"title": "by the phone"}, {}, clock.pack_hlc(1, 0))
+    revoke_phone(desk)
+    with desk._core.write_transaction():
+        desk._core.store.quarantine("pull", parse_header(forged).key, forged, "untrusted", 1)
+    assert desk._core.opener_or_raise().open(forged) is not None  # it opens: the keys are kept
+    assert desk.repair().readmitted == 0 and desk.status().quarantined == 1
+    assert desk.get("threads", "planted") is None

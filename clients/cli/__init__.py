@@ -20,6 +20,7 @@ from clients.cli.backup import BACKUP_COMMANDS
 from clients.cli.commands import DEVICE_COMMANDS
 from clients.cli.demo import demo
 from clients.cli.records import RECORD_COMMANDS
+from clients.cli.remembered import KEYRING_COMMANDS
 from clients.cli.repair import REPAIR_COMMANDS
 from clients.cli.settings import (
     ENV_CONFIG,
@@ -91,6 +92,7 @@ for _command in (
     *ADMIN_COMMANDS,
     *BACKUP_COMMANDS,
     *REPAIR_COMMANDS,
+    *KEYRING_COMMANDS,
     demo,
     relay_commands.relay,
 ):

@@ -15,6 +15,7 @@ import click
 from rich.table import Table
 
 from clients.cli.console import ExitCode, err, fail, out, user_errors
+from clients.cli.remembered import replace_remembered
 from clients.cli.settings import CliSettings
 from clients.device import device_client, load_settings, opened_replica
 from clients.errors import RelayRefusedError
@@ -69,6 +70,7 @@ def revoke(
         recovery_key = shown_recovery_key() if new_recovery_key else None
         catch_up = SyncDriver(replica, client).sync
         rotate_revoking(client, replica, login, new, device_id, recovery_key, catch_up=catch_up)
+        replace_remembered(settings.replica_path, new)
     return (
         f"revoked device {device_id} and rotated the account's keys: other devices take "
         "them at their next sync, with the new passphrase"
@@ -208,6 +210,7 @@ def passwd(settings: CliSettings, end_other_sessions: bool) -> None:
                 change_passphrase(
                     replica, client, current.auth_key, new, end_other_sessions=end_other_sessions
                 )
+            replace_remembered(path, new)
         except RelayRefusedError as exc:
             hint = HINT_BY_PASSWD_REFUSAL.get(exc.code)
             if hint is None:

@@ -34,6 +34,7 @@ from clients.access import (
 from clients.account import Secret, join_account, register_account
 from clients.cli.console import ExitCode, err, fail, out, print_error, user_errors
 from clients.cli.progress import PROGRESS_MODES, ProgressMode, default_mode, shown_progress
+from clients.cli.remembered import replace_remembered
 from clients.cli.settings import CliSettings
 from clients.device import (
     CLI_OPTIONS,
@@ -373,7 +374,10 @@ def took_newer_keys(
     kdf = client.prelogin(account).kdf
     changed = kdf != replica.kdf_params()
     passphrase = settings.changed_passphrase() if changed else settings.passphrase()
-    return adopt_relay_keys(client, replica, passphrase_login_keys(passphrase, kdf))
+    took = adopt_relay_keys(client, replica, passphrase_login_keys(passphrase, kdf))
+    if took:
+        replace_remembered(settings.replica_path, passphrase)
+    return took
 
 
 def refuse_invite_without_reseed(invite: str | None, reseed: bool, trust: bool) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import click
 import platformdirs
 
+from clients.cli.remembered import remembered
 from replica.errors import InvalidArgumentError
 
 ENV_REPLICA = "SEALSYNC_REPLICA"
@@ -91,14 +92,15 @@ class CliSettings:
     passphrase_file_is_flag: bool = False
 
     def passphrase(self, *, confirm: bool = False) -> str:
-        """The passphrase: --passphrase-file, SEALSYNC_PASSPHRASE, config file, else a prompt."""
+        """The passphrase: --passphrase-file, SEALSYNC_PASSPHRASE, config file, the OS
+        keyring (clients/cli/remembered.py), else a prompt."""
         if self.passphrase_file is not None and self.passphrase_file_is_flag:
             return read_secret_file(self.passphrase_file)
         if os.environ.get(ENV_PASSPHRASE):
             return os.environ[ENV_PASSPHRASE]
         if self.passphrase_file is not None:
             return read_secret_file(self.passphrase_file)
-        return hidden_prompt("passphrase", confirm=confirm)
+        return remembered(self.replica_path) or hidden_prompt("passphrase", confirm=confirm)
 
     def new_passphrase(self) -> str:
         """`passwd`'s new passphrase: SEALSYNC_NEW_PASSPHRASE, else a prompt typed twice."""

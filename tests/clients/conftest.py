@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import keyring
 import pytest
 from click.testing import CliRunner
+from keyrings.alt.file import PlaintextKeyring  # type: ignore[import-untyped]  # no py.typed
 
 from clients.http import RelayClient
 from clients.retry import Backoff
@@ -24,6 +26,19 @@ from tests.relay.server import RelayProcess
 
 FAST_BACKOFF = Backoff(first_delay_s=0.02, max_delay_s=0.5, max_attempts=40, max_elapsed_s=60)
 COLLECTIONS = ("notes", "threads")
+
+
+@pytest.fixture(autouse=True)
+def os_keyring(tmp_path: Path) -> Iterator[keyring.backend.KeyringBackend]:
+    """The OS keyring, in a file of the test's own (keyrings.alt's plaintext backend: this
+    machine runs no keyring service): the command line reads it for the passphrase, and no
+    test may read or write the user's."""
+    backend = PlaintextKeyring()
+    backend.file_path = str(tmp_path / "keyring.cfg")
+    previous = keyring.get_keyring()
+    keyring.set_keyring(backend)
+    yield backend
+    keyring.set_keyring(previous)
 
 
 @pytest.fixture

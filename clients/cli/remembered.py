@@ -1,0 +1,111 @@
+"""The passphrase kept in the OS keyring, so that an unattended `sync --watch` or a script
+needs none in its environment (docs/key-generations.md §7; `keyring` is optional:
+`pip install 'sealsync[keyring]'`).
+
+One entry per replica file: service `sealsync`, user the file's absolute path. It is read
+after `--passphrase-file` and SEALSYNC_PASSPHRASE and before a prompt (`CliSettings`); a
+passphrase change made on this device (`passwd`, a revoke, or taking keys changed on another
+device) replaces it, so the file and its entry never part. `sealsync keyring store` makes it
+and `sealsync keyring forget` removes it. Without `keyring`, or without a keyring service
+(a headless server), nothing is read and `store` says why.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import click
+
+from clients.cli.console import out, user_errors
+from clients.device import opened_replica
+from replica.errors import InvalidArgumentError
+
+if TYPE_CHECKING:  # settings reads the keyring: imported at run time, it would be a cycle
+    from clients.cli.settings import CliSettings
+
+SERVICE = "sealsync"
+
+
+def _keyring() -> ModuleType | None:
+    """The `keyring` package, when installed (it is optional)."""
+    try:
+        return importlib.import_module("keyring")
+    except ImportError:
+        return None
+
+
+def _user(path: Path) -> str:
+    return str(path.resolve())
+
+
+def remembered(path: Path) -> str | None:
+    """The passphrase the keyring keeps for this replica file, if any can be read."""
+    keyring = _keyring()
+    if keyring is None:
+        return None
+    try:
+        found: str | None = keyring.get_password(SERVICE, _user(path))
+    except keyring.errors.KeyringError:
+        return None
+    return found
+
+
+def remember(path: Path, passphrase: str) -> None:
+    keyring = _keyring()
+    if keyring is None:
+        raise InvalidArgumentError(
+            "the OS keyring needs the `keyring` package",
+            hint="pip install 'sealsync[keyring]'; or give the passphrase in a file "
+            "(--passphrase-file) or in SEALSYNC_PASSPHRASE",
+        )
+    try:
+        keyring.set_password(SERVICE, _user(path), passphrase)
+    except keyring.errors.KeyringError as exc:
+        raise InvalidArgumentError(
+            f"the OS keyring refused the passphrase: {exc}",
+            hint="a server without a keyring service can keep it in a file readable only "
+            "by its user (--passphrase-file)",
+        ) from exc
+
+
+def replace_remembered(path: Path, passphrase: str) -> None:
+    """After a passphrase change here: the keyring's entry, if there is one, follows it."""
+    if remembered(path) is not None:
+        remember(path, passphrase)
+
+
+@click.group("keyring")
+def keyring_group() -> None:
+    """Keep this replica's passphrase in the OS keyring, or forget it."""
+
+
+@keyring_group.command("store")
+@click.pass_obj
+def store(settings: CliSettings) -> None:
+    """Keep the passphrase (checked: it must unlock this replica) in the OS keyring."""
+    path = settings.replica_path
+    with user_errors(), opened_replica(path) as replica:
+        passphrase = settings.passphrase()
+        replica.unlock(passphrase)  # a wrong one is refused before it is kept
+        remember(path, passphrase)
+    out.print(f"the OS keyring keeps the passphrase of {path}")
+
+
+@keyring_group.command("forget")
+@click.pass_obj
+def forget(settings: CliSettings) -> None:
+    """Remove this replica's passphrase from the OS keyring."""
+    path = settings.replica_path
+    keyring = _keyring()
+    if keyring is None or remembered(path) is None:
+        out.print(f"the OS keyring keeps no passphrase of {path}")
+        return
+    with user_errors():
+        keyring.delete_password(SERVICE, _user(path))
+    out.print(f"the OS keyring no longer keeps the passphrase of {path}")
+
+
+KEYRING_COMMANDS = (keyring_group,)

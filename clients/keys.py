@@ -11,6 +11,7 @@ passphrase opens, only the same account's.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable
 
 from clients.errors import (
@@ -21,6 +22,7 @@ from clients.errors import (
 )
 from clients.http import RelayClient
 from replica import LoginKeys, Replica, recovery_login_keys
+from replica.bundles import parse_bundle, rotation_of
 from replica.wire import ErrorCode, KeyBundleValue, PutKeyBundle, auth_key_hash
 
 
@@ -166,3 +168,20 @@ def adopt_relay_keys(client: RelayClient, replica: Replica, login: LoginKeys) ->
             raise
         return False
     return replica.adopt_bundle(value.bundle, login)
+
+
+def describe_rotation(client: RelayClient, replica: Replica) -> str | None:
+    """Who made the keys this unlocked device holds by revoking a device, when, and which
+    device that was (shown when a device takes them: the person should know); None when no
+    revocation made them."""
+    rotation = rotation_of(parse_bundle(replica.key_bundle()), replica.unlock_key())
+    if rotation is None:
+        return None
+    names = {device.id: device.name for device in client.devices().devices}
+    by = names.get(rotation.rotated_by)
+    rotated_by = rotation.rotated_by + (f" ({by!r})" if by is not None else "")
+    when = datetime.datetime.fromtimestamp(rotation.rotated_at_ms / 1000, datetime.UTC)
+    return (
+        f"generation {rotation.generation}, made by device {rotated_by} on "
+        f"{when:%Y-%m-%d %H:%M} UTC, revoking device {rotation.revoked_device}"
+    )

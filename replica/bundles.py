@@ -11,6 +11,7 @@ its passphrase and declaring schemas as it is, until `upgraded` migrates it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import msgspec
 
@@ -145,6 +146,28 @@ def unlock_by_key(bundle: AnyBundle, unlock_key: bytes) -> AccountKeys:
     if isinstance(bundle, KeyBundleV2):
         return generation_keys(open_with_generation_key(bundle, unlock_key))
     return unlock_with_account_key(bundle, unlock_key)
+
+
+class Rotation(NamedTuple):
+    """Who made a generation by revoking a device, when, and which device it revoked."""
+
+    generation: int
+    rotated_by: str
+    revoked_device: str
+    rotated_at_ms: int
+
+
+def rotation_of(bundle: AnyBundle, unlock_key: bytes) -> Rotation | None:
+    """The revocation that made the bundle's generation; None when none did (a version-1
+    bundle, a new account's first generation, an upgrade)."""
+    if not isinstance(bundle, KeyBundleV2):
+        return None
+    secrets = open_with_generation_key(bundle, unlock_key).secrets
+    if secrets.revoked_device is None:
+        return None
+    return Rotation(
+        secrets.generation, secrets.rotated_by, secrets.revoked_device, secrets.rotated_at_ms
+    )
 
 
 def sealed_schema(bundle: AnyBundle, keys: AccountKeys) -> bytes | None:

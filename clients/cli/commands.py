@@ -50,7 +50,7 @@ from clients.device import (
 )
 from clients.errors import RelayRefusedError
 from clients.http import RelayClient, check_relay_url
-from clients.keys import adopt_relay_keys, needs_newer_keys
+from clients.keys import adopt_relay_keys, describe_rotation, needs_newer_keys
 from clients.retry import Backoff
 from clients.schema import CHAT_SCHEMA
 from clients.sync import SyncDriver, SyncReport
@@ -347,6 +347,9 @@ def with_newer_keys(
         if not replica.held_for_keys() or not took_newer_keys(replica, client, settings, account):
             return report
     out.print("took the account's newer keys from the relay (changed on another device)")
+    rotation = describe_rotation(client, replica)
+    if rotation is not None:
+        out.print(rotation)
     return run()
 
 

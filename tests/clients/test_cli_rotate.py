@@ -123,6 +123,7 @@ def test_revoking_a_device_rotates_the_keys_and_the_others_follow_with_one_entry
     run(cli, desk, "sync", passphrase=NEW_PASSPHRASE)
     followed = run(cli, laptop, "sync", passphrase=PASSPHRASE, new=NEW_PASSPHRASE)
     assert "took the account's newer keys" in followed.stdout, followed.output
+    assert f"revoking device {phone_id}" in followed.stdout and "('desk')" in followed.stdout
     run(cli, desk, "sync", passphrase=NEW_PASSPHRASE)
     newcomer = tmp_path / "newcomer.db"
     run(cli, newcomer, "join", "--relay", relay.url, "--account", "ann", "--device-name",

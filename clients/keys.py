@@ -177,7 +177,10 @@ def describe_rotation(client: RelayClient, replica: Replica) -> str | None:
     rotation = rotation_of(parse_bundle(replica.key_bundle()), replica.unlock_key())
     if rotation is None:
         return None
-    names = {device.id: device.name for device in client.devices().devices}
+    try:
+        names = {device.id: device.name for device in client.devices().devices}
+    except RelayClientError:  # only the names are missing: the ids say it
+        names = {}
     by = names.get(rotation.rotated_by)
     rotated_by = rotation.rotated_by + (f" ({by!r})" if by is not None else "")
     when = datetime.datetime.fromtimestamp(rotation.rotated_at_ms / 1000, datetime.UTC)

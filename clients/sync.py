@@ -27,7 +27,6 @@ from typing import Generic, Literal, TypeVar, cast
 
 from clients.errors import NoSessionError, RelayClientError, RelayRefusedError
 from clients.http import RelayClient
-from clients.keys import needs_newer_keys
 from clients.live import HeadFeed
 from clients.retry import Backoff, Retrier
 from replica import (
@@ -36,6 +35,7 @@ from replica import (
     ChangeEvent,
     ErrorCode,
     Replica,
+    ReplicaLockedError,
     RollbackError,
     SyncSession,
 )
@@ -156,6 +156,11 @@ def batch_bounds(limits: RelayLimits, max_count: int, max_bytes: int) -> tuple[i
     return count, max(1, min(max_bytes, room))
 
 
+def is_key_retired(error: RelayClientError) -> bool:
+    """A push refused because the account's keys moved past this device's (a rotation)."""
+    return isinstance(error, RelayRefusedError) and error.code == ErrorCode.KEY_RETIRED
+
+
 def is_epoch_change(error: RollbackError) -> bool:
     """True when the rollback is an account epoch other than the last seen: another device
     reseeded (or the relay was restored from before a reseed)."""
@@ -255,8 +260,9 @@ class SyncDriver:
         self._follow_reseeds = follow_reseeds
         self._bounds = (max_batch_count, max_batch_bytes)
         self._sync_session: SyncSession | None = None
-        self._keys_behind = False
-        """A watch met keys newer than this device's: it pulls only from then on."""
+        self._paused_at: int | None = None
+        """The file's key generation when a watch met newer keys on the relay, and went
+        pull-only; None while it pushes."""
 
     def sync(self) -> SyncReport:
         """One round: push everything dirty, pull everything new."""
@@ -459,16 +465,16 @@ class SyncDriver:
     # -- watching ----------------------------------------------------------------------------
 
     def _watch_round(self, on_report: Callable[[SyncReport], None] | None) -> None:
-        """One sync; once a push is refused for keys behind the account's (rotated or
-        upgraded on another device), pulls only: a watch cannot ask for the new passphrase,
-        and this device's writes stay pending until it is given it (docs/key-generations.md
-        §7). Versions under the new keys are held meanwhile."""
+        """One sync; once a push is refused `key_retired` (the keys were rotated on another
+        device), pulls only: a watch cannot ask for the new passphrase, and this device's
+        writes stay pending until it is given it (docs/key-generations.md §7). Versions
+        under the new keys are held meanwhile."""
         try:
-            report = self._pull_only() if self._keys_behind else self.sync()
+            report = self.sync() if self._paused_at is None else self._pull_only()
         except RelayClientError as exc:
-            if needs_newer_keys(exc) and not self._keys_behind:
+            if is_key_retired(exc) and self._paused_at is None:
                 log.warning("the account's keys changed on another device: pulling only")
-                self._keys_behind = True
+                self._paused_at = self._replica.key_generation
                 self._watch_round(on_report)
                 return
             if not exc.retryable:
@@ -479,6 +485,13 @@ class SyncDriver:
             on_report(report)
 
     def _pull_only(self) -> SyncReport:
+        """A round of a paused watch, which ends once another process (`sealsync sync`) took
+        the new keys into the file: this one still holds the old ones."""
+        if self._replica.key_generation != self._paused_at:
+            raise ReplicaLockedError(
+                "this device took the account's newer keys in another process",
+                hint="start `sync --watch` again, with the new passphrase",
+            )
         return replace(self.pull(), pushing_paused=True)
 
     def _wait_for_work(

@@ -25,7 +25,7 @@ from relay.errors import (
     QuotaExceededError,
     UnauthorizedError,
 )
-from relay.signing import BundleKeys, Pusher, authorize_push, refuse_epochs_ahead
+from relay.signing import BundleKeys, Pusher, authorize_push, refuse_epochs_ahead, reseal_epoch
 from relay.storage import (
     DEFAULT_MAX_ACCOUNT_BYTES,
     DEFAULT_MAX_DRIFT_MS,
@@ -64,6 +64,8 @@ from replica.wire import (
     RelayState,
     parse_header,
 )
+
+U32_MAX = 2**32 - 1
 
 
 @dataclass
@@ -407,7 +409,7 @@ class MemoryRelay:
             drift_ms = self._rules.max_drift_ms
             checked = [check_envelope(e, now_ms, drift_ms) for e in batch.envelopes]
             receipts = [
-                self._push_one(account, h, e)
+                self._push_one(account, h, e, self._reseal_epoch(account, keys))
                 for h, e in zip(refuse_epochs_ahead(keys, checked), batch.envelopes, strict=True)
             ]
             if is_over_quota(account.stored_bytes, saved[0], self._rules.max_account_bytes):
@@ -443,13 +445,27 @@ class MemoryRelay:
             account.push_counters[pusher.device_id] = batch.counter
         return keys
 
-    def _push_one(self, account: _Account, header: Header | Receipt, envelope: bytes) -> Receipt:
+    @staticmethod
+    def _reseal_epoch(account: _Account, keys: BundleKeys) -> int | None:
+        """`signing.reseal_epoch`; an account made by a push alone (the sans-I/O tests) has no
+        keys to bound it, and takes a later sealing under any epoch, as a device pushes it."""
+        return U32_MAX if account.record is None else reseal_epoch(keys)
+
+    def _push_one(
+        self,
+        account: _Account,
+        header: Header | Receipt,
+        envelope: bytes,
+        reseal_into: int | None,
+    ) -> Receipt:
         if isinstance(header, Receipt):
             return header
         siblings = account.by_key.get(header.key, [])
-        decision = decide(
-            header, envelope, siblings, lambda seq: parse_header(account.by_seq[seq]).epoch
-        )
+
+        def epoch_of(seq: int) -> int:
+            return parse_header(account.by_seq[seq]).epoch
+
+        decision = decide(header, envelope, siblings, epoch_of, reseal_into)
         if not isinstance(decision, Store):
             return decision
         for seq in decision.dominated:

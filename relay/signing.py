@@ -43,6 +43,13 @@ class BundleKeys:
     key_epoch: int = 0
 
 
+def reseal_epoch(keys: BundleKeys) -> int | None:
+    """The key epoch a push may re-seal stored versions into (`relay.versions.decide`): the
+    current one of a version-2 account, whose pushes are all signed by its key; None for a
+    version-1 account, whose pushes nobody signs (an operator may take them unsigned)."""
+    return None if keys.signing_public is None else keys.key_epoch
+
+
 @dataclass(frozen=True)
 class Pusher:
     """Who sent a push, as the relay knows it before storage is read: the device of the

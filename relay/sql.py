@@ -419,9 +419,10 @@ class SQLStorage(ABC):
             raise NotFoundError("no such account")
         account_id, epoch, before, stored_bytes, bundle = row
         state = RelayState(self._storage_id, epoch, before)
-        checked = authorized(tx, account_id, bundle_keys(bundle), state, push)
+        account_keys = bundle_keys(bundle)
+        checked = authorized(tx, account_id, account_keys, state, push)
         keys = [header.key for header in checked if isinstance(header, Header)]
-        plan = push_plan(tx, account_id, before, stored_bytes, keys)
+        plan = push_plan(tx, account_id, before, stored_bytes, keys, account_keys)
         receipts = [
             h if isinstance(h, Receipt) else plan.add(h, e)
             for h, e in zip(checked, push.batch.envelopes, strict=True)

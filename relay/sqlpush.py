@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from relay.dialect import Transaction
 from relay.errors import CounterStaleError, RelayError, UnauthorizedError
-from relay.signing import BundleKeys, Pusher, authorize_push, refuse_epochs_ahead
+from relay.signing import BundleKeys, Pusher, authorize_push, refuse_epochs_ahead, reseal_epoch
 from relay.versions import PushPlan, StoredVersion
 from replica.wire import (
     Header,
@@ -44,7 +44,12 @@ STORED_VERSIONS = (
 
 
 def push_plan(
-    tx: Transaction, account_id: int, head: int, stored_bytes: int, keys: list[bytes]
+    tx: Transaction,
+    account_id: int,
+    head: int,
+    stored_bytes: int,
+    keys: list[bytes],
+    account_keys: BundleKeys,
 ) -> PushPlan:
     """A plan over the stored versions of a batch's keys, read at once without envelopes; a
     stored envelope is read only for its key epoch (`relay.versions.EpochOf`)."""
@@ -61,7 +66,7 @@ def push_plan(
         assert row is not None, "a sibling just read, under the account's lock"
         return parse_header(bytes(row[0])).epoch
 
-    return PushPlan(head, stored_bytes, found, epoch_of)
+    return PushPlan(head, stored_bytes, found, epoch_of, reseal_epoch(account_keys))
 
 
 def authorized(

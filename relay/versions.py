@@ -78,22 +78,32 @@ same dot arrives with other bytes, so the common push never loads a stored envel
 
 
 def decide(
-    header: Header, envelope: bytes, siblings: Sequence[StoredVersion], epoch_of: EpochOf
+    header: Header,
+    envelope: bytes,
+    siblings: Sequence[StoredVersion],
+    epoch_of: EpochOf,
+    reseal_epoch: int | None,
 ) -> Decision:
     """Idempotent on the version's identity (its dot); dropped only when a stored version of
     the same key dominates it; otherwise stored, replacing exactly the versions it dominates.
 
     The same dot with other bytes is one version sealed twice: after a rotation a device
-    seals its own versions again under the newest key epoch (replica/reseal.py). A later
-    sealing replaces an earlier one; an earlier one, pushed again (by a reseed of a device
-    that holds it), is stored already in the later; two sealings under one epoch are an
+    seals its own versions again under the account's current key epoch (replica/reseal.py).
+    For a push signed by the account's key (`reseal_epoch`, its current epoch; None when
+    nobody signs), a sealing under a higher epoch, at most the current one, with the same
+    vector, replaces the stored one; an earlier sealing pushed again (by a reseed of a device
+    that holds it) is stored already in the later. Anything else with other bytes is an
     `identity_conflict` (a copied replica writing as its original)."""
     node, hlc = header.node, header.hlc
     for stored in siblings:
         if stored.node == node and stored.hlc == hlc:
             if stored.digest == envelope_sha256(envelope):
                 return Receipt("stored", seq=stored.seq)
+            if reseal_epoch is None:
+                return IDENTITY_CONFLICT
             stored_epoch = epoch_of(stored.seq)
+            if stored.vector != header.vector or max(stored_epoch, header.epoch) > reseal_epoch:
+                return IDENTITY_CONFLICT
             if stored_epoch == header.epoch:
                 return IDENTITY_CONFLICT
             if stored_epoch > header.epoch:
@@ -144,6 +154,7 @@ class PushPlan:
         stored_bytes: int,
         siblings: dict[bytes, list[StoredVersion]],
         stored_epoch_of: EpochOf,
+        reseal_epoch: int | None,
     ) -> None:
         self.head = head
         self.stored_bytes = stored_bytes
@@ -153,6 +164,7 @@ class PushPlan:
         self.deleted: list[int] = []
         """seqs of versions stored before the batch that it dominates."""
         self._stored_epoch_of = stored_epoch_of
+        self._reseal_epoch = reseal_epoch
 
     def _epoch_of(self, seq: int) -> int:
         inserted = self.inserted.get(seq)
@@ -160,7 +172,7 @@ class PushPlan:
 
     def add(self, header: Header, envelope: bytes) -> Receipt:
         siblings = self.siblings.setdefault(header.key, [])
-        decision = decide(header, envelope, siblings, self._epoch_of)
+        decision = decide(header, envelope, siblings, self._epoch_of, self._reseal_epoch)
         if not isinstance(decision, Store):
             return decision
         for stored in siblings:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
-from replica.bundles import AnyBundle, KeyChange, parse_bundle, sealed_schema
+from replica.bundles import AnyBundle, KeyChange, generation_of, parse_bundle, sealed_schema
 from replica.envelope import Identity, Opened, scope_key
 from replica.errors import (
     DegradedError,
@@ -33,7 +33,7 @@ from replica.limits import check_name
 from replica.opener import Opener
 from replica.options import ReplicaOptions
 from replica.record import record_from_siblings
-from replica.reseal import reseal_own
+from replica.reseal import own_under_retired, reseal_own
 from replica.schema import REGISTER_ID, Collection, Schema, schema_from_bytes, schema_to_bytes
 from replica.store import HeldRow, Row, Store
 from replica.wire import RelayState
@@ -134,21 +134,26 @@ class Core:
         epoch a rotation retired are re-sealed under the newest one (replica/reseal.py)."""
         try:
             schema = self._load_schema(keys)
-            if keys.retired_epochs and self.store.get_int(RESEALED_FOR) < keys.generation:
-                self._reseal(keys)
+            if keys.retired_epochs:
+                self._reseal(keys, everything=self.store.get_int(RESEALED_FOR) < keys.generation)
         except BaseException:
             keys.drop()
             raise
         self.opener = Opener(keys, self.options.cache_entries)
         self._schema = schema
 
-    def _reseal(self, keys: AccountKeys) -> None:
-        """Re-seal this device's versions once per generation that retires epochs
-        (replica/reseal.py): at the first unlock with it, so a crash after taking the keys
-        is mended at the next; not at every unlock, for it reads every version of its own."""
+    def _reseal(self, keys: AccountKeys, *, everything: bool) -> None:
+        """Re-seal this device's versions under retired epochs (replica/reseal.py): all of
+        them at the first unlock with a generation that retires epochs, so a crash after
+        taking the keys is mended at the next; its pending ones at every other unlock, for
+        another process that still held the older keys may have written since."""
+        node, pending_only = self.node(), not everything
+        if pending_only and not own_under_retired(self.store, keys, node, pending_only=True):
+            return  # the usual unlock: no write lock taken
         with self.write_transaction():
-            reseal_own(self.store, keys, self.node(), self.options.random_bytes)
-            self.store.set_meta(RESEALED_FOR, keys.generation)
+            reseal_own(self.store, keys, node, self.options.random_bytes, pending_only=pending_only)
+            if everything:
+                self.store.set_meta(RESEALED_FOR, keys.generation)
 
     def key_change(self, device: str) -> KeyChange:
         """Who changes the account's keys now, and what this file knew then (its frontier)."""
@@ -241,10 +246,23 @@ class Core:
         try:
             return [opener.open_row(row) for row in rows]
         except (EnvelopeError, UnknownEpochError) as exc:
+            if isinstance(exc, UnknownEpochError):
+                self.refuse_stale_keys()
             self.mark_degraded(key, scope, str(exc))
             raise DegradedError(
                 f"a record cannot be opened: {exc}", hint="run repair to quarantine it"
             ) from exc
+
+    def refuse_stale_keys(self) -> None:
+        """Raise when another process took newer keys into this file since this one was
+        unlocked: what these keys cannot open then is not damaged (it was re-sealed under
+        the new epoch), and must be neither latched degraded nor signed for."""
+        if generation_of(self.bundle()) != self.keys().generation:
+            raise ReplicaLockedError(
+                "the account's keys in this file changed since it was unlocked (another "
+                "process upgraded them, or took newer ones)",
+                hint="unlock the replica again (restart `sync --watch`)",
+            )
 
     def count_live(self, scope: bytes, tiebreak: str | None) -> int:
         """How many records of a scope show a document (not a tombstone). A degraded record

@@ -173,11 +173,13 @@ def readmit(core: Core) -> int:
     opener, retired = core.opener_or_raise(), core.keys().retired_epochs
     ids: list[tuple[int]] = []
     envelopes: list[bytes] = []
+    to_push: set[tuple[bytes, int, int]] = set()
     rows = core.store.db.execute(
-        "SELECT id, key, node, hlc, envelope FROM quarantine WHERE source IN (?, ?, ?) ORDER BY id",
+        "SELECT id, source, key, node, hlc, envelope FROM quarantine"
+        " WHERE source IN (?, ?, ?) ORDER BY id",
         READMITTED_SOURCES,
     )
-    for rowid, key, node, hlc, envelope in rows.fetchall():
+    for rowid, source, key, node, hlc, envelope in rows.fetchall():
         try:
             header = parse_header(envelope)
             if header.epoch in retired or not _is_its_own(header, key, node, hlc):
@@ -187,11 +189,14 @@ def readmit(core: Core) -> int:
             continue
         ids.append((rowid,))
         envelopes.append(envelope)
+        if source != "pull":  # it may never have reached the relay: pushing it again is safe
+            to_push.add((header.key, header.node, header.hlc))
     if envelopes:
         # merged while their rows still name their dots, so this device's own versions are
         # not taken for a copied file's; what opens and is not retired is never set aside
         # in quarantine again (it may be held, or found covered)
-        core.publish(core.merge(envelopes, now_ms=None, source="quarantine").events)
+        merged = core.merge(envelopes, now_ms=None, source="quarantine", to_push=frozenset(to_push))
+        core.publish(merged.events)
         core.store.db.executemany("DELETE FROM quarantine WHERE id = ?", ids)
     return len(ids)
 

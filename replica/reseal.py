@@ -24,15 +24,16 @@ from replica.wire import NONCE_BYTES, Header, node_to_i64, parse_header
 
 
 def own_under_retired(
-    store: Store, keys: AccountKeys, node: int
+    store: Store, keys: AccountKeys, node: int, *, pending_only: bool
 ) -> list[tuple[int, Header, bytes]]:
     """(row id, header, envelope) of each version of this device's (`node`) sealed under a
-    retired epoch, pending or not. A row whose header does not parse is left out: the push
-    path keeps damaged rows back."""
+    retired epoch, pending or not (only pending ones with `pending_only`). A row whose header
+    does not parse is left out: the push path keeps damaged rows back."""
     retired = keys.retired_epochs
     found = []
+    pending = " AND dirty = 1" if pending_only else ""
     rows = store.db.execute(
-        "SELECT id, envelope FROM versions WHERE node = ?", (node_to_i64(node),)
+        f"SELECT id, envelope FROM versions WHERE node = ?{pending}", (node_to_i64(node),)
     )
     for rowid, envelope in rows:
         try:
@@ -44,11 +45,13 @@ def own_under_retired(
     return found
 
 
-def reseal_own(store: Store, keys: AccountKeys, node: int, random_bytes: RandomBytes) -> int:
+def reseal_own(
+    store: Store, keys: AccountKeys, node: int, random_bytes: RandomBytes, *, pending_only: bool
+) -> int:
     """Re-seal, inside the caller's write transaction, every version `own_under_retired`
     finds, and mark it for pushing; how many. One that no longer opens is left as it is."""
     updates: list[tuple[bytes, int]] = []
-    for rowid, header, envelope in own_under_retired(store, keys, node):
+    for rowid, header, envelope in own_under_retired(store, keys, node, pending_only=pending_only):
         try:
             opened = open_envelope(keys, envelope, header)
         except (EnvelopeError, UnknownEpochError):

@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from replica import clock
-from replica.bundles import generation_of
-from replica.errors import InvalidArgumentError, ProtocolError, ReplicaLockedError, RollbackError
+from replica.errors import InvalidArgumentError, ProtocolError, RollbackError
 from replica.generations import PushSigner, sign_push
 from replica.store import Row
 from replica.wire import (
@@ -267,12 +266,7 @@ class SyncSession:
         reuses one. A version-1 account signs nothing (specs/protocol.md §4.7)."""
         with self._core.mutex:
             keys = self._core.keys()
-            if generation_of(self._core.bundle()) != keys.generation:
-                raise ReplicaLockedError(
-                    "the account's keys in this file changed since it was unlocked (another "
-                    "process upgraded them, or took newer ones)",
-                    hint="unlock the replica again (restart `sync --watch`)",
-                )
+            self._core.refuse_stale_keys()
             signing_key = keys.signing_key
             if signing_key is None:
                 return batch

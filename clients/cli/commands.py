@@ -20,6 +20,7 @@ from types import FrameType
 from typing import Any
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from clients.access import (
@@ -34,7 +35,7 @@ from clients.access import (
 from clients.account import Secret, join_account, register_account
 from clients.cli.console import ExitCode, err, fail, out, print_error, user_errors
 from clients.cli.progress import PROGRESS_MODES, ProgressMode, default_mode, shown_progress
-from clients.cli.remembered import replace_remembered
+from clients.cli.remembered import forget_remembered, replace_remembered
 from clients.cli.settings import CliSettings
 from clients.device import (
     CLI_OPTIONS,
@@ -170,6 +171,7 @@ def init(
                     session = register_account(client, account, new, bundle, device_name, invite)
                     follow_relay(replica, session)  # its first push is signed for this state
                     save_settings(path, relay.with_session(session))
+            forget_remembered(path)  # an entry a deleted file at this path left is stale
     out.print(f"account {account!r} created on {relay.url}; this device's replica: {path}")
     out.print("recovery key (shown once; keep it somewhere safe, it unlocks the account):")
     click.echo(new.recovery_key)
@@ -207,6 +209,7 @@ def join(
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             with removed_on_failure(path):
                 replica = join_account(client, path, account, secret, device_name, CLI_OPTIONS)
+            forget_remembered(path)  # an entry a deleted file at this path left is stale
             with closing(replica):
                 out.print(f"joined account {account!r} on {relay.url}; replica: {path}")
                 report_sync(run_sync(replica, client, retry_for_s))
@@ -349,7 +352,7 @@ def with_newer_keys(
     out.print("took the account's newer keys from the relay (changed on another device)")
     rotation = describe_rotation(client, replica)
     if rotation is not None:
-        out.print(rotation)
+        out.print(escape(rotation))  # device names are anyone's text
     return run()
 
 
@@ -420,7 +423,7 @@ def watch_live(driver: SyncDriver, idle_sync_s: float) -> None:
 PAUSED_WARNING = (
     "needs the new passphrase: the account's keys changed on another device. Pulling only; "
     "this device's writes are kept and go out once `sealsync sync` (which asks for it) "
-    "takes the new keys"
+    "takes the new keys; then start the watch again"
 )
 
 

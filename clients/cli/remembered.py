@@ -18,8 +18,9 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 import click
+from rich.markup import escape
 
-from clients.cli.console import out, user_errors
+from clients.cli.console import err, out, user_errors
 from clients.device import opened_replica
 from replica.errors import InvalidArgumentError
 
@@ -42,9 +43,11 @@ def _user(path: Path) -> str:
 
 
 def remembered(path: Path) -> str | None:
-    """The passphrase the keyring keeps for this replica file, if any can be read."""
+    """The passphrase the keyring keeps for this replica file, if any can be read. None for
+    a file that is not there: an entry left by a file since deleted is stale, and must not
+    make or join an account with an old passphrase at the same path."""
     keyring = _keyring()
-    if keyring is None:
+    if keyring is None or not path.exists():
         return None
     try:
         found: str | None = keyring.get_password(SERVICE, _user(path))
@@ -72,9 +75,30 @@ def remember(path: Path, passphrase: str) -> None:
 
 
 def replace_remembered(path: Path, passphrase: str) -> None:
-    """After a passphrase change here: the keyring's entry, if there is one, follows it."""
-    if remembered(path) is not None:
+    """After a passphrase change here: the keyring's entry, if there is one, follows it. A
+    keyring that refuses is a warning, not an error: the change itself is done."""
+    if remembered(path) is None:
+        return
+    try:
         remember(path, passphrase)
+    except InvalidArgumentError as exc:
+        err.print(
+            f"[yellow]warning:[/yellow] {escape(str(exc))}: the OS keyring keeps the old "
+            "passphrase; `sealsync keyring forget`, then `keyring store`",
+            markup=True,
+        )
+
+
+def forget_remembered(path: Path) -> bool:
+    """Remove this replica file's entry; whether there was one."""
+    keyring = _keyring()
+    if keyring is None:
+        return False
+    try:
+        keyring.delete_password(SERVICE, _user(path))
+    except keyring.errors.KeyringError:  # PasswordDeleteError when there is none
+        return False
+    return True
 
 
 @click.group("keyring")
@@ -99,13 +123,10 @@ def store(settings: CliSettings) -> None:
 def forget(settings: CliSettings) -> None:
     """Remove this replica's passphrase from the OS keyring."""
     path = settings.replica_path
-    keyring = _keyring()
-    if keyring is None or remembered(path) is None:
+    if forget_remembered(path):
+        out.print(f"the OS keyring no longer keeps the passphrase of {path}")
+    else:
         out.print(f"the OS keyring keeps no passphrase of {path}")
-        return
-    with user_errors():
-        keyring.delete_password(SERVICE, _user(path))
-    out.print(f"the OS keyring no longer keeps the passphrase of {path}")
 
 
 KEYRING_COMMANDS = (keyring_group,)

@@ -53,3 +53,18 @@ def test_the_keyring_keeps_the_passphrase_and_follows_a_change_made_here(
     assert kept(a) is None and without_passphrase(cli, a, "ls", "threads").exit_code != 0
     again = without_passphrase(cli, a, "keyring", "forget")
     assert "keeps no passphrase" in again.stdout
+
+
+@pytest.mark.slow
+def test_an_entry_left_by_a_deleted_file_makes_no_account_and_is_dropped(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    """The default replica path is shared: a file deleted and made again there must not
+    take the old file's passphrase from the keyring unasked."""
+    relay = start_relay()
+    path = tmp_path / "again.db"
+    keyring.set_password("sealsync", str(path.resolve()), "the old file's passphrase")
+    made = ["init", "--relay", relay.url, "--account", "ann", "--device-name", "desk"]
+    assert without_passphrase(cli, path, *made).exit_code != 0 and not path.exists()
+    cli.ok(path, *made)  # the passphrase given: the stale entry goes
+    assert kept(path) is None

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from clients.http import RelayClient
-from clients.keys import rotate_revoking
+from clients.keys import adopt_relay_keys, rotate_revoking
 from clients.sync import Progress, SyncDriver, SyncReport, is_epoch_change
-from replica import LoginKeys, Replica, RollbackError
+from replica import LoginKeys, Replica, ReplicaLockedError, RollbackError, passphrase_login_keys
 from replica.wire import LoginRequest, parse_header
 from tests.clients.chaos import ChaosTransport, FirstReplyLost
 from tests.clients.conftest import Device, Fleet, contents
@@ -429,12 +429,22 @@ def test_a_watch_that_meets_newer_keys_pulls_only_and_keeps_its_writes(
     reports: list[SyncReport] = []
     stop = threading.Event()
 
+    kdf = b.client.prelogin(fleet.account).kdf
+    new_login = passphrase_login_keys("a new passphrase, long enough", kdf)
+
     def after_two_rounds(report: SyncReport) -> None:
         reports.append(report)
-        if len(reports) == 2:
-            stop.set()
+        if len(reports) == 2:  # `sealsync sync` takes the new keys, in another process
+            with Replica.open(b.replica.path) as other:
+                other.unlock_with_key(b.replica.unlock_key())
+                assert adopt_relay_keys(b.client, other, new_login)
 
-    b.driver.watch(stop, poll_interval_s=0.1, idle_sync_s=0.2, on_report=after_two_rounds)
+    with pytest.raises(ReplicaLockedError, match="newer keys in another process"):
+        b.driver.watch(stop, poll_interval_s=0.1, idle_sync_s=0.2, on_report=after_two_rounds)
+    assert len(reports) == 2
     assert all(report.pushing_paused and report.pushed == 0 for report in reports)
     assert reports[0].held == 1  # a's write, under an epoch b does not have yet
-    assert b.replica.status().dirty == 1 and b.replica.get("notes", "mine") is not None
+    assert b.replica.status().dirty == 1  # re-sealed by the other process, still to go out
+    with pytest.raises(ReplicaLockedError):  # its keys are stale, its record is not damaged
+        b.replica.get("notes", "mine")
+    assert b.replica.status().degraded == 0

@@ -42,10 +42,12 @@ from replica.wire import (
     PushBatch,
     PushResult,
     PutKeyBundle,
+    Receipt,
     RegisterRequest,
     RelayState,
     Session,
     auth_key_hash,
+    parse_header,
 )
 from tests.relay.api import KDF, MSGPACK, Keys, bearer, body, decode, new_keys, register
 from tests.relay.conftest import HLC, NOW_MS, StorageFactory, account_record, envelope
@@ -467,6 +469,46 @@ def test_the_device_being_revoked_cannot_hold_its_revocation_off_by_pushing(
     )
     assert answer.status_code == 200, answer.content
     assert len(owner.relay.storage.devices(owner.name)) == 1  # the phone is revoked
+
+
+def test_a_later_sealing_signed_by_the_accounts_key_replaces_the_earlier_one(
+    owner: Owner,
+) -> None:
+    """After a rotation each device seals its own versions again under the new epoch
+    (replica/reseal.py): same dot and vector, other bytes. The relay keeps the later sealing,
+    and answers the earlier one pushed again (a reseed) with it. Another vector, or one
+    epoch sealed twice, is still a conflict: a device may not rewrite another's version."""
+    client = owner.relay.client
+    login = LoginRequest(owner.name, owner.keys.auth_key, "phone")
+    phone = decode(client.post("/v1/login", content=body(login), headers=MSGPACK).content, Session)
+    (earlier,), _, _ = owner.stored()
+    second = next_generation(owner)
+    path = f"/v1/devices/{phone.device_id}/rotate"
+    rotated = client.post(
+        path, content=rotate_request(owner, second, 1), headers=bearer(owner.session)
+    )
+    assert rotated.status_code == 200, rotated.content
+    owner.generation = second
+    epoch = second.secrets.key_epoch
+    later = envelope(b"k" * 16, 7, HLC + 1, {7: HLC + 1}, epoch=epoch)
+
+    def push(envelope_: bytes, counter: int) -> Receipt:
+        answer = owner.push(owner.sign([envelope_], counter=counter))
+        assert answer.status_code == 200, answer.content
+        (receipt,) = decode(answer.content, PushResult).receipts
+        return receipt
+
+    assert push(later, 2) == Receipt("stored", seq=2)
+    assert owner.stored()[:2] == ([later], 2)
+    assert push(earlier, 3) == Receipt("stored", seq=2)  # kept in the later sealing
+    twice = envelope(b"k" * 16, 7, HLC + 1, {7: HLC + 1}, epoch=epoch)
+    assert push(twice, 4).code == "identity_conflict"
+    old_epoch = parse_header(earlier).epoch
+    stale = envelope(b"j" * 16, 7, HLC + 5, {7: HLC + 5}, epoch=old_epoch)
+    assert push(stale, 5) == Receipt("stored", seq=3)
+    widened = envelope(b"j" * 16, 7, HLC + 5, {6: HLC, 7: HLC + 5}, epoch=epoch)
+    assert push(widened, 6).code == "identity_conflict"  # would delete concurrent siblings
+    assert owner.stored()[:2] == ([later, stale], 3)
 
 
 def test_a_version_2_account_revokes_another_device_only_by_rotating(owner: Owner) -> None:

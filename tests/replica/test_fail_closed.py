@@ -25,7 +25,7 @@ from replica import (
 from replica.envelope import Identity, opaque_key, seal
 from replica.keys import AccountInfo, AccountKeys
 from replica.migrations import SCHEMA_VERSION
-from replica.wire import MAX_ENVELOPE_BYTES, node_to_i64, parse_header
+from replica.wire import MAX_ENVELOPE_BYTES, node_to_i64, parse_header, system_clock_ms
 from tests.conftest import Account, FakeClock, ReplicaFactory
 from tests.replica.helpers import apply, dirty_envelopes, page_of
 from tests.replica.test_sync_session import sync
@@ -282,6 +282,13 @@ def test_repair_refuses_when_most_rows_are_undecryptable(
     assert report.quarantined == len(rows)
 
 
+def dirty_identities(replica: Replica) -> set[tuple[bytes, int, int]]:
+    with sqlite3.connect(replica.path) as db:
+        rows = db.execute("SELECT key, node, hlc FROM versions WHERE dirty = 1").fetchall()
+    db.close()
+    return {(bytes(k), n, h) for k, n, h in rows}
+
+
 def test_a_quarantined_version_that_opens_now_is_merged_again_by_repair(
     populated: tuple[Replica, dict[str, bytes]],
 ) -> None:
@@ -292,6 +299,7 @@ def test_a_quarantined_version_that_opens_now_is_merged_again_by_repair(
     key = opaque_key(replica._core.keys().index_key, Identity("default", "notes", "r3"))
     forged = resealed_under_other_key(account_id=True)(others["r3"], others)
     header, node = parse_header(others["r3"]), replica.status().node
+    sync(replica, MemoryRelay(clock_ms=system_clock_ms))  # everything pushed: nothing pending
     with replica._core.write_transaction():  # as `repair(force=True)` moved it
         store = replica._core.store
         store.quarantine("versions", key, others["r3"], "undecryptable: another key", 1, header.dot)
@@ -303,6 +311,7 @@ def test_a_quarantined_version_that_opens_now_is_merged_again_by_repair(
     record = replica.get("notes", "r3")
     assert record is not None and record.document == {"id": "r3"}
     assert replica.status().quarantined == 1 and replica.status().node == node
+    assert (key, node_to_i64(header.node), header.hlc) in dirty_identities(replica)
     assert replica.repair().readmitted == 0  # the forgery stays
 
 

@@ -402,3 +402,24 @@ def test_repair_takes_nothing_back_from_quarantine_under_a_retired_epoch(
     assert desk._core.opener_or_raise().open(forged) is not None  # it opens: the keys are kept
     assert desk.repair().readmitted == 0 and desk.status().quarantined == 1
     assert desk.get("threads", "planted") is None
+
+
+def test_a_write_made_with_keys_another_handle_retired_is_re_sealed_at_the_next_unlock(
+    trio: list[Replica], relay: MemoryRelay, v1: V1Account
+) -> None:
+    """An app kept the laptop's file open with the old keys while `sealsync sync` took the
+    new ones: its write is sealed under the retired epoch after the re-sealing pass. The
+    next unlock seals it again, so it arrives instead of being refused everywhere."""
+    desk, laptop, _ = trio
+    app = Replica.open(laptop.path)
+    app.unlock_with_login_keys(v1.login)
+    login = revoke_phone(desk)
+    assert laptop.adopt_bundle(desk.key_bundle(), login)
+    app.put("threads", "late", {"title": "written with the old keys"})
+    app.close()
+    laptop.lock()
+    laptop.unlock_with_login_keys(login)
+    sync(laptop, relay)
+    sync(desk, relay)
+    record = desk.get("threads", "late")
+    assert record is not None and desk.status().quarantined == 0

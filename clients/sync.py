@@ -35,7 +35,6 @@ from replica import (
     ChangeEvent,
     ErrorCode,
     Replica,
-    ReplicaLockedError,
     RollbackError,
     SyncSession,
 )
@@ -260,9 +259,8 @@ class SyncDriver:
         self._follow_reseeds = follow_reseeds
         self._bounds = (max_batch_count, max_batch_bytes)
         self._sync_session: SyncSession | None = None
-        self._paused_at: int | None = None
-        """The file's key generation when a watch met newer keys on the relay, and went
-        pull-only; None while it pushes."""
+        self._paused = False
+        """A watch met newer keys on the relay: it pulls only from then on."""
 
     def sync(self) -> SyncReport:
         """One round: push everything dirty, pull everything new."""
@@ -470,11 +468,11 @@ class SyncDriver:
         writes stay pending until it is given it (docs/key-generations.md §7). Versions
         under the new keys are held meanwhile."""
         try:
-            report = self.sync() if self._paused_at is None else self._pull_only()
+            report = self._pull_only() if self._paused else self.sync()
         except RelayClientError as exc:
-            if is_key_retired(exc) and self._paused_at is None:
+            if is_key_retired(exc) and not self._paused:
                 log.warning("the account's keys changed on another device: pulling only")
-                self._paused_at = self._replica.key_generation
+                self._paused = True
                 self._watch_round(on_report)
                 return
             if not exc.retryable:
@@ -487,11 +485,7 @@ class SyncDriver:
     def _pull_only(self) -> SyncReport:
         """A round of a paused watch, which ends once another process (`sealsync sync`) took
         the new keys into the file: this one still holds the old ones."""
-        if self._replica.key_generation != self._paused_at:
-            raise ReplicaLockedError(
-                "this device took the account's newer keys in another process",
-                hint="start `sync --watch` again, with the new passphrase",
-            )
+        self._replica.check_keys_current()
         return replace(self.pull(), pushing_paused=True)
 
     def _wait_for_work(

@@ -155,6 +155,13 @@ class Core:
             if everything:
                 self.store.set_meta(RESEALED_FOR, keys.generation)
 
+    def reseal_pending(self) -> None:
+        """`_reseal` of the pending writes, at the start of each push pass too: a process
+        that still held the older keys may have written since this one was unlocked. Not
+        while locked: nothing can be sealed then (the next unlock does it)."""
+        if self.opener is not None and self.opener.keys.retired_epochs:
+            self._reseal(self.opener.keys, everything=False)
+
     def key_change(self, device: str) -> KeyChange:
         """Who changes the account's keys now, and what this file knew then (its frontier)."""
         now_ms = self.options.wall_clock_ms()

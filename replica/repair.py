@@ -111,8 +111,10 @@ def _check_row(core: Core, table: str, row: Row, vector: bytes | None) -> Findin
 
 
 def diagnose(core: Core, scope: bytes | None = None) -> Diagnosis:
-    """Open every stored row (of one scope, or all) and report the ones that fail."""
+    """Open every stored row (of one scope, or all) and report the ones that fail; refused
+    to a handle whose keys another process replaced (what they cannot open is not damage)."""
     core.opener_or_raise()
+    core.refuse_stale_keys()
     count = 0
     findings = []
     for table, row, vector in _stored_rows(core, scope):

@@ -244,6 +244,12 @@ class Replica:
         whose pushes go unsigned until `upgrade_keys`."""
         return generation_of(self._core.bundle())
 
+    def check_keys_current(self) -> None:
+        """`ReplicaLockedError` when another process took newer keys into this file since
+        this handle was unlocked (a long-lived one, such as a watch, must then unlock again)."""
+        with self._core.mutex:
+            self._core.refuse_stale_keys()
+
     def upgrade_keys(self, login: LoginKeys, recovery_key: str, *, device: str) -> None:
         """Move a version-1 account to generation 1 of key bundle version 2, whose pushes are
         signed (docs/key-generations.md §5): the account's own recovery key is asked once,

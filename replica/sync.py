@@ -105,6 +105,8 @@ class SyncSession:
         """
         with self._core.mutex:
             self._core.check_open()
+            if self._after == {"versions": 0, "held": 0}:  # a new pass
+                self._core.reseal_pending()
             for table in ("versions", "held"):
                 while rows := self._store.rows_to_push(table, self._max_count, self._after[table]):
                     chosen = _fit(rows, self._max_bytes)

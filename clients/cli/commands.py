@@ -171,10 +171,10 @@ def init(
                     session = register_account(client, account, new, bundle, device_name, invite)
                     follow_relay(replica, session)  # its first push is signed for this state
                     save_settings(path, relay.with_session(session))
-            forget_remembered(path)  # an entry a deleted file at this path left is stale
     out.print(f"account {account!r} created on {relay.url}; this device's replica: {path}")
     out.print("recovery key (shown once; keep it somewhere safe, it unlocks the account):")
     click.echo(new.recovery_key)
+    forget_remembered(path)  # an entry a deleted file at this path left is stale
 
 
 @click.command("join")

@@ -51,8 +51,8 @@ def remembered(path: Path) -> str | None:
         return None
     try:
         found: str | None = keyring.get_password(SERVICE, _user(path))
-    except keyring.errors.KeyringError:
-        return None
+    except Exception:  # backends raise their own (macOS api.Error, pywintypes.error)
+        return None  # no keyring to read is a prompt, never a failed command
     return found
 
 
@@ -66,7 +66,7 @@ def remember(path: Path, passphrase: str) -> None:
         )
     try:
         keyring.set_password(SERVICE, _user(path), passphrase)
-    except keyring.errors.KeyringError as exc:
+    except Exception as exc:  # backends raise their own, not only KeyringError
         raise InvalidArgumentError(
             f"the OS keyring refused the passphrase: {exc}",
             hint="a server without a keyring service can keep it in a file readable only "
@@ -96,7 +96,7 @@ def forget_remembered(path: Path) -> bool:
         return False
     try:
         keyring.delete_password(SERVICE, _user(path))
-    except keyring.errors.KeyringError:  # PasswordDeleteError when there is none
+    except Exception:  # PasswordDeleteError when there is none; backends raise their own
         return False
     return True
 

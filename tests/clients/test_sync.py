@@ -439,7 +439,7 @@ def test_a_watch_that_meets_newer_keys_pulls_only_and_keeps_its_writes(
                 other.unlock_with_key(b.replica.unlock_key())
                 assert adopt_relay_keys(b.client, other, new_login)
 
-    with pytest.raises(ReplicaLockedError, match="newer keys in another process"):
+    with pytest.raises(ReplicaLockedError, match="changed since it was unlocked"):
         b.driver.watch(stop, poll_interval_s=0.1, idle_sync_s=0.2, on_report=after_two_rounds)
     assert len(reports) == 2
     assert all(report.pushing_paused and report.pushed == 0 for report in reports)

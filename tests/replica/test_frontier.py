@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from relay.memory import MemoryRelay
-from replica import Replica, clock
+from replica import Replica, ReplicaLockedError, clock
 from replica.envelope import Identity, seal
 from replica.keys import AccountKeys, Frontier, LoginKeys
 from replica.wire import PushBatch, RelayState, parse_header
@@ -404,12 +404,14 @@ def test_repair_takes_nothing_back_from_quarantine_under_a_retired_epoch(
     assert desk.get("threads", "planted") is None
 
 
-def test_a_write_made_with_keys_another_handle_retired_is_re_sealed_at_the_next_unlock(
-    trio: list[Replica], relay: MemoryRelay, v1: V1Account
+@pytest.mark.parametrize("relock", [False, True], ids=["same handle", "unlocked again"])
+def test_a_write_made_with_keys_another_handle_retired_is_re_sealed_before_it_is_pushed(
+    trio: list[Replica], relay: MemoryRelay, v1: V1Account, relock: bool
 ) -> None:
     """An app kept the laptop's file open with the old keys while `sealsync sync` took the
-    new ones: its write is sealed under the retired epoch after the re-sealing pass. The
-    next unlock seals it again, so it arrives instead of being refused everywhere."""
+    new ones: its write is sealed under the retired epoch after the re-sealing pass. It is
+    sealed again before it is pushed (at each push pass, and at each unlock), so it arrives
+    instead of being refused everywhere."""
     desk, laptop, _ = trio
     app = Replica.open(laptop.path)
     app.unlock_with_login_keys(v1.login)
@@ -417,9 +419,27 @@ def test_a_write_made_with_keys_another_handle_retired_is_re_sealed_at_the_next_
     assert laptop.adopt_bundle(desk.key_bundle(), login)
     app.put("threads", "late", {"title": "written with the old keys"})
     app.close()
-    laptop.lock()
-    laptop.unlock_with_login_keys(login)
-    sync(laptop, relay)
+    if relock:
+        laptop.lock()
+        laptop.unlock_with_login_keys(login)
+    sync(laptop, relay)  # unlocked before the write, or after: re-sealed before pushing
     sync(desk, relay)
     record = desk.get("threads", "late")
     assert record is not None and desk.status().quarantined == 0
+
+
+def test_a_handle_whose_keys_another_took_over_repairs_nothing(
+    trio: list[Replica], v1: V1Account
+) -> None:
+    """What its old keys cannot open was re-sealed, not damaged: a repair there would set
+    this device's own versions aside."""
+    desk, laptop, _ = trio
+    app = Replica.open(laptop.path)
+    app.unlock_with_login_keys(v1.login)
+    login = revoke_phone(desk)
+    assert laptop.adopt_bundle(desk.key_bundle(), login)
+    for check in (app.diagnose, app.repair):
+        with pytest.raises(ReplicaLockedError, match="changed since it was unlocked"):
+            check()
+    app.close()
+    assert laptop.status().quarantined == 0 and laptop.get("threads", "from-laptop") is not None

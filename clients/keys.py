@@ -80,19 +80,15 @@ def upgrade_keys(
     change commits only once the relay took it, and the new keys are unlocked then. Its
     frontier retires the version-1 epochs, so it is made after `catch_up`, like a rotation
     (`rotate_revoking`); `catch_up` pulls only: the relay takes no unsigned push."""
-
-    def upgrade() -> None:
-        current, device = same_keys(client, replica, login, "upgrade, if still needed")
-        with replica.batch():
-            head = replica.sync_session().cursor  # the frontier's: read in the same transaction
-            replica.upgrade_keys(login, recovery_key, device=device)
-            request = PutKeyBundle(replica.key_bundle(), replica.kdf_params(), login.auth_key,
-                                   current.version, login.auth_key, expected_head=head)  # fmt: skip
-            send_key_change(client, request)
-        replica.unlock_with_login_keys(login)
-
     catch_up()
-    upgrade()
+    current, device = same_keys(client, replica, login, "upgrade, if still needed")
+    with replica.batch():
+        head = replica.sync_session().cursor  # the frontier's: read in the same transaction
+        replica.upgrade_keys(login, recovery_key, device=device)
+        request = PutKeyBundle(replica.key_bundle(), replica.kdf_params(), login.auth_key,
+                               current.version, login.auth_key, expected_head=head)  # fmt: skip
+        send_key_change(client, request)
+    replica.unlock_with_login_keys(login)
 
 
 def rotate_revoking(
@@ -110,42 +106,29 @@ def rotate_revoking(
     the local change commits only once the relay took it, and is unlocked then. With
     `new_recovery_key`, the relay takes its auth hash in place of the old one's.
 
-    `catch_up` (a sync) comes first, so the frontier covers every version the relay holds;
-    what another device stores before the change commits, that device seals again once it
-    takes the change, and the relay refuses no rotation for it: the device being revoked
-    could otherwise hold its revocation off by pushing."""
+    `catch_up` (a sync) comes first, so the frontier covers what the relay holds; what
+    another device stores before the change commits, it seals again once it takes the
+    change (the relay refuses no rotation for it: that would let the device being revoked
+    hold it off by pushing)."""
     catch_up()
-    _rotate(client, replica, login, new_passphrase, revoked, new_recovery_key)
-
-
-def _rotate(
-    client: RelayClient,
-    replica: Replica,
-    login: LoginKeys,
-    new_passphrase: str,
-    revoked: str,
-    new_recovery_key: str | None,
-) -> None:
     current, device = same_keys(client, replica, login, "revoke again")
     with replica.batch():
         head = replica.sync_session().cursor  # the frontier's: read in the same transaction
         new_login = replica.rotate_keys(
             new_passphrase, revoked_device=revoked, device=device, new_recovery_key=new_recovery_key
         )
-        recovery_hash = None
-        if new_recovery_key is not None:
-            recovery_hash = auth_key_hash(recovery_login_keys(new_recovery_key).auth_key)
-        request = PutKeyBundle(
-            replica.key_bundle(),
-            replica.kdf_params(),
-            new_login.auth_key,
-            current.version,
-            login.auth_key,
-            recovery_auth_hash=recovery_hash,
-            expected_head=head,
-        )
+        request = PutKeyBundle(replica.key_bundle(), replica.kdf_params(), new_login.auth_key,
+                               current.version, login.auth_key, expected_head=head,
+                               recovery_auth_hash=_recovery_auth_hash(new_recovery_key))  # fmt: skip
         send_key_change(client, request, revoke=revoked)
     replica.unlock_with_login_keys(new_login)
+
+
+def _recovery_auth_hash(recovery_key: str | None) -> bytes | None:
+    """What the relay keeps of a new recovery key (its auth key's hash), if there is one."""
+    return (
+        None if recovery_key is None else auth_key_hash(recovery_login_keys(recovery_key).auth_key)
+    )
 
 
 def needs_newer_keys(exc: RelayClientError) -> bool:

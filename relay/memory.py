@@ -408,8 +408,9 @@ class MemoryRelay:
             now_ms = self._rules.clock_ms()
             drift_ms = self._rules.max_drift_ms
             checked = [check_envelope(e, now_ms, drift_ms) for e in batch.envelopes]
+            reseal_into = self._reseal_epoch(account, keys)
             receipts = [
-                self._push_one(account, h, e, self._reseal_epoch(account, keys))
+                self._push_one(account, h, e, reseal_into)
                 for h, e in zip(refuse_epochs_ahead(keys, checked), batch.envelopes, strict=True)
             ]
             if is_over_quota(account.stored_bytes, saved[0], self._rules.max_account_bytes):

@@ -102,9 +102,11 @@ def decide(
             if reseal_epoch is None:
                 return IDENTITY_CONFLICT
             stored_epoch = epoch_of(stored.seq)
-            if stored.vector != header.vector or max(stored_epoch, header.epoch) > reseal_epoch:
-                return IDENTITY_CONFLICT
-            if stored_epoch == header.epoch:
+            if (
+                stored_epoch == header.epoch
+                or stored.vector != header.vector
+                or max(stored_epoch, header.epoch) > reseal_epoch
+            ):
                 return IDENTITY_CONFLICT
             if stored_epoch > header.epoch:
                 return Receipt("stored", seq=stored.seq)

@@ -214,9 +214,9 @@ def _keyed_state(key: bytes) -> _HmacState:
 class Frontier(msgspec.Struct, frozen=True):
     """What the device that retired an epoch knew (docs/key-generations.md §6): the union of
     every version vector it held, and the relay it had pulled from — its storage id, the
-    account's epoch there, and the head it had pulled up to, which the relay checked
-    (`expected_head`) when it took the change. One recorded before that check existed has no
-    storage id, and is not enforced: versions stored meanwhile could lie beyond it."""
+    account's epoch there, and the head it had pulled up to (sent as `expected_head` with the
+    change). One recorded before `expected_head` existed has no storage id, and is not
+    enforced: versions stored meanwhile could lie beyond it."""
 
     vector: dict[int, int]
     head: int

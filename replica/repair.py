@@ -178,7 +178,7 @@ def readmit(core: Core) -> int:
     to_push: set[tuple[bytes, int, int]] = set()
     rows = core.store.db.execute(
         "SELECT id, source, key, node, hlc, envelope FROM quarantine"
-        " WHERE source IN (?, ?, ?) ORDER BY id",
+        f" WHERE source IN ({', '.join('?' * len(READMITTED_SOURCES))}) ORDER BY id",
         READMITTED_SOURCES,
     )
     for rowid, source, key, node, hlc, envelope in rows.fetchall():

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
+from replica.asides import HeldRow, Row
 from replica.bundles import AnyBundle, KeyChange, generation_of, parse_bundle, sealed_schema
 from replica.envelope import Identity, Opened, scope_key
 from replica.errors import (
@@ -35,7 +36,7 @@ from replica.options import ReplicaOptions
 from replica.record import record_from_siblings
 from replica.reseal import own_under_retired, reseal_own
 from replica.schema import REGISTER_ID, Collection, Schema, schema_from_bytes, schema_to_bytes
-from replica.store import HeldRow, Row, Store
+from replica.store import Store
 from replica.wire import RelayState
 
 DegradedMark = tuple[bytes, bytes | None, str]

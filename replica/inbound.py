@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from replica import clock
+from replica.asides import HeldVersion, Row
 from replica.envelope import Identity, Opened, open_envelope, profile_key, scope_key
 from replica.errors import EnvelopeError, ProtocolError, StoreError, UnknownEpochError
 from replica.events import ChangeEvent
@@ -34,7 +35,7 @@ from replica.merge import Sibling, add_uncovered, is_covered_dot
 from replica.opener import Opener
 from replica.options import ReplicaOptions
 from replica.schema import Schema
-from replica.store import HeldVersion, NewVersion, Row, Store
+from replica.store import NewVersion, Store
 from replica.wire import Dot, Header, RelayState, decode_vector, parse_header, peek_dot
 
 MAX_UNVERIFIED_HELD_BYTES = 256 * 1024 * 1024

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from replica.asides import Row
 from replica.envelope import Opened, open_envelope
 from replica.errors import EnvelopeError
 from replica.keys import AccountKeys
-from replica.store import Row
 from replica.wire import Header
 
 

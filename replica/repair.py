@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
+from replica.asides import Row
 from replica.core import Core
 from replica.errors import EnvelopeError, ProtocolError, RepairRefusedError, UnknownEpochError
-from replica.store import Row
 from replica.wire import Header, node_from_i64, node_to_i64, parse_header
 from replica.write import local_row
 

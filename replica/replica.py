@@ -21,17 +21,12 @@ from replica.bundles import (
     NewAccount,
     bundle_bytes,
     check_successor,
-    generation_of,
     is_newer,
     new_account,
     parse_bundle,
-    recovery_auth_hash,
-    rotated,
     unlock_by_key,
     unlock_by_login,
     unlock_by_recovery_key,
-    upgraded,
-    with_new_passphrase,
     with_schema,
 )
 from replica.core import Core, rows_by_key
@@ -40,6 +35,7 @@ from replica.errors import DegradedError, StaleContextError, StoreError
 from replica.events import Subscriber
 from replica.files import create_private_file
 from replica.generations import KeyBundleV2
+from replica.keyops import KeyOperations
 from replica.keys import AccountKeys, LoginKeys, passphrase_login_keys
 from replica.limits import check_document, check_name
 from replica.options import ReplicaOptions
@@ -60,7 +56,7 @@ HELD_RECHECK_ON_UNLOCK = ("sealed", "epoch", "collection")
 """Unlocking gives keys, and reloads the schema another process may have declared."""
 
 
-class Replica:
+class Replica(KeyOperations):
     """One device's replica file. Make one with `create`, `join` or `open`; then `unlock`."""
 
     def __init__(self, store: Store, options: ReplicaOptions) -> None:
@@ -198,26 +194,6 @@ class Replica:
     def path(self) -> Path:
         return self._core.store.path
 
-    def unlock_key(self) -> bytes:
-        """The raw key a keyring keeps: treat it as the passphrase's equal. It is the account
-        key of a version-1 bundle, the generation key of a version-2 one."""
-        return self._core.keys().unlock_key
-
-    def key_bundle(self) -> bytes:
-        return bundle_bytes(self._core.bundle())
-
-    def recovery_auth_hash(self) -> bytes | None:
-        """The relay's hash of the recovery key's auth key, sealed in the bundle: with it and
-        the passphrase any unlocked device can register the account again on a relay that
-        lost it. None for accounts made before it was kept there (then `auth_key_hash` of
-        `recovery_login_keys(key).auth_key`)."""
-        return recovery_auth_hash(self._core.bundle(), self._core.keys())
-
-    def kdf_params(self) -> KdfParams:
-        """The passphrase's Argon2id parameters and salt (works while locked): the relay hands
-        them to a new device at prelogin, so a new key bundle is sent along with them."""
-        return self._core.bundle().kdf
-
     def take_new_node_id(self) -> int:
         """Write as a new node from now on (works while locked), for a file copied from
         another device's, such as a restored backup: two files writing as one node would
@@ -227,73 +203,6 @@ class Replica:
             node = core.options.new_node_id(avoid=core.node())
             core.store.set_meta("node", str(node))
             return node
-
-    def change_passphrase(self, new_passphrase: str) -> LoginKeys:
-        """Wrap the account's keys under a new passphrase; no record is re-encrypted."""
-        core = self._core
-        with core.mutex, core.write_transaction():  # read and replace under one lock
-            bundle, login = with_new_passphrase(
-                core.bundle(), core.keys(), new_passphrase, core.options.random_bytes
-            )
-            core.store.set_meta("bundle", bundle_bytes(bundle))
-            return login
-
-    @property
-    def key_generation(self) -> int:
-        """The key bundle's generation (works while locked): 0 for a version-1 account,
-        whose pushes go unsigned until `upgrade_keys`."""
-        return generation_of(self._core.bundle())
-
-    def check_keys_current(self) -> None:
-        """`ReplicaLockedError` when another process took newer keys into this file since
-        this handle was unlocked (a long-lived one, such as a watch, must then unlock again)."""
-        with self._core.mutex:
-            self._core.refuse_stale_keys()
-
-    def upgrade_keys(self, login: LoginKeys, recovery_key: str, *, device: str) -> None:
-        """Move a version-1 account to generation 1 of key bundle version 2, whose pushes are
-        signed (docs/key-generations.md §5): the account's own recovery key is asked once,
-        the passphrase kept, and no record re-encrypted. The bundle is stored inside one
-        write transaction (the caller's `batch`, so it commits once the relay took it);
-        its keys take effect at the next unlock."""
-        core = self._core
-        with core.mutex, core.write_transaction():
-            bundle = upgraded(core.bundle(), login, recovery_key, core.key_change(device))
-            core.store.set_meta("bundle", bundle_bytes(bundle))
-
-    def rotate_keys(
-        self,
-        new_passphrase: str,
-        *,
-        revoked_device: str,
-        device: str,
-        new_recovery_key: str | None = None,
-    ) -> LoginKeys:
-        """Generation g + 1 of the account's keys, revoking `revoked_device` (the relay takes it
-        with `RelayClient.rotate_keys`): a new passphrase, and nothing the revoked device held
-        opens it (nor, with `new_recovery_key`, the recovery key it may have seen). Stored
-        inside one write transaction (the caller's `batch`, so it commits once the relay took
-        it); unlock with the returned keys then."""
-        core = self._core
-        with core.mutex, core.write_transaction():
-            keys = core.keys()
-            bundle, login = rotated(
-                core.bundle(),
-                keys,
-                new_passphrase,
-                core.key_change(device),
-                revoked_device,
-                new_recovery_key,
-            )
-            core.store.set_meta("bundle", bundle_bytes(bundle))
-            return login
-
-    def held_for_keys(self) -> int:
-        """Versions held because they are sealed under a key epoch this file's bundle does not
-        have: another device installed newer keys (cheap, unlike `status()`)."""
-        with self._core.mutex:
-            self._core.check_open()
-            return self._core.store.count_held().get("epoch", 0)
 
     def adopt_bundle(self, data: bytes, login: LoginKeys) -> bool:
         """Take the relay's key bundle when it is newer than this file's (another device

@@ -10,18 +10,16 @@ hence `node_to_i64`. The merge's statements pass BLOB values through `_blob` (se
 
 from __future__ import annotations
 
-import hashlib
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import msgspec
 
+from replica.asides import AsideTables, Row, sha256
 from replica.errors import ReplicaClosedError, StoreError
-from replica.locks import Lock
 from replica.migrations import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION
 from replica.wire import node_from_i64, node_to_i64
 
@@ -37,29 +35,10 @@ at random places; once those outgrow the cache (~50k records), each insert read 
 pages back from the file: a quarter of the time of merging new records."""
 
 
-def _sha256(data: bytes) -> bytes:
-    return hashlib.sha256(data).digest()
-
-
-def envelope_sha256_16(envelope: bytes) -> bytes:
-    """The first 16 bytes of an envelope's SHA-256: held versions are not opened yet, so two
-    copies of one identity with different bytes are both kept until one opens."""
-    return hashlib.sha256(envelope).digest()[:16]
-
-
 _blob = bytearray
 """A BLOB parameter as the stdlib sqlite3 module binds it fastest. It looks for an adapter,
 through two failing attribute lookups, for every `bytes` value, but binds a bytearray at once
 (same BLOB stored, and read back as bytes): a merge binds several per version."""
-
-
-class Row(msgspec.Struct, frozen=True, gc=False):
-    """One stored version: where it lives in the file and its sealed bytes."""
-
-    key: bytes
-    node: int
-    hlc: int
-    envelope: bytes
 
 
 class NewVersion(msgspec.Struct, frozen=True, gc=False):
@@ -75,30 +54,7 @@ class NewVersion(msgspec.Struct, frozen=True, gc=False):
     dirty: bool
 
 
-@dataclass(frozen=True, slots=True)
-class HeldRow:
-    key: bytes
-    node: int
-    hlc: int
-    envelope: bytes
-    reason: str
-    release_after_ms: int | None
-    repush: bool
-
-
-@dataclass(frozen=True, slots=True)
-class HeldVersion:
-    """A version to hold: why, until when (if known), in which scope (if known), and whether
-    a reseed still wants it pushed."""
-
-    row: Row
-    reason: str
-    release_after_ms: int | None
-    scope: bytes | None
-    repush: bool = False
-
-
-class Store:
+class Store(AsideTables):
     """A connection to one replica file; not thread-safe on its own (the Replica locks)."""
 
     def __init__(
@@ -118,7 +74,7 @@ class Store:
             self.db.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
             self.db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
             self.db.execute("PRAGMA foreign_keys=ON")
-            self.db.create_function("sha256", 1, _sha256, deterministic=True)
+            self.db.create_function("sha256", 1, sha256, deterministic=True)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{path} is not a SQLite database: {exc}") from exc
 
@@ -441,159 +397,6 @@ class Store:
             (key,),
         ).fetchall()
         return [Row(k, node_from_i64(n), h, e) for k, n, h, e in rows]
-
-    # -- held ---------------------------------------------------------------------------------
-
-    def hold(self, rows: Iterable[HeldVersion]) -> None:
-        """Persist held versions; never dropped. A reseed's push mark survives re-holding.
-
-        Held copies are told apart by their bytes too: an unverified forgery held under a
-        genuine version's identity must not push the genuine bytes out."""
-        self.db.executemany(
-            "INSERT INTO held (key, node, hlc, digest, envelope, reason, release_after_ms, scope, "
-            "repush) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT (key, node, hlc, digest) DO UPDATE SET "
-            "reason = excluded.reason, release_after_ms = excluded.release_after_ms, "
-            "scope = coalesce(excluded.scope, held.scope), "
-            "repush = max(held.repush, excluded.repush)",
-            [
-                (
-                    h.row.key,
-                    node_to_i64(h.row.node),
-                    h.row.hlc,
-                    envelope_sha256_16(h.row.envelope),
-                    h.row.envelope,
-                    h.reason,
-                    h.release_after_ms,
-                    h.scope,
-                    int(h.repush),
-                )
-                for h in rows
-            ],
-        )
-
-    def held_rows(self, reasons: Sequence[str] | None = None) -> list[HeldRow]:
-        query = "SELECT key, node, hlc, envelope, reason, release_after_ms, repush FROM held"
-        args: tuple[str, ...] = ()
-        if reasons is not None:
-            query += f" WHERE reason IN ({','.join('?' * len(reasons))})"
-            args = tuple(reasons)
-        return [
-            HeldRow(k, node_from_i64(n), h, e, why, after, bool(repush))
-            for k, n, h, e, why, after, repush in self.db.execute(query + " ORDER BY hlc", args)
-        ]
-
-    def unhold(self, rows: Iterable[HeldRow]) -> None:
-        self.db.executemany(
-            "DELETE FROM held WHERE key = ? AND node = ? AND hlc = ? AND digest = ?",
-            [(r.key, node_to_i64(r.node), r.hlc, envelope_sha256_16(r.envelope)) for r in rows],
-        )
-
-    def unverified_held_bytes(self) -> int:
-        """Bytes held that could not be authenticated yet (pulled while locked, unknown epoch)."""
-        row = self.db.execute(
-            "SELECT coalesce(sum(length(envelope)), 0) FROM held "
-            "WHERE reason IN ('sealed', 'epoch')"
-        ).fetchone()
-        return int(row[0])
-
-    def next_release_ms(self) -> int | None:
-        row = self.db.execute("SELECT min(release_after_ms) FROM held").fetchone()
-        return None if row[0] is None else int(row[0])
-
-    def count_held(self) -> dict[str, int]:
-        return dict(self.db.execute("SELECT reason, count(*) FROM held GROUP BY reason").fetchall())
-
-    # -- locks --------------------------------------------------------------------------------
-
-    def add_lock(
-        self, kind: str, target: bytes, expires_ms: int, dot: tuple[int, int] | None = None
-    ) -> int:
-        node, hlc = (None, None) if dot is None else (node_to_i64(dot[0]), dot[1])
-        cursor = self.db.execute(
-            "INSERT INTO locks (kind, target, expires_ms, dot_node, dot_hlc) VALUES (?, ?, ?, ?, ?)",
-            (kind, target, expires_ms, node, hlc),
-        )
-        return int(cursor.lastrowid or 0)
-
-    def replace_auto_lock(
-        self, key: bytes, now_ms: int, expires_ms: int, dot: tuple[int, int]
-    ) -> None:
-        """The automatic lock of a record follows its latest local write; expired locks are
-        swept at most once a second (they are ignored by `active_locks` meanwhile)."""
-        self.db.execute("DELETE FROM locks WHERE kind = 'auto' AND target = ?", (key,))
-        if now_ms >= self._next_lock_sweep_ms:
-            self.db.execute("DELETE FROM locks WHERE expires_ms <= ?", (now_ms,))
-            self._next_lock_sweep_ms = now_ms + 1000
-        self.add_lock("auto", key, expires_ms, dot)
-
-    def active_locks(self, now_ms: int) -> list[Lock]:
-        rows = self.db.execute(
-            "SELECT id, kind, target, expires_ms, dot_node, dot_hlc FROM locks WHERE expires_ms > ?",
-            (now_ms,),
-        ).fetchall()
-        return [
-            Lock(i, kind, target, exp, None if n is None else (node_from_i64(n), h))
-            for i, kind, target, exp, n, h in rows
-        ]
-
-    def delete_lock(self, lock_id: int) -> bool:
-        return self.db.execute("DELETE FROM locks WHERE id = ?", (lock_id,)).rowcount > 0
-
-    # -- local (device-only) records ----------------------------------------------------------
-
-    def get_local(self, key: bytes) -> bytes | None:
-        row = self.db.execute("SELECT envelope FROM local WHERE key = ?", (key,)).fetchone()
-        return None if row is None else bytes(row[0])
-
-    def put_local(self, key: bytes, scope: bytes, envelope: bytes) -> None:
-        self.db.execute(
-            "INSERT INTO local (key, scope, envelope) VALUES (?, ?, ?) "
-            "ON CONFLICT (key) DO UPDATE SET envelope = excluded.envelope",
-            (key, scope, envelope),
-        )
-
-    def local_in_scope(self, scope: bytes) -> list[tuple[bytes, bytes]]:
-        return self.db.execute(
-            "SELECT key, envelope FROM local WHERE scope = ? ORDER BY key", (scope,)
-        ).fetchall()
-
-    # -- degraded and quarantine --------------------------------------------------------------
-
-    def mark_degraded(self, key: bytes, scope: bytes | None, reason: str) -> None:
-        self.db.execute(
-            "INSERT INTO degraded (key, scope, reason) VALUES (?, ?, ?) "
-            "ON CONFLICT (key) DO UPDATE SET scope = coalesce(excluded.scope, degraded.scope)",
-            (key, scope, reason),
-        )
-
-    def is_degraded(self, key: bytes) -> bool:
-        return (
-            self.db.execute("SELECT 1 FROM degraded WHERE key = ?", (key,)).fetchone() is not None
-        )
-
-    def count_degraded(self) -> int:
-        return int(self.db.execute("SELECT count(*) FROM degraded").fetchone()[0])
-
-    def clear_degraded(self) -> None:
-        self.db.execute("DELETE FROM degraded")
-
-    def quarantine(
-        self,
-        source: str,
-        key: bytes | None,
-        envelope: bytes,
-        reason: str,
-        at_ms: int,
-        dot: tuple[int, int] | None = None,
-    ) -> None:
-        """Keep unreadable bytes verbatim; `dot` names a row this replica itself held."""
-        node, hlc = (None, None) if dot is None else (node_to_i64(dot[0]), dot[1])
-        self.db.execute(  # the same bytes once: a re-pull after a repair adds no second row
-            "INSERT INTO quarantine (source, key, node, hlc, envelope, reason, at_ms, digest) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (digest) DO NOTHING",
-            (source, key, node, hlc, envelope, reason, at_ms, _sha256(envelope)),
-        )
 
     def count(self, table: str) -> int:
         return int(self.db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])

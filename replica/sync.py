@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from replica import clock
+from replica.asides import Row
 from replica.errors import InvalidArgumentError, ProtocolError, RollbackError
 from replica.generations import PushSigner, sign_push
-from replica.store import Row
 from replica.wire import (
     MAX_HLC,
     ErrorCode,

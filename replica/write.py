@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from replica import clock
+from replica.asides import Row
 from replica.core import Core
 from replica.envelope import Identity, Opened, seal
 from replica.errors import InvalidArgumentError, ItemLimitError, ProtocolError, StaleContextError
@@ -21,7 +22,7 @@ from replica.events import ChangeEvent
 from replica.merge import local_vector
 from replica.record import Context, Record, record_from_siblings
 from replica.schema import DEFAULT_PROFILE, PROFILES_COLLECTION, Collection
-from replica.store import NewVersion, Row
+from replica.store import NewVersion
 from replica.wire import MAX_VECTOR_ENTRIES, VersionVector, encode_vector, parse_header
 
 

@@ -23,7 +23,16 @@ from harness import (
     check_equal,
 )
 
-from replica import Applied, Page, PageEntry, RelayState, Replica, ReplicaOptions
+from replica import (
+    Applied,
+    Collection,
+    Page,
+    PageEntry,
+    RelayState,
+    Replica,
+    ReplicaOptions,
+    Schema,
+)
 from replica.wire import parse_header
 
 # ---- the replica ----------------------------------------------------------------------------
@@ -180,10 +189,15 @@ def apply_pages(replica: Replica, pages: Sequence[Page]) -> list[Applied]:
     return [session.apply_page(page) for page in pages]
 
 
-def make_merge_target(bench: Bench, data: MergeData) -> Path:
-    """A closed replica file holding the initial half-v1, half-v2 state (WAL checkpointed)."""
+def make_merge_target(bench: Bench, data: MergeData, schema: Schema | None = None) -> Path:
+    """A closed replica file holding the initial half-v1, half-v2 state (WAL checkpointed),
+    under `schema` if given (declared before the records merge)."""
     n = len(data.v1)
-    target, path = bench.replica("merge-target", MERGE_OPTIONS)
+    target, path = bench.replica(
+        "merge-target" if schema is None else "merge-target-x", MERGE_OPTIONS
+    )
+    if schema is not None:
+        target.declare(schema)
     applied = apply_pages(target, pages_of(data.initial(), 1, 2 * n))
     target.close()
     check_equal("replica.merge initial versions merged", sum(a.merged for a in applied), n)
@@ -235,20 +249,7 @@ def bench_replica_merge(bench: Bench) -> list[Line]:
     """
     n = bench.sizes.merge_rows
     data = bench.memo("merge_data", lambda: make_merge_data(bench, n))
-    template = make_merge_target(bench, data)
-    pages = pages_of(data.inbound(), n + 1, 2 * n)
-    results: list[Applied] = []
-
-    def run(state: tuple[Replica, Path]) -> None:
-        results[:] = apply_pages(state[0], pages)
-
-    seconds = best_seconds(
-        bench,
-        bench.sizes.merge_repeats,
-        lambda: open_copy(bench, template),
-        run,
-        lambda state: verify_merge(*state, results, data),
-    )
+    seconds = timed_merge(bench, data, make_merge_target(bench, data))
     extra = {
         "n": n,
         "page": PAGE_ENTRIES,
@@ -257,6 +258,46 @@ def bench_replica_merge(bench: Bench) -> list[Line]:
         "document_bytes": len(msgspec.msgpack.encode(document(0, text_chars=MERGE_TEXT_CHARS))),
     }
     return [Line("replica.merge", n / seconds, "rows/s", "raw.upsert_aead", extra)]
+
+
+def timed_merge(bench: Bench, data: MergeData, template: Path) -> float:
+    """The best time of replica.merge's run into copies of `template`."""
+    n = len(data.v1)
+    pages = pages_of(data.inbound(), n + 1, 2 * n)
+    results: list[Applied] = []
+
+    def run(state: tuple[Replica, Path]) -> None:
+        results[:] = apply_pages(state[0], pages)
+
+    return best_seconds(
+        bench,
+        bench.sizes.merge_repeats,
+        lambda: open_copy(bench, template),
+        run,
+        lambda state: verify_merge(*state, results, data),
+    )
+
+
+INDEXED_SCHEMA = Schema((Collection(COLLECTION, "lww", index="thread", created_field="n"),))
+
+
+@benchmark("replica.merge_indexed", needs=("replica.merge",))
+def bench_replica_merge_indexed(bench: Bench) -> list[Line]:
+    """replica.merge into a replica whose collection declares a blind index on the documents'
+    `thread` (97 threads), against replica.merge of the same run: what keeping the index
+    in the merge's statements costs (issue 13 asks ≥ 0.8)."""
+    n = bench.sizes.merge_rows
+    data = bench.memo("merge_data", lambda: make_merge_data(bench, n))
+    template = make_merge_target(bench, data, INDEXED_SCHEMA)
+    db = sqlite3.connect(template)
+    try:
+        indexed = db.execute("SELECT count(*) FROM versions WHERE blind IS NOT NULL").fetchone()
+    finally:
+        db.close()
+    check_equal("replica.merge_indexed initial index entries", indexed[0], n)
+    seconds = timed_merge(bench, data, template)
+    extra = {"n": n, "threads": 97, "page": PAGE_ENTRIES}
+    return [Line("replica.merge_indexed", n / seconds, "rows/s", "replica.merge", extra)]
 
 
 def target_holding(bench: Bench, name: str, envelopes: list[bytes]) -> Path:

@@ -23,6 +23,7 @@ from replica.errors import (
     WrongKeyError,
 )
 from replica.events import ChangeEvent
+from replica.indexed import ScanPage
 from replica.keys import LoginKeys, passphrase_login_keys, recovery_login_keys
 from replica.options import ReplicaOptions
 from replica.record import Context, Record, Version
@@ -85,6 +86,7 @@ __all__ = [
     "ReplicaLockedError",
     "ReplicaOptions",
     "RollbackError",
+    "ScanPage",
     "Schema",
     "SealsyncError",
     "StaleContextError",

@@ -27,6 +27,7 @@ import msgspec
 
 from replica import clock
 from replica.asides import HeldVersion, Row
+from replica.blind import Blind, blind_of
 from replica.envelope import Identity, Opened, open_envelope, profile_key, scope_key
 from replica.errors import EnvelopeError, ProtocolError, StoreError, UnknownEpochError
 from replica.events import ChangeEvent
@@ -34,7 +35,7 @@ from replica.locks import LockIndex, Targets
 from replica.merge import Sibling, add_uncovered, is_covered_dot
 from replica.opener import Opener
 from replica.options import ReplicaOptions
-from replica.schema import Schema
+from replica.schema import Collection, Schema
 from replica.store import NewVersion, Store
 from replica.wire import Dot, Header, RelayState, decode_vector, parse_header, peek_dot
 
@@ -79,6 +80,8 @@ class _Stored(Sibling, frozen=True, gc=False):
     loaded row, instead of a dict keyed by a dot tuple: a page loads one per record)."""
 
     rowid: int
+    blind: bytes | None
+    created: int | None
 
 
 class _Record(msgspec.Struct, gc=False):
@@ -89,15 +92,16 @@ class _Record(msgspec.Struct, gc=False):
     """The siblings in the file before the page. `_load_records` hands the same list in as
     `siblings`; `_fold` replaces `siblings` by a new list and never changes this one."""
     scope: bytes | None = None
-    added: dict[Dot, tuple[Header, bytes]] | None = None
-    """Versions this page merged, with their envelopes (None: nothing yet, the usual case)."""
+    added: dict[Dot, tuple[Header, bytes, Blind | None]] | None = None
+    """Versions this page merged, with their envelopes and index entries (None: nothing yet,
+    the usual case)."""
     identity: Identity | None = None
 
 
 def _load_records(store: Store, keys: Sequence[bytes]) -> dict[bytes, _Record]:
     records: dict[bytes, _Record] = {}
-    for rowid, key, node, hlc, vector in store.sibling_rows(keys):
-        sibling = _Stored(node, hlc, decode_vector(vector), rowid)
+    for rowid, key, node, hlc, vector, blind, created in store.sibling_rows(keys):
+        sibling = _Stored(node, hlc, decode_vector(vector), rowid, blind, created)
         record = records.get(key)
         if record is None:
             stored = [sibling]
@@ -108,7 +112,12 @@ def _load_records(store: Store, keys: Sequence[bytes]) -> dict[bytes, _Record]:
 
 
 def _fold(
-    record: _Record, header: Header, envelope: bytes, scope: bytes, identity: Identity
+    record: _Record,
+    header: Header,
+    envelope: bytes,
+    scope: bytes,
+    identity: Identity,
+    blind: Blind | None,
 ) -> None:
     """Merge a version no sibling covers into its record (specs/merge.md §4 step 2)."""
     record.scope = scope
@@ -119,9 +128,9 @@ def _fold(
     else:
         record.siblings, _ = add_uncovered(siblings, header)
     if record.added is None:
-        record.added = {(header.node, header.hlc): (header, envelope)}
+        record.added = {(header.node, header.hlc): (header, envelope, blind)}
     else:
-        record.added[header.node, header.hlc] = (header, envelope)
+        record.added[header.node, header.hlc] = (header, envelope, blind)
 
 
 class _Merger:
@@ -141,6 +150,8 @@ class _Merger:
         """None when no lock is active (the usual case): nothing to check per version."""
         self.holds: list[HeldVersion] = []
         self.scope_cache: dict[tuple[str, str], bytes] = {}
+        self.blinds: dict[tuple[bytes, str | int], bytes] = {}
+        """Blind keys of the values this call met (replica/blind.py)."""
         self.records: dict[bytes, _Record] = {}
         self.unverified_bytes: int | None = None
         self.suspects: list[tuple[bytes, Dot | None, str]] = []
@@ -219,10 +230,17 @@ class _Merger:
             return
         if record is None:
             record = self.records[header.key] = _Record([], [], scope)
-        _fold(record, header, envelope, scope, identity)
+        blind = None if collection.index is None else self._blind(opener, scope, collection, opened)
+        _fold(record, header, envelope, scope, identity, blind)
         if collection.max_items is not None:
             self.result.per_item_scopes.add((identity.profile, identity.collection))
         self.result.merged += 1
+
+    def _blind(
+        self, opener: Opener, scope: bytes, collection: Collection, opened: Opened
+    ) -> Blind | None:
+        document, deleted, hlc = opened.document, opened.deleted, opened.header.hlc
+        return blind_of(opener.keys, scope, collection, document, deleted, hlc, self.blinds)
 
     def _held_by_lock(
         self,
@@ -342,24 +360,27 @@ class _Merger:
         inserts: list[NewVersion] = []
         deletes: list[Row] = []
         replacements: list[tuple[int, NewVersion]] = []
+        reindexed: list[tuple[int, NewVersion]] = []
         for key, record in self.records.items():
             if not record.added:
                 continue
             if self.ctx.want_events:
                 self._announce(record)
             replacement = self._in_place(key, record)
-            if replacement is not None:
-                replacements.append(replacement)
-                continue
-            gone, new = self._difference(key, record)
-            if len(gone) == 1 and len(new) == 1:  # one version replaced by one: update in place
-                replacements.append((gone[0].rowid, new[0]))
-            else:
-                deletes.extend(Row(key, s.node, s.hlc, b"") for s in gone)
-                inserts.extend(new)
+            if replacement is None:
+                gone, new = self._difference(key, record)
+                if len(gone) != 1 or len(new) != 1:
+                    deletes.extend(Row(key, s.node, s.hlc, b"") for s in gone)
+                    inserts.extend(new)
+                    continue
+                replacement = gone[0], new[0]  # one version replaced by one: update in place
+            old, version = replacement
+            same = old.blind == version.blind and old.created == version.created
+            (replacements if same else reindexed).append((old.rowid, version))
         self._keep_history()
         store.delete_versions(deletes)
-        store.replace_versions(replacements)
+        store.replace_versions(replacements, index=False)
+        store.replace_versions(reindexed, index=True)
         store.insert_versions(inserts)
         store.hold(self.holds)
         store.set_meta("clock", self.clock)
@@ -373,16 +394,16 @@ class _Merger:
             )
             self.result.events.append(event)
 
-    def _in_place(self, key: bytes, record: _Record) -> tuple[int, NewVersion] | None:
-        """(row id, new version) when the batch replaced the record's one stored version by one
-        version: the common merge, written over the old row without any set arithmetic."""
+    def _in_place(self, key: bytes, record: _Record) -> tuple[_Stored, NewVersion] | None:
+        """(stored version, new one) when the batch replaced the record's one stored version by
+        one version: the common merge, written over the old row without any set arithmetic."""
         siblings, stored, added = record.siblings, record.stored, record.added
         if len(siblings) != 1 or len(stored) != 1 or added is None or len(added) != 1:
             return None
-        ((header, envelope),) = added.values()
+        ((header, envelope, blind),) = added.values()
         if siblings[0] is not header:
             return None
-        return stored[0].rowid, self._new_version(key, record, header, envelope)
+        return stored[0], self._new_version(key, record, header, envelope, blind)
 
     def _difference(self, key: bytes, record: _Record) -> tuple[list[_Stored], list[NewVersion]]:
         """The stored versions the batch replaced, and the versions it added that stay."""
@@ -394,13 +415,22 @@ class _Merger:
         return gone, new
 
     def _new_version(
-        self, key: bytes, record: _Record, header: Header, envelope: bytes
+        self, key: bytes, record: _Record, header: Header, envelope: bytes, blind: Blind | None
     ) -> NewVersion:
         assert record.scope is not None
         to_push = self.ctx.to_push
         dirty = bool(to_push) and (key, header.node, header.hlc) in to_push
+        entry, created = blind or (None, None)
         return NewVersion(
-            key, header.node, header.hlc, record.scope, header.vector_bytes, envelope, dirty
+            key,
+            header.node,
+            header.hlc,
+            record.scope,
+            header.vector_bytes,
+            envelope,
+            dirty,
+            entry,
+            created,
         )
 
     def _keep_history(self) -> None:

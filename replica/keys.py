@@ -275,6 +275,7 @@ class AccountKeys:
         # Keyed HMAC states, copied per use: a fraction of hmac.digest's cost on hot paths.
         self._index_hmac: _HmacState | None = _keyed_state(index_key)
         self._scope_hmac: _HmacState | None = _keyed_state(scope_key)
+        self._blind_hmac: _HmacState | None = _keyed_state(hkdf(index_key, b"sealsync blind v1"))
         self._aead_by_epoch: dict[int, AESGCM] = {}
 
     @classmethod
@@ -326,6 +327,11 @@ class AccountKeys:
         """HMAC-SHA256(scope key, message)[:16]: names scopes and profiles in the local file."""
         return self._keyed(self._scope_hmac, message)
 
+    def blind_key(self, message: bytes) -> bytes:
+        """HMAC-SHA256(HKDF(index key, "sealsync blind v1"), message)[:16]: a blind index
+        entry (replica/blind.py). The index key survives rotations, and so does the index."""
+        return self._keyed(self._blind_hmac, message)
+
     @staticmethod
     def _keyed(state: _HmacState | None, message: bytes) -> bytes:
         if state is None:
@@ -365,6 +371,7 @@ class AccountKeys:
         self._scope_key = None
         self._index_hmac = None
         self._scope_hmac = None
+        self._blind_hmac = None
         self._aead_by_epoch.clear()
 
 

@@ -70,5 +70,12 @@ MIGRATIONS: tuple[str, ...] = (
     """
     DROP TABLE resealed;
     """,
+    # 6: blind indexes (replica/blind.py): a version of a collection declared with an index
+    # carries the HMAC of its indexed value and its creation order; NULL for the others
+    """
+    ALTER TABLE versions ADD COLUMN blind BLOB;
+    ALTER TABLE versions ADD COLUMN created INTEGER;
+    CREATE INDEX versions_by_blind ON versions (blind, created, key) WHERE blind IS NOT NULL;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -5,10 +5,11 @@ well-formed envelope for that row: a damaged header, a truncated body, an envelo
 record's row) or *undecryptable* (well formed, but authentication fails: tampered, or sealed
 under another key). Repair moves the unreadable rows verbatim into the quarantine table with
 the reason, unlatches the degraded records, and resets the pull cursor so the relay's versions
-are merged again against the repaired siblings. When more than half of the rows (and more than
-one) are undecryptable the cause is almost surely a key mismatch, not damage: repair then
-refuses unless forced, and says to restore the matching key or backup. A quarantined
-version that opens with the keys held now (the right key arrived) is merged again, verified.
+are merged again against the repaired siblings, and recomputes the blind indexes. When more
+than half of the rows (and more than one) are undecryptable the cause is almost surely a key
+mismatch, not damage: repair then refuses unless forced, and says to restore the matching key
+or backup. A quarantined version that opens with the keys held now (the right key arrived)
+is merged again, verified.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Literal
 from replica.asides import Row
 from replica.core import Core
 from replica.errors import EnvelopeError, ProtocolError, RepairRefusedError, UnknownEpochError
+from replica.indexed import rebuild
 from replica.wire import Header, node_from_i64, node_to_i64, parse_header
 from replica.write import local_row
 
@@ -159,6 +161,7 @@ def repair(core: Core, *, force: bool = False, scope: bytes | None = None) -> Re
             )
             unlatched -= core.store.count_degraded()
         readmitted = readmit(core) if scope is None else 0
+        rebuild(core, None if scope is None else [scope])
     if core.opener is not None:
         core.opener.forget()
     return RepairReport(len(diagnosis.findings), unlatched, readmitted)

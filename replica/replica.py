@@ -10,12 +10,12 @@ locks in `replica.held`, the shared internals in `replica.core`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from replica import held, repair, write
+from replica import held, indexed, repair, write
 from replica.bundles import (
     AnyBundle,
     NewAccount,
@@ -31,10 +31,11 @@ from replica.bundles import (
 )
 from replica.core import Core, rows_by_key
 from replica.envelope import Identity
-from replica.errors import DegradedError, StaleContextError, StoreError
+from replica.errors import InvalidArgumentError, StaleContextError, StoreError
 from replica.events import Subscriber
 from replica.files import create_private_file
 from replica.generations import KeyBundleV2
+from replica.indexed import ScanPage
 from replica.keyops import KeyOperations
 from replica.keys import AccountKeys, LoginKeys, passphrase_login_keys
 from replica.limits import check_document, check_name
@@ -223,14 +224,19 @@ class Replica(KeyOperations):
         return True
 
     def declare(self, schema: Schema) -> None:
-        """Replace the schema; versions held for an undeclared collection are then merged."""
+        """Replace the schema; versions held for an undeclared collection are then merged,
+        and the blind index of each collection whose index changed is rebuilt."""
         core = self._core
         with core.mutex:
             with core.write_transaction():  # read and replace the bundle under one lock
                 keys, random_bytes = core.keys(), core.options.random_bytes
+                reindexed = indexed.changed_indexes(core.schema, schema)
                 sealed = with_schema(core.bundle(), keys, schema_to_bytes(schema), random_bytes)
                 core.store.set_meta("bundle", bundle_bytes(sealed))
                 core.store_schema(schema, keys)
+                if reindexed:
+                    scopes = [core.scope(p, c) for p in self.profiles() for c in reindexed]
+                    indexed.rebuild(core, scopes)
             core.recheck_held(("collection",))
 
     # -- profiles -------------------------------------------------------------------------------
@@ -279,11 +285,33 @@ class Replica(KeyOperations):
         profile: str = DEFAULT_PROFILE,
         include_deleted: bool = False,
         skip_degraded: bool = False,
+        where: Mapping[str, str | int] | None = None,
+        newest_first: bool = False,
+        limit: int | None = None,
     ) -> list[Record]:
-        """Every record of a collection in key order; deleted ones only if asked.
+        """Every record of a collection in key order; deleted ones only if asked. With `where`
+        on the collection's indexed field, only the records under that value, in creation
+        order (`newest_first` reverses it), at most `limit`: see `scan_page`.
 
         An unreadable record raises `DegradedError` unless `skip_degraded` is set.
         """
+        if where is not None:
+            return self.scan_page(
+                collection,
+                where=where,
+                profile=profile,
+                newest_first=newest_first,
+                limit=limit,
+                include_deleted=include_deleted,
+                skip_degraded=skip_degraded,
+            ).records
+        if newest_first or limit is not None:
+            raise InvalidArgumentError("newest_first and limit order indexed reads: pass where=")
+        return self._scan_all(collection, profile, include_deleted, skip_degraded)
+
+    def _scan_all(
+        self, collection: str, profile: str, include_deleted: bool, skip_degraded: bool
+    ) -> list[Record]:
         core = self._core
         with core.mutex:
             spec = core.schema.require(check_name("collection", collection))
@@ -292,17 +320,52 @@ class Replica(KeyOperations):
             scope = core.scope(profile, collection)
             if spec.policy == "local":
                 return write.scan_local(core, scope, include_deleted)
-            records: list[Record] = []
-            for key, rows in rows_by_key(core.store.versions_in_scope(scope)):
-                try:
-                    record = record_from_siblings(core.open_rows(key, rows, scope), spec.tiebreak)
-                except DegradedError:
-                    if skip_degraded:
-                        continue
-                    raise
-                if include_deleted or not record.deleted:
-                    records.append(record)
-            return records
+            rows = rows_by_key(core.store.versions_in_scope(scope))
+            return indexed.open_records(
+                core,
+                spec,
+                scope,
+                rows,
+                include_deleted=include_deleted,
+                skip_degraded=skip_degraded,
+            )
+
+    def scan_page(
+        self,
+        collection: str,
+        *,
+        where: Mapping[str, str | int],
+        profile: str = DEFAULT_PROFILE,
+        newest_first: bool = False,
+        limit: int | None = None,
+        after: bytes | None = None,
+        include_deleted: bool = False,
+        skip_degraded: bool = False,
+    ) -> ScanPage:
+        """The records whose indexed field (`Collection.index`) holds the value `where` names,
+        in creation order (`Collection.created_field`, else hlc; then key), from the resume
+        point `after` a previous page returned; at most `limit` records. Only those records
+        are opened (a blind index on this device: specs/replica.md §2)."""
+        core = self._core
+        with core.mutex:
+            spec = core.schema.require(check_name("collection", collection))
+            check_name("profile", profile)
+            core.release_due()
+            scope = core.scope(profile, collection)
+            blind = indexed.where_key(core, spec, scope, where)
+            keys, resume = indexed.ordered_keys(
+                core, blind, newest_first=newest_first, limit=limit, after=after
+            )
+            rows = ((key, core.store.versions_of(key)) for key in keys)
+            records = indexed.open_records(
+                core,
+                spec,
+                scope,
+                rows,
+                include_deleted=include_deleted,
+                skip_degraded=skip_degraded,
+            )
+            return ScanPage(records, resume)
 
     def history(self, collection: str, id: str, *, profile: str = DEFAULT_PROFILE) -> list[Version]:
         """Replaced versions kept on this device (collections declared with `history`)."""

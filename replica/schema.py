@@ -24,12 +24,15 @@ DEFAULT_PROFILE = "default"
 MAX_HISTORY = 10_000
 
 
-class Collection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class Collection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """One named set of records and how concurrent versions of them are shown and bounded.
 
     `tiebreak` names an integer document field that breaks equal-hlc ties (threads:
     `message_count`); `max_items` bounds a per_item set on local writes only; `history` keeps
-    that many replaced versions per record on this device.
+    that many replaced versions per record on this device. `index` names a top-level document
+    field (string or integer values) that `scan(where=)` finds records by without opening the
+    others, in the order of the integer field `created_field` (else of each version's hlc):
+    a blind index kept on this device only (replica/blind.py).
     """
 
     name: str
@@ -37,6 +40,8 @@ class Collection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     tiebreak: str | None = None
     max_items: int | None = None
     history: int = 0
+    index: str | None = None
+    created_field: str | None = None
 
     def __post_init__(self) -> None:
         check_name("collection name", self.name)
@@ -48,10 +53,27 @@ class Collection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             )
         if self.tiebreak is not None:
             check_name("tiebreak field", self.tiebreak)
+        self._check_index()
         if not 0 <= self.history <= MAX_HISTORY:
             raise InvalidArgumentError(
                 f"collection {self.name!r}: history {self.history} outside 0..{MAX_HISTORY}"
             )
+
+    def _check_index(self) -> None:
+        if self.index is not None:
+            check_name("index field", self.index)
+            if self.policy not in ("lww", "per_item"):
+                raise InvalidArgumentError(
+                    f"collection {self.name!r}: an index needs policy lww or per_item, "
+                    f"not {self.policy!r}"
+                )
+        if self.created_field is not None:
+            check_name("created_field", self.created_field)
+            if self.index is None:
+                raise InvalidArgumentError(
+                    f"collection {self.name!r}: created_field orders indexed reads: "
+                    "declare an index too"
+                )
 
     @property
     def is_synced(self) -> bool:

@@ -52,6 +52,9 @@ class NewVersion(msgspec.Struct, frozen=True, gc=False):
     vector: bytes
     envelope: bytes
     dirty: bool
+    blind: bytes | None = None
+    """The version's blind index entry (replica/blind.py), with its creation order."""
+    created: int | None = None
 
 
 class Store(AsideTables):
@@ -252,8 +255,8 @@ class Store(AsideTables):
         """Insert versions; callers insert only identities the record does not hold (merging
         drops covered versions, and a local write's dot is new)."""
         self.db.executemany(
-            "INSERT INTO versions (key, node, hlc, scope, vector, envelope, dirty) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO versions (key, node, hlc, scope, vector, envelope, dirty, blind, created)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (
                     _blob(v.key),
@@ -263,34 +266,44 @@ class Store(AsideTables):
                     _blob(v.vector),
                     _blob(v.envelope),
                     int(v.dirty),
+                    v.blind,
+                    v.created,
                 )
                 for v in rows
             ],
         )
 
-    def sibling_rows(self, keys: Sequence[bytes]) -> Iterator[tuple[int, bytes, int, int, bytes]]:
-        """(row id, key, node, hlc, encoded vector) of many records' siblings: what merging
-        needs, without reading a single envelope. Rows are yielded as SQLite steps to them,
+    def sibling_rows(
+        self, keys: Sequence[bytes]
+    ) -> Iterator[tuple[int, bytes, int, int, bytes, bytes | None, int | None]]:
+        """(row id, key, node, hlc, encoded vector, blind, created) of many records' siblings:
+        what merging needs, without reading a single envelope. Rows are yielded as SQLite steps to them,
         so none outlives its use (a page loads a thousand: fewer objects for the GC)."""
         unique = list(dict.fromkeys(keys))
         for start in range(0, len(unique), 500):
             chunk = [_blob(key) for key in unique[start : start + 500]]
             marks = ",".join("?" * len(chunk))
             cursor = self.db.execute(
-                f"SELECT id, key, node, hlc, vector FROM versions WHERE key IN ({marks})", chunk
+                f"SELECT id, key, node, hlc, vector, blind, created FROM versions"
+                f" WHERE key IN ({marks})",
+                chunk,
             )
-            for rowid, key, node, hlc, vector in cursor:
-                yield rowid, key, node_from_i64(node), hlc, vector
+            for rowid, key, node, hlc, vector, blind, created in cursor:
+                yield rowid, key, node_from_i64(node), hlc, vector, blind, created
 
     def scope_of(self, key: bytes) -> bytes | None:
         row = self.db.execute("SELECT scope FROM versions WHERE key = ? LIMIT 1", (key,)).fetchone()
         return None if row is None else bytes(row[0])
 
-    def replace_versions(self, pairs: Iterable[tuple[int, NewVersion]]) -> None:
-        """Replace the version in row `id` by another of the same record, in place: no index
-        changes (the common merge, and the cheapest write SQLite can do here)."""
+    def replace_versions(self, pairs: Iterable[tuple[int, NewVersion]], *, index: bool) -> None:
+        """Replace the version in row `id` by another of the same record, in place: the
+        cheapest write SQLite can do here, the common merge. With `index` its blind index
+        entry is written too; without, the row keeps the one it has (setting an indexed
+        column costs an index update even when its value stays: +50 % measured)."""
+        entry = ", blind = ?, created = ?" if index else ""
         self.db.executemany(
-            "UPDATE versions SET node = ?, hlc = ?, vector = ?, envelope = ?, dirty = ? WHERE id = ?",
+            f"UPDATE versions SET node = ?, hlc = ?, vector = ?, envelope = ?, dirty = ?{entry}"
+            " WHERE id = ?",
             [
                 (
                     node_to_i64(new.node),
@@ -298,11 +311,45 @@ class Store(AsideTables):
                     _blob(new.vector),
                     _blob(new.envelope),
                     int(new.dirty),
+                    *((new.blind, new.created) if index else ()),
                     rowid,
                 )
                 for rowid, new in pairs
             ],
         )
+
+    def blind_keys(
+        self, blind: bytes, after: tuple[int, bytes] | None, newest_first: bool, limit: int
+    ) -> list[tuple[int, bytes]]:
+        """(created, key) of versions under a blind index entry, in creation order (then
+        key order), after the position `after` (replica/blind.py)."""
+        order, beyond = ("DESC", "<") if newest_first else ("ASC", ">")
+        where = "" if after is None else f" AND (created, key) {beyond} (?, ?)"
+        rows = self.db.execute(
+            f"SELECT created, key FROM versions WHERE blind = ?{where}"
+            f" ORDER BY created {order}, key {order} LIMIT ?",
+            (blind, *(after or ()), limit),
+        ).fetchall()
+        return [(created, bytes(key)) for created, key in rows]
+
+    def rows_for_index(
+        self, scopes: Iterable[bytes] | None
+    ) -> Iterator[tuple[int, Row, bytes, tuple[bytes, int] | None]]:
+        """(row id, version, scope, index entry) of every stored version, or of `scopes`."""
+        where, args = "", tuple[bytes, ...]()
+        if scopes is not None:
+            args = tuple(scopes)
+            where = f" WHERE scope IN ({','.join('?' * len(args))})"
+        for rowid, key, node, hlc, scope, envelope, blind, created in self.db.execute(
+            f"SELECT id, key, node, hlc, scope, envelope, blind, created FROM versions{where}",
+            args,
+        ):
+            entry = None if blind is None else (bytes(blind), created)
+            yield rowid, Row(key, node_from_i64(node), hlc, envelope), scope, entry
+
+    def set_blind(self, updates: Iterable[tuple[bytes | None, int | None, int]]) -> None:
+        """Set (blind, created) of versions by row id."""
+        self.db.executemany("UPDATE versions SET blind = ?, created = ? WHERE id = ?", updates)
 
     def delete_versions(self, rows: Iterable[Row]) -> None:
         self.db.executemany(

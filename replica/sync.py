@@ -190,7 +190,7 @@ class SyncSession:
         versions were authenticated; held ones prove nothing)."""
         wanted = list(identities)
         vectors: dict[bytes, list[tuple[tuple[int, int], bytes]]] = {}
-        for _, key, node, hlc, vector in self._store.sibling_rows([k for k, _, _ in wanted]):
+        for _, key, node, hlc, vector, _, _ in self._store.sibling_rows([k for k, _, _ in wanted]):
             vectors.setdefault(key, []).append(((node, hlc), vector))
         return [
             (key, node, hlc)

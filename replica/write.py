@@ -15,6 +15,7 @@ from typing import Any
 
 from replica import clock
 from replica.asides import Row
+from replica.blind import blind_of
 from replica.core import Core
 from replica.envelope import Identity, Opened, seal
 from replica.errors import InvalidArgumentError, ItemLimitError, ProtocolError, StaleContextError
@@ -155,7 +156,11 @@ def _seal_and_store(
         old = [r for r in store.versions_of(key) if (r.node, r.hlc) in replaced_dots]
         store.add_history(old, now, write.spec.history)
     store.delete_versions([Row(key, node_, hlc_, b"") for node_, hlc_ in replaced_dots])
-    new = NewVersion(key, node, hlc, write.scope, encode_vector(vector), envelope, dirty=True)
+    entry = blind_of(core.keys(), write.scope, write.spec, write.document, write.deleted, hlc)
+    blind, created = entry or (None, None)
+    new = NewVersion(
+        key, node, hlc, write.scope, encode_vector(vector), envelope, True, blind, created
+    )
     store.insert_versions([new])
     store.set_meta("clock", hlc)
     window_s = core.options.freshness_window_s

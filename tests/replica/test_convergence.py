@@ -40,6 +40,7 @@ from replica import (
     Schema,
     StaleContextError,
 )
+from replica.indexed import rebuild
 from tests.conftest import FakeClock
 from tests.replica.model import Model
 
@@ -47,11 +48,13 @@ DAY_MS = 24 * 3600 * 1000
 SKEWS_MS = [-DAY_MS, -3600_000, -60_000, 0, 0, 60_000, 3600_000, DAY_MS]
 IDS = ["a", "b", "c"]
 COLLECTIONS = ["notes", "threads", "personas"]
-SCHEMA = Schema(
+SCHEMA = Schema(  # every collection indexed by "v": blind indexes are kept exact throughout
     (
-        Collection("notes", "lww"),
-        Collection("threads", "lww", tiebreak="message_count"),
-        Collection("personas", "per_item", max_items=2),
+        Collection("notes", "lww", index="v"),
+        Collection(
+            "threads", "lww", tiebreak="message_count", index="v", created_field="message_count"
+        ),
+        Collection("personas", "per_item", max_items=2, index="v"),
     )
 )
 REPLICAS = 3
@@ -276,6 +279,16 @@ class ConvergenceMachine(RuleBasedStateMachine):
     # -- invariants and the final check --------------------------------------------------------
 
     @invariant()
+    def blind_indexes_equal_a_rebuild(self) -> None:
+        """After every step, each replica's blind index is what a rebuild from its stored
+        versions computes (rebuild changes nothing; it runs in a transaction rolled back)."""
+        for device in self.devices:
+            core = device.replica._core
+            with core.mutex, pytest.raises(_RolledBack), core.store.transaction():
+                assert rebuild(core) == 0, device.path
+                raise _RolledBack
+
+    @invariant()
     def relay_holds_only_siblings(self) -> None:
         for key_versions in self.relay._account("default-account").by_key.values():
             for a in key_versions:
@@ -324,6 +337,31 @@ class ConvergenceMachine(RuleBasedStateMachine):
                 )
                 conflicts = {(c.node, c.hlc, c.deleted, _freeze(c.document)) for c in got.conflicts}
                 assert conflicts == others, (record, d.path)
+        for d in self.devices:
+            check_indexed_reads(d.replica, self.model)
+
+
+class _RolledBack(Exception):
+    pass
+
+
+def check_indexed_reads(replica: Replica, model: Model) -> None:
+    """`scan(where=)` finds a record under each value a live sibling holds, and only those,
+    in either order (test_blind_index.py checks the order itself)."""
+    for collection in COLLECTIONS:
+        for value in range(4):
+            found = replica.scan(collection, where={"v": value}, include_deleted=True)
+            expected = {
+                record[2]
+                for record in model.records()
+                if record[1] == collection
+                and any(not v.deleted and v.document["v"] == value for v in model.siblings(record))
+            }
+            assert {r.id for r in found} == expected, (collection, value)
+            newest_first = replica.scan(
+                collection, where={"v": value}, include_deleted=True, newest_first=True
+            )
+            assert sorted(r.id for r in newest_first) == sorted(r.id for r in found)
 
 
 def tampered(page: Page, rng: random.Random) -> Page:

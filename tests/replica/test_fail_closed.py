@@ -538,6 +538,9 @@ def test_a_replica_of_format_1_keeps_one_quarantine_row_per_envelope(
     with sqlite3.connect(path) as db:  # as the first format laid the table out
         db.execute("DROP INDEX quarantine_by_digest")
         db.execute("ALTER TABLE quarantine DROP COLUMN digest")
+        db.execute("DROP INDEX versions_by_blind")
+        db.execute("ALTER TABLE versions DROP COLUMN blind")
+        db.execute("ALTER TABLE versions DROP COLUMN created")
         rows = [
             ("pull", b"same", "first", 1),
             ("pull", b"same", "again", 2),

@@ -103,7 +103,10 @@ def meta_schema(path: Path) -> bytes:
 def set_meta_schema(path: Path, value: bytes, *, format: int | None = None) -> None:
     with sqlite3.connect(path) as db:
         db.execute("UPDATE meta SET value = ? WHERE name = 'schema'", (value,))
-        if format is not None:
+        if format is not None:  # laid out as that format was: without format 6's columns
+            db.execute("DROP INDEX versions_by_blind")
+            db.execute("ALTER TABLE versions DROP COLUMN blind")
+            db.execute("ALTER TABLE versions DROP COLUMN created")
             db.execute(f"PRAGMA user_version = {format}")
 
 

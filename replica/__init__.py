@@ -7,6 +7,7 @@ from replica.bundles import NewAccount
 from replica.errors import (
     DegradedError,
     EnvelopeError,
+    FeedResetError,
     InvalidArgumentError,
     ItemLimitError,
     KdfParametersError,
@@ -23,6 +24,7 @@ from replica.errors import (
     WrongKeyError,
 )
 from replica.events import ChangeEvent
+from replica.feed import Change, ChangePage
 from replica.indexed import ScanPage
 from replica.keys import LoginKeys, passphrase_login_keys, recovery_login_keys
 from replica.options import ReplicaOptions
@@ -57,13 +59,16 @@ __all__ = [
     "REGISTER_ID",
     "Acknowledged",
     "Applied",
+    "Change",
     "ChangeEvent",
+    "ChangePage",
     "Collection",
     "Context",
     "DegradedError",
     "Diagnosis",
     "EnvelopeError",
     "ErrorCode",
+    "FeedResetError",
     "Finding",
     "InvalidArgumentError",
     "ItemLimitError",

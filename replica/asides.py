@@ -169,11 +169,12 @@ class AsideTables:
         row = self.db.execute("SELECT envelope FROM local WHERE key = ?", (key,)).fetchone()
         return None if row is None else bytes(row[0])
 
-    def put_local(self, key: bytes, scope: bytes, envelope: bytes) -> None:
+    def put_local(self, key: bytes, scope: bytes, envelope: bytes, changed: int) -> None:
         self.db.execute(
-            "INSERT INTO local (key, scope, envelope) VALUES (?, ?, ?) "
-            "ON CONFLICT (key) DO UPDATE SET envelope = excluded.envelope",
-            (key, scope, envelope),
+            "INSERT INTO local (key, scope, envelope, changed) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET envelope = excluded.envelope, "
+            "changed = excluded.changed",
+            (key, scope, envelope, changed),
         )
 
     def local_in_scope(self, scope: bytes) -> list[tuple[bytes, bytes]]:

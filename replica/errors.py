@@ -104,6 +104,14 @@ class RepairRefusedError(SealsyncError):
     code = "repair_refused"
 
 
+class FeedResetError(SealsyncError):
+    """A change feed cursor this file's feed cannot continue: another file's (a restored
+    backup, a copy) or behind what the feed still holds. Re-read everything, then follow
+    from `Replica.feed_head()`."""
+
+    code = "feed_reset"
+
+
 RollbackReason = Literal["storage_id", "account_epoch", "head"]
 
 

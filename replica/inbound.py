@@ -96,6 +96,8 @@ class _Record(msgspec.Struct, gc=False):
     """Versions this page merged, with their envelopes and index entries (None: nothing yet,
     the usual case)."""
     identity: Identity | None = None
+    changed: int = 0
+    """The sequence number of this record's change (replica/feed.py), once it has one."""
 
 
 def _load_records(store: Store, keys: Sequence[bytes]) -> dict[bytes, _Record]:
@@ -267,7 +269,7 @@ class _Merger:
         """This file was copied: take a new node id so two devices never write as one."""
         new = self.ctx.options.new_node_id(avoid=self.ctx.node)
         self.ctx.node = new
-        self.ctx.store.set_meta("node", str(new))
+        self.ctx.store.set_node(new, self.ctx.options.random_bytes(16).hex())
         self.result.events.append(ChangeEvent("node_changed", "remote", None, None, None, "clone"))
 
     def _cache_scope(self, opener: Opener, profile: str, collection: str) -> bytes:
@@ -361,14 +363,18 @@ class _Merger:
         deletes: list[Row] = []
         replacements: list[tuple[int, NewVersion]] = []
         reindexed: list[tuple[int, NewVersion]] = []
+        changed: list[tuple[int, bytes]] = []
+        seq = store.take_seqs(sum(1 for r in self.records.values() if r.added))
         for key, record in self.records.items():
             if not record.added:
                 continue
             if self.ctx.want_events:
                 self._announce(record)
+            record.changed, seq = seq, seq + 1
             replacement = self._in_place(key, record)
             if replacement is None:
                 gone, new = self._difference(key, record)
+                changed.append((record.changed, key))  # its siblings that stay changed too
                 if len(gone) != 1 or len(new) != 1:
                     deletes.extend(Row(key, s.node, s.hlc, b"") for s in gone)
                     inserts.extend(new)
@@ -382,6 +388,7 @@ class _Merger:
         store.replace_versions(replacements, index=False)
         store.replace_versions(reindexed, index=True)
         store.insert_versions(inserts)
+        store.set_changed(changed)
         store.hold(self.holds)
         store.set_meta("clock", self.clock)
         self._latch()
@@ -431,6 +438,7 @@ class _Merger:
             dirty,
             entry,
             created,
+            record.changed,
         )
 
     def _keep_history(self) -> None:

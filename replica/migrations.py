@@ -77,5 +77,14 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE versions ADD COLUMN created INTEGER;
     CREATE INDEX versions_by_blind ON versions (blind, created, key) WHERE blind IS NOT NULL;
     """,
+    # 7: the local change feed (replica/feed.py): each record's rows carry the sequence number
+    # of its latest change (0: before the feed began); the feed's id names this file's history
+    """
+    ALTER TABLE versions ADD COLUMN changed INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE local ADD COLUMN changed INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX versions_by_change ON versions (changed);
+    CREATE INDEX local_by_change ON local (changed);
+    INSERT INTO meta (name, value) VALUES ('feed_id', lower(hex(randomblob(16))));
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

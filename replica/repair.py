@@ -145,6 +145,7 @@ def repair(core: Core, *, force: bool = False, scope: bytes | None = None) -> Re
         now = core.options.wall_clock_ms()
         for finding in diagnosis.findings:
             _quarantine_row(core, finding, now)
+        _announce_repaired(core, diagnosis.findings)
         if diagnosis.findings or diagnosis.degraded_records:
             # A damaged row may have made merging drop versions it seemed to cover, and a
             # record latched by a pulled forgery may have lost its genuine copy: pull
@@ -204,6 +205,20 @@ def readmit(core: Core) -> int:
         core.publish(merged.events)
         core.store.db.executemany("DELETE FROM quarantine WHERE id = ?", ids)
     return len(ids)
+
+
+def _announce_repaired(core: Core, findings: tuple[Finding, ...]) -> None:
+    """Each record that lost a row changed (replica/feed.py): its rows that remain get a new
+    sequence number; a record left with none is gone, and the feed cannot say so, so its
+    horizon moves past it (followers behind it re-read)."""
+    store = core.store
+    keys = {f.row.key for f in findings if f.table in ("versions", "local")}
+    if not keys:
+        return
+    seq = store.take_seqs(len(keys))
+    store.set_changed(zip(range(seq, seq + len(keys)), sorted(keys), strict=True))
+    if any(not store.versions_of(key) for key in keys):
+        store.set_meta("feed_horizon", seq + len(keys) - 1)
 
 
 def _quarantine_row(core: Core, finding: Finding, now: int) -> None:

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from replica import held, indexed, repair, write
+from replica import feed, held, indexed, repair, write
 from replica.bundles import (
     AnyBundle,
     NewAccount,
@@ -33,6 +33,7 @@ from replica.core import Core, rows_by_key
 from replica.envelope import Identity
 from replica.errors import InvalidArgumentError, StaleContextError, StoreError
 from replica.events import Subscriber
+from replica.feed import ChangePage
 from replica.files import create_private_file
 from replica.generations import KeyBundleV2
 from replica.indexed import ScanPage
@@ -198,11 +199,12 @@ class Replica(KeyOperations):
     def take_new_node_id(self) -> int:
         """Write as a new node from now on (works while locked), for a file copied from
         another device's, such as a restored backup: two files writing as one node would
-        give different versions the same identity. Returns the new id."""
+        give different versions the same identity. Its change feed starts anew too
+        (`FeedResetError` for earlier cursors). Returns the new id."""
         core = self._core
         with core.mutex, core.write_transaction():
             node = core.options.new_node_id(avoid=core.node())
-            core.store.set_meta("node", str(node))
+            core.store.set_node(node, core.options.random_bytes(16).hex())
             return node
 
     def adopt_bundle(self, data: bytes, login: LoginKeys) -> bool:
@@ -555,6 +557,24 @@ class Replica(KeyOperations):
         return SyncSession(
             self._core, max_batch_count=max_batch_count, max_batch_bytes=max_batch_bytes
         )
+
+    def changes(self, since: str | None = None, *, limit: int = 1000) -> ChangePage:
+        """The records that changed after the cursor `since` (None: all the feed holds), in
+        commit order, each once; across processes and restarts (replica/feed.py). Raises
+        `FeedResetError` for a cursor this file's feed cannot continue."""
+        with self._core.mutex:
+            self._core.check_open()
+            return feed.changes(self._core, since, limit)
+
+    def feed_head(self) -> str:
+        """The cursor after the latest change (take it before reading everything)."""
+        with self._core.mutex:
+            self._core.check_open()
+            return feed.head(self._core)
+
+    def wait_for_change(self, since: str, timeout_s: float) -> bool:
+        """Block until a change after `since` commits, in any process (False on timeout)."""
+        return feed.wait(self._core, self.path, since, timeout_s)
 
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
         """Call `callback` with each ChangeEvent after its transaction commits; returns unsubscribe."""

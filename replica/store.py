@@ -55,6 +55,8 @@ class NewVersion(msgspec.Struct, frozen=True, gc=False):
     blind: bytes | None = None
     """The version's blind index entry (replica/blind.py), with its creation order."""
     created: int | None = None
+    changed: int = 0
+    """The sequence number of its record's change that stored it (replica/feed.py)."""
 
 
 class Store(AsideTables):
@@ -232,6 +234,12 @@ class Store(AsideTables):
         self.delete_meta(name)
         self.db.execute("PRAGMA secure_delete = OFF")
 
+    def set_node(self, node: int, feed_id: str) -> None:
+        """Write as `node` from now on, and start another change feed (`feed_id`): a copied
+        file's history is not the original's, so its followers must read it again."""
+        self.set_meta("node", str(node))
+        self.set_meta("feed_id", feed_id)
+
     def checkpoint_truncate(self) -> None:
         """Copy the WAL into the file and empty it (a no-op while a reader holds it open)."""
         self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
@@ -255,8 +263,9 @@ class Store(AsideTables):
         """Insert versions; callers insert only identities the record does not hold (merging
         drops covered versions, and a local write's dot is new)."""
         self.db.executemany(
-            "INSERT INTO versions (key, node, hlc, scope, vector, envelope, dirty, blind, created)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO versions"
+            " (key, node, hlc, scope, vector, envelope, dirty, blind, created, changed)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (
                     _blob(v.key),
@@ -268,6 +277,7 @@ class Store(AsideTables):
                     int(v.dirty),
                     v.blind,
                     v.created,
+                    v.changed,
                 )
                 for v in rows
             ],
@@ -302,8 +312,8 @@ class Store(AsideTables):
         column costs an index update even when its value stays: +50 % measured)."""
         entry = ", blind = ?, created = ?" if index else ""
         self.db.executemany(
-            f"UPDATE versions SET node = ?, hlc = ?, vector = ?, envelope = ?, dirty = ?{entry}"
-            " WHERE id = ?",
+            "UPDATE versions SET node = ?, hlc = ?, vector = ?, envelope = ?, dirty = ?,"
+            f" changed = ?{entry} WHERE id = ?",
             [
                 (
                     node_to_i64(new.node),
@@ -311,6 +321,7 @@ class Store(AsideTables):
                     _blob(new.vector),
                     _blob(new.envelope),
                     int(new.dirty),
+                    new.changed,
                     *((new.blind, new.created) if index else ()),
                     rowid,
                 )
@@ -350,6 +361,29 @@ class Store(AsideTables):
     def set_blind(self, updates: Iterable[tuple[bytes | None, int | None, int]]) -> None:
         """Set (blind, created) of versions by row id."""
         self.db.executemany("UPDATE versions SET blind = ?, created = ? WHERE id = ?", updates)
+
+    def set_changed(self, changes: Iterable[tuple[int, bytes]]) -> None:
+        """Give every row of each record (key) its latest change's sequence number."""
+        self.db.executemany("UPDATE versions SET changed = ? WHERE key = ?", changes)
+
+    def take_seqs(self, count: int) -> int:
+        """The first of `count` new change sequence numbers (replica/feed.py), taken inside
+        the caller's write transaction: numbers only grow, and none is given twice."""
+        first = self.get_int("feed_seq") + 1
+        if count:
+            self.set_meta("feed_seq", first + count - 1)
+        return first
+
+    def changes_after(self, seq: int, limit: int) -> list[tuple[int, bytes, str]]:
+        """(seq, key, table) of the records whose latest change came after `seq`, oldest
+        first; a record with several siblings has one row each, all with one seq."""
+        rows = self.db.execute(
+            "SELECT changed, key, 'versions' FROM versions WHERE changed > ?1"
+            " UNION ALL SELECT changed, key, 'local' FROM local WHERE changed > ?1"
+            " ORDER BY 1 LIMIT ?2",
+            (seq, limit),
+        ).fetchall()
+        return [(changed, bytes(key), table) for changed, key, table in rows]
 
     def delete_versions(self, rows: Iterable[Row]) -> None:
         self.db.executemany(

@@ -158,15 +158,17 @@ def _seal_and_store(
     store.delete_versions([Row(key, node_, hlc_, b"") for node_, hlc_ in replaced_dots])
     entry = blind_of(core.keys(), write.scope, write.spec, write.document, write.deleted, hlc)
     blind, created = entry or (None, None)
-    new = NewVersion(
-        key, node, hlc, write.scope, encode_vector(vector), envelope, True, blind, created
-    )
+    seq = store.take_seqs(1)
+    vector_bytes = encode_vector(vector)
+    new = NewVersion(key, node, hlc, write.scope, vector_bytes, envelope, True, blind, created, seq)
     store.insert_versions([new])
+    kept = {o.header.dot for o in siblings} - replaced_dots
+    if kept:  # siblings that stay are part of the record that changed (replica/feed.py)
+        store.set_changed([(seq, key)])
     store.set_meta("clock", hlc)
     window_s = core.options.freshness_window_s
     if window_s > 0:
         store.replace_auto_lock(key, now, now + int(window_s * 1000), (node, hlc))
-    kept = {o.header.dot for o in siblings} - replaced_dots
     return frozenset(kept | {(node, hlc)})
 
 
@@ -194,7 +196,8 @@ def _write_local(core: Core, write: _Write, context: Context | None, if_unchange
         now = core.options.wall_clock_ms()
         hlc = clock.tick(core.store.get_int("clock"), now)
         node = core.node()
-        core.store.put_local(write.key, write.scope, _sealed(core, write, node, hlc, {node: hlc}))
+        envelope = _sealed(core, write, node, hlc, {node: hlc})
+        core.store.put_local(write.key, write.scope, envelope, core.store.take_seqs(1))
         core.store.set_meta("clock", hlc)
         core.publish([ChangeEvent("changed", "local", *_names(write.identity))])
     return frozenset({(node, hlc)})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+
 from replica import Page, PageEntry, PushResult, Receipt, RelayState, Replica
 
 STATE = RelayState(storage_id="s", account_epoch="e", head=1 << 40)
@@ -28,3 +30,19 @@ def dirty_envelopes(replica: Replica) -> list[bytes]:
         receipts = [Receipt("stored", seq=1) for _ in batch.envelopes]
         session.acknowledge(batch, PushResult(receipts, STATE))
     return out
+
+
+def undo_formats_6_and_7(db: sqlite3.Connection) -> None:
+    """Lay a current file out as format 5 did, for tests of older formats' migrations: no
+    blind index columns (format 6), no change feed (format 7)."""
+    for statement in (
+        "DROP INDEX versions_by_blind",
+        "DROP INDEX versions_by_change",
+        "DROP INDEX local_by_change",
+        "ALTER TABLE versions DROP COLUMN blind",
+        "ALTER TABLE versions DROP COLUMN created",
+        "ALTER TABLE versions DROP COLUMN changed",
+        "ALTER TABLE local DROP COLUMN changed",
+        "DELETE FROM meta WHERE name IN ('feed_id', 'feed_seq', 'feed_horizon')",
+    ):
+        db.execute(statement)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import sqlite3
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from relay.memory import MemoryRelay
 from replica import (
     Collection,
     DegradedError,
+    FeedResetError,
     ItemLimitError,
     Page,
     PageEntry,
@@ -92,6 +94,8 @@ class Device:
         self.replica.unlock_with_key(key)
         self.session = self.replica.sync_session(max_batch_count=4)
         self.locks: list[int] = []
+        self.feed_cursor = self.replica.feed_head()
+        self.feed_state: dict[bytes, frozenset[tuple[int, int]]] = {}
 
     def now_ms(self) -> int:
         return self.true_clock() + self.skew_ms
@@ -289,6 +293,28 @@ class ConvergenceMachine(RuleBasedStateMachine):
                 raise _RolledBack
 
     @invariant()
+    def change_feeds_name_exactly_the_records_that_changed(self) -> None:
+        """Each replica's feed, followed from the previous step's cursor, names exactly the
+        records whose siblings changed in this step, once each (a reset: follow anew)."""
+        for device in self.devices:
+            replica = device.replica
+            now = sibling_dots(replica)
+            try:
+                page = replica.changes(device.feed_cursor, limit=10_000)
+            except FeedResetError:  # a repair removed a record: read everything again
+                device.feed_cursor, device.feed_state = replica.feed_head(), now
+                continue
+            assert not page.more
+            keys = [change.key for change in page.changes]
+            changed = {
+                k
+                for k in now.keys() | device.feed_state.keys()
+                if now.get(k) != device.feed_state.get(k)
+            }
+            assert len(keys) == len(set(keys)) and set(keys) == changed, device.path
+            device.feed_cursor, device.feed_state = page.cursor, now
+
+    @invariant()
     def relay_holds_only_siblings(self) -> None:
         for key_versions in self.relay._account("default-account").by_key.values():
             for a in key_versions:
@@ -339,6 +365,27 @@ class ConvergenceMachine(RuleBasedStateMachine):
                 assert conflicts == others, (record, d.path)
         for d in self.devices:
             check_indexed_reads(d.replica, self.model)
+
+
+def sibling_dots(replica: Replica) -> dict[bytes, frozenset[tuple[int, int]]]:
+    """Each stored record's sibling dots, read from the file (no key needed)."""
+    with sqlite3.connect(replica.path) as db:
+        rows = db.execute("SELECT key, node, hlc FROM versions").fetchall()
+    dots: dict[bytes, set[tuple[int, int]]] = {}
+    for key, node, hlc in rows:
+        dots.setdefault(key, set()).add((node, hlc))
+    return {key: frozenset(value) for key, value in dots.items()}
+
+
+def one_sequence_number_per_record(replica: Replica) -> bool:
+    """Every row of a record carries its latest change's number, and no two records share
+    one: so a feed read from any cursor lists each record once."""
+    with sqlite3.connect(replica.path) as db:
+        per_key = db.execute(
+            "SELECT count(DISTINCT changed), min(changed) FROM versions GROUP BY key"
+        ).fetchall()
+    numbers = [number for _, number in per_key]
+    return all(count == 1 for count, _ in per_key) and len(set(numbers)) == len(numbers)
 
 
 class _RolledBack(Exception):

@@ -20,6 +20,7 @@ from replica.generations import bundle_v2_from_bytes, open_with_generation_key
 from replica.keys import hkdf
 from replica.schema import schema_to_bytes
 from tests.conftest import PASSPHRASE, Account
+from tests.replica.helpers import undo_formats_6_and_7
 
 SECRET_NAME = "xq_private_diary"
 SECRET_SCHEMA = Schema((Collection(SECRET_NAME, "lww"), Collection("notes", "lww")))
@@ -103,10 +104,8 @@ def meta_schema(path: Path) -> bytes:
 def set_meta_schema(path: Path, value: bytes, *, format: int | None = None) -> None:
     with sqlite3.connect(path) as db:
         db.execute("UPDATE meta SET value = ? WHERE name = 'schema'", (value,))
-        if format is not None:  # laid out as that format was: without format 6's columns
-            db.execute("DROP INDEX versions_by_blind")
-            db.execute("ALTER TABLE versions DROP COLUMN blind")
-            db.execute("ALTER TABLE versions DROP COLUMN created")
+        if format is not None:  # laid out as that format was
+            undo_formats_6_and_7(db)
             db.execute(f"PRAGMA user_version = {format}")
 
 

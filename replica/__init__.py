@@ -11,6 +11,7 @@ from replica.errors import (
     InvalidArgumentError,
     ItemLimitError,
     KdfParametersError,
+    LeaseBusyError,
     ProtocolError,
     RepairRefusedError,
     ReplicaClosedError,
@@ -27,6 +28,7 @@ from replica.events import ChangeEvent
 from replica.feed import Change, ChangePage
 from replica.indexed import ScanPage
 from replica.keys import LoginKeys, passphrase_login_keys, recovery_login_keys
+from replica.leases import Lease
 from replica.options import ReplicaOptions
 from replica.record import Context, Record, Version
 from replica.repair import Diagnosis, Finding, RepairReport
@@ -74,6 +76,8 @@ __all__ = [
     "ItemLimitError",
     "KdfParametersError",
     "KdfParams",
+    "Lease",
+    "LeaseBusyError",
     "LoginKeys",
     "NewAccount",
     "Page",

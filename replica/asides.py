@@ -218,3 +218,45 @@ class AsideTables:
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (digest) DO NOTHING",
             (source, key, node, hlc, envelope, reason, at_ms, sha256(envelope)),
         )
+
+    # -- leases -------------------------------------------------------------------------------
+
+    def take_lease(self, name: bytes, owner: bytes, now_ms: int, expires_ms: int) -> int | None:
+        """Take lease `name` for `owner` unless another holds it and it has not run out;
+        then return when the holder's runs out. Leases that ran out are swept first."""
+        self.db.execute("DELETE FROM leases WHERE expires_ms <= ?", (now_ms,))
+        row = self.db.execute("SELECT owner, expires_ms FROM leases WHERE name = ?", (name,))
+        holder = row.fetchone()
+        if holder is not None and bytes(holder[0]) != owner:
+            return int(holder[1])
+        self.db.execute(
+            "INSERT INTO leases (name, owner, expires_ms) VALUES (?, ?, ?) "
+            "ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, "
+            "expires_ms = excluded.expires_ms",
+            (name, owner, expires_ms),
+        )
+        return None
+
+    def renew_lease(self, name: bytes, owner: bytes, expires_ms: int) -> bool:
+        """Extend `owner`'s lease; False when it no longer holds it."""
+        cursor = self.db.execute(
+            "UPDATE leases SET expires_ms = ? WHERE name = ? AND owner = ?",
+            (expires_ms, name, owner),
+        )
+        return cursor.rowcount > 0
+
+    def holds_lease(self, name: bytes, owner: bytes, now_ms: int) -> bool:
+        row = self.db.execute(
+            "SELECT 1 FROM leases WHERE name = ? AND owner = ? AND expires_ms > ?",
+            (name, owner, now_ms),
+        ).fetchone()
+        return row is not None
+
+    def drop_lease(self, name: bytes, owner: bytes) -> None:
+        self.db.execute("DELETE FROM leases WHERE name = ? AND owner = ?", (name, owner))
+
+    def lease_held(self, name: bytes, now_ms: int) -> bool:
+        row = self.db.execute(
+            "SELECT 1 FROM leases WHERE name = ? AND expires_ms > ?", (name, now_ms)
+        ).fetchone()
+        return row is not None

@@ -112,6 +112,13 @@ class FeedResetError(SealsyncError):
     code = "feed_reset"
 
 
+class LeaseBusyError(SealsyncError):
+    """Another holder has the lease (`Replica.lease`), or this holder's ran out and another
+    took it; HTTP apps answer 409."""
+
+    code = "lease_busy"
+
+
 RollbackReason = Literal["storage_id", "account_epoch", "head"]
 
 

@@ -86,5 +86,11 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX local_by_change ON local (changed);
     INSERT INTO meta (name, value) VALUES ('feed_id', lower(hex(randomblob(16))));
     """,
+    # 8: leases (replica/leases.py): one holder at a time per name, across processes; the
+    # name is an HMAC of the app's, the owner a random id per taker
+    """
+    CREATE TABLE leases (
+        name BLOB PRIMARY KEY, owner BLOB NOT NULL, expires_ms INTEGER NOT NULL) WITHOUT ROWID;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from replica import feed, held, indexed, repair, write
+from replica import indexed, repair, write
 from replica.bundles import (
     AnyBundle,
     NewAccount,
@@ -29,11 +29,10 @@ from replica.bundles import (
     unlock_by_recovery_key,
     with_schema,
 )
+from replica.coordination import Coordination
 from replica.core import Core, rows_by_key
 from replica.envelope import Identity
 from replica.errors import InvalidArgumentError, StaleContextError, StoreError
-from replica.events import Subscriber
-from replica.feed import ChangePage
 from replica.files import create_private_file
 from replica.generations import KeyBundleV2
 from replica.indexed import ScanPage
@@ -58,7 +57,7 @@ HELD_RECHECK_ON_UNLOCK = ("sealed", "epoch", "collection")
 """Unlocking gives keys, and reloads the schema another process may have declared."""
 
 
-class Replica(KeyOperations):
+class Replica(KeyOperations, Coordination):
     """One device's replica file. Make one with `create`, `join` or `open`; then `unlock`."""
 
     def __init__(self, store: Store, options: ReplicaOptions) -> None:
@@ -486,36 +485,6 @@ class Replica(KeyOperations):
             finally:
                 self._batching.depth -= 1
 
-    # -- freshness locks and held versions ------------------------------------------------------
-
-    def lock_scope(
-        self,
-        *,
-        profile: str = DEFAULT_PROFILE,
-        collection: str | None = None,
-        id: str | None = None,
-        duration_s: float | None = None,
-    ) -> int:
-        """Hold every inbound version of a profile, a collection in it, or one record until
-        `release_lock` or the duration ends (at most `max_lock_s`); returns the lock's id."""
-        with self._core.mutex:
-            return held.lock_scope(self._core, profile, collection, id, duration_s)
-
-    def release_lock(self, lock_id: int) -> None:
-        """End an explicit lock now; the versions it held merge as if they had just arrived."""
-        with self._core.mutex:
-            held.release_lock(self._core, lock_id)
-
-    def accept_held(self) -> int:
-        """Merge the versions held for drift now (the user trusts the sender's clock)."""
-        with self._core.mutex:
-            return held.accept_held(self._core)
-
-    def release_due(self) -> None:
-        """Merge held versions whose lock ended or whose time came (reads and writes do this)."""
-        with self._core.mutex:
-            self._core.release_due()
-
     # -- fail closed: diagnose, repair, clear ----------------------------------------------------
 
     def diagnose(self) -> Diagnosis:
@@ -545,7 +514,7 @@ class Replica(KeyOperations):
                 self.delete(collection, record.id, profile=profile, context=record.context)
             return len(records)
 
-    # -- sync, status and subscriptions ---------------------------------------------------------
+    # -- sync and status ------------------------------------------------------------------------
 
     def sync_session(
         self,
@@ -557,28 +526,6 @@ class Replica(KeyOperations):
         return SyncSession(
             self._core, max_batch_count=max_batch_count, max_batch_bytes=max_batch_bytes
         )
-
-    def changes(self, since: str | None = None, *, limit: int = 1000) -> ChangePage:
-        """The records that changed after the cursor `since` (None: all the feed holds), in
-        commit order, each once; across processes and restarts (replica/feed.py). Raises
-        `FeedResetError` for a cursor this file's feed cannot continue."""
-        with self._core.mutex:
-            self._core.check_open()
-            return feed.changes(self._core, since, limit)
-
-    def feed_head(self) -> str:
-        """The cursor after the latest change (take it before reading everything)."""
-        with self._core.mutex:
-            self._core.check_open()
-            return feed.head(self._core)
-
-    def wait_for_change(self, since: str, timeout_s: float) -> bool:
-        """Block until a change after `since` commits, in any process (False on timeout)."""
-        return feed.wait(self._core, self.path, since, timeout_s)
-
-    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
-        """Call `callback` with each ChangeEvent after its transaction commits; returns unsubscribe."""
-        return self._core.subscribers.add(callback)
 
     def status(self) -> Status:
         core = self._core

@@ -1,4 +1,4 @@
-"""The child processes of test_change_feed's two-process test, on one real replica file.
+"""The child processes of test_change_feed and test_leases, on one real replica file.
 
 Run as `python tests/replica/feed_child.py MODE PATH KEY_HEX ...` with the project root on
 PYTHONPATH; each opens the replica and unlocks it with the raw account key. Modes:
@@ -10,6 +10,8 @@ PYTHONPATH; each opens the replica and unlocks it with the raw account key. Mode
   SQLite file of its own), storing each page's record ids and the page's cursor in one
   transaction there — the follower the docs promise exactly once to. Waits with
   `wait_for_change`; ends after STOP_AFTER ids this run, or after 3 s without a change.
+- `lease NAME TTL_S`: takes the lease NAME, prints `taken`, and holds it (renewed) until
+  killed.
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ def main(argv: list[str]) -> None:
             writer(replica, int(args[0]), int(args[1]))
         elif mode == "follower":
             follower(replica, Path(args[0]), int(args[1]))
+        elif mode == "lease":
+            with replica.lease(args[0], ttl_s=float(args[1])):
+                print("taken", flush=True)
+                time.sleep(3600)
         else:
             raise SystemExit(f"unknown mode {mode!r}")
 

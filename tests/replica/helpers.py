@@ -32,9 +32,9 @@ def dirty_envelopes(replica: Replica) -> list[bytes]:
     return out
 
 
-def undo_formats_6_and_7(db: sqlite3.Connection) -> None:
+def undo_formats_6_to_8(db: sqlite3.Connection) -> None:
     """Lay a current file out as format 5 did, for tests of older formats' migrations: no
-    blind index columns (format 6), no change feed (format 7)."""
+    blind index columns (format 6), no change feed (format 7), no leases (format 8)."""
     for statement in (
         "DROP INDEX versions_by_blind",
         "DROP INDEX versions_by_change",
@@ -44,5 +44,6 @@ def undo_formats_6_and_7(db: sqlite3.Connection) -> None:
         "ALTER TABLE versions DROP COLUMN changed",
         "ALTER TABLE local DROP COLUMN changed",
         "DELETE FROM meta WHERE name IN ('feed_id', 'feed_seq', 'feed_horizon')",
+        "DROP TABLE leases",
     ):
         db.execute(statement)

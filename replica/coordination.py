@@ -1,0 +1,93 @@
+"""The methods of a `Replica` that coordinate it with other writers: freshness locks and
+held versions (specs/merge.md §10, §11), leases (specs/replica.md §13.1), the change feed
+(§11.1) and in-process subscriptions (§11).
+
+A mixin of `Replica` (replica/replica.py), which owns the `Core` these work through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from replica import feed, held, leases
+from replica.core import Core
+from replica.events import Subscriber
+from replica.feed import ChangePage
+from replica.leases import Lease
+from replica.schema import DEFAULT_PROFILE
+
+
+class Coordination:
+    """Locks, holds, leases, the change feed and subscriptions of a `Replica`."""
+
+    _core: Core
+
+    # -- freshness locks and held versions ------------------------------------------------------
+
+    def lock_scope(
+        self,
+        *,
+        profile: str = DEFAULT_PROFILE,
+        collection: str | None = None,
+        id: str | None = None,
+        duration_s: float | None = None,
+    ) -> int:
+        """Hold every inbound version of a profile, a collection in it, or one record until
+        `release_lock` or the duration ends (at most `max_lock_s`); returns the lock's id."""
+        with self._core.mutex:
+            return held.lock_scope(self._core, profile, collection, id, duration_s)
+
+    def release_lock(self, lock_id: int) -> None:
+        """End an explicit lock now; the versions it held merge as if they had just arrived."""
+        with self._core.mutex:
+            held.release_lock(self._core, lock_id)
+
+    def accept_held(self) -> int:
+        """Merge the versions held for drift now (the user trusts the sender's clock)."""
+        with self._core.mutex:
+            return held.accept_held(self._core)
+
+    def release_due(self) -> None:
+        """Merge held versions whose lock ended or whose time came (reads and writes do this)."""
+        with self._core.mutex:
+            self._core.release_due()
+
+    def lease(self, name: str, *, ttl_s: float = 30.0, wait_s: float = 0.0) -> Lease:
+        """Take the lease `name`: one holder at a time across threads and processes on this
+        file, renewed while held, given back on exit (a context manager); a crashed holder's
+        runs out after `ttl_s`. Waits up to `wait_s` for another holder, then raises
+        `LeaseBusyError`. Check `lease.check()` inside the transaction that commits the work
+        it guards (replica/leases.py)."""
+        with self._core.mutex:
+            self._core.opener_or_raise()
+        return leases.take(self._core, name, ttl_s, wait_s)
+
+    def lease_is_free(self, name: str) -> bool:
+        """Whether no one holds the lease `name`: inside `batch()`, true until it ends (a
+        one-transaction operation that must not interleave with a lease's holder)."""
+        with self._core.mutex:
+            return leases.is_free(self._core, name)
+
+    # -- the change feed and subscriptions ---------------------------------------------------------
+
+    def changes(self, since: str | None = None, *, limit: int = 1000) -> ChangePage:
+        """The records that changed after the cursor `since` (None: all the feed holds), in
+        commit order, each once; across processes and restarts (replica/feed.py). Raises
+        `FeedResetError` for a cursor this file's feed cannot continue."""
+        with self._core.mutex:
+            self._core.check_open()
+            return feed.changes(self._core, since, limit)
+
+    def feed_head(self) -> str:
+        """The cursor after the latest change (take it before reading everything)."""
+        with self._core.mutex:
+            self._core.check_open()
+            return feed.head(self._core)
+
+    def wait_for_change(self, since: str, timeout_s: float) -> bool:
+        """Block until a change after `since` commits, in any process (False on timeout)."""
+        return feed.wait(self._core, self._core.store.path, since, timeout_s)
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """Call `callback` with each ChangeEvent after its transaction commits; returns unsubscribe."""
+        return self._core.subscribers.add(callback)

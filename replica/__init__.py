@@ -26,7 +26,7 @@ from replica.errors import (
 )
 from replica.events import ChangeEvent
 from replica.feed import Change, ChangePage
-from replica.indexed import ScanPage
+from replica.indexed import IndexStats, ScanPage
 from replica.keys import LoginKeys, passphrase_login_keys, recovery_login_keys
 from replica.leases import Lease
 from replica.options import ReplicaOptions
@@ -72,6 +72,7 @@ __all__ = [
     "ErrorCode",
     "FeedResetError",
     "Finding",
+    "IndexStats",
     "InvalidArgumentError",
     "ItemLimitError",
     "KdfParametersError",

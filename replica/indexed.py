@@ -53,6 +53,18 @@ def where_key(core: Core, spec: Collection, scope: bytes, where: Mapping[str, An
     return value_key(core.keys(), scope, spec.index, value)
 
 
+@dataclass(frozen=True)
+class IndexStats:
+    """What the index knows of one value's records without opening them: how many (with a
+    live sibling under the value), the first and last `created` (None: none), and, if asked,
+    the bytes of all their stored versions."""
+
+    records: int
+    first_created: int | None
+    last_created: int | None
+    bytes: int
+
+
 def _parse_resume(after: bytes | None) -> tuple[int, bytes] | None:
     if after is None:
         return None

@@ -35,7 +35,7 @@ from replica.envelope import Identity
 from replica.errors import InvalidArgumentError, StaleContextError, StoreError
 from replica.files import create_private_file
 from replica.generations import KeyBundleV2
-from replica.indexed import ScanPage
+from replica.indexed import IndexStats, ScanPage
 from replica.keyops import KeyOperations
 from replica.keys import AccountKeys, LoginKeys, passphrase_login_keys
 from replica.limits import check_document, check_name
@@ -367,6 +367,35 @@ class Replica(KeyOperations, Coordination):
                 skip_degraded=skip_degraded,
             )
             return ScanPage(records, resume)
+
+    def last_created(
+        self, collection: str, *, where: Mapping[str, str | int], profile: str = DEFAULT_PROFILE
+    ) -> int | None:
+        """The greatest creation order under `where` (None: no record), at the cost of one
+        index lookup: where a new record goes after the last (`index_stats` counts too)."""
+        with self._core.mutex:
+            return self._core.store.blind_last(self._where_key(collection, profile, where))
+
+    def index_stats(
+        self,
+        collection: str,
+        *,
+        where: Mapping[str, str | int],
+        profile: str = DEFAULT_PROFILE,
+        with_bytes: bool = False,
+    ) -> IndexStats:
+        """How many records an indexed read of `where` would list, and their first and last
+        creation order, from the blind index without opening a record (with `with_bytes`,
+        the size of their stored versions too, which reads their rows)."""
+        with self._core.mutex:
+            blind = self._where_key(collection, profile, where)
+            return IndexStats(*self._core.store.blind_stats(blind, with_bytes))
+
+    def _where_key(self, collection: str, profile: str, where: Mapping[str, str | int]) -> bytes:
+        core = self._core
+        spec = core.schema.require(check_name("collection", collection))
+        check_name("profile", profile)
+        return indexed.where_key(core, spec, core.scope(profile, collection), where)
 
     def history(self, collection: str, id: str, *, profile: str = DEFAULT_PROFILE) -> list[Version]:
         """Replaced versions kept on this device (collections declared with `history`)."""

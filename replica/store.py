@@ -343,6 +343,30 @@ class Store(AsideTables):
         ).fetchall()
         return [(created, bytes(key)) for created, key in rows]
 
+    def blind_last(self, blind: bytes) -> int | None:
+        """The greatest `created` under a blind index entry (one step down the index)."""
+        row = self.db.execute("SELECT max(created) FROM versions WHERE blind = ?", (blind,))
+        last = row.fetchone()[0]
+        return None if last is None else int(last)
+
+    def blind_stats(
+        self, blind: bytes, with_bytes: bool
+    ) -> tuple[int, int | None, int | None, int]:
+        """(records, first created, last created, envelope bytes or 0) under a blind index
+        entry: from the index alone, but for the bytes (which read every row)."""
+        records, first, last = self.db.execute(
+            "SELECT count(DISTINCT key), min(created), max(created) FROM versions WHERE blind = ?",
+            (blind,),
+        ).fetchone()
+        size = 0
+        if with_bytes:
+            size = self.db.execute(
+                "SELECT coalesce(sum(length(envelope)), 0) FROM versions WHERE key IN"
+                " (SELECT key FROM versions WHERE blind = ?)",
+                (blind,),
+            ).fetchone()[0]
+        return int(records), first, last, int(size)
+
     def rows_for_index(
         self, scopes: Iterable[bytes] | None
     ) -> Iterator[tuple[int, Row, bytes, tuple[bytes, int] | None]]:

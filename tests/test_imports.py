@@ -43,6 +43,19 @@ def test_relay_imports_only_wire_and_errors_from_replica(path: Path) -> None:
     assert "clients" not in {top(n) for n in imported_modules(path)}
 
 
+@pytest.mark.parametrize("path", sources("chat"), ids=str)
+def test_chat_uses_only_the_engine_s_public_api(path: Path) -> None:
+    """The chat store is an app of the engine (specs/chat.md): `from replica import …` of
+    names in `replica.__all__`, and nothing of the relay or the clients."""
+    import replica
+
+    modules = imported_modules(path)
+    from_replica = {n for n in modules if top(n) == "replica"} - {"replica"}
+    private = {n for n in from_replica if n.removeprefix("replica.") not in replica.__all__}
+    assert not private, f"{path} imports {private}"
+    assert not {top(n) for n in modules} & {"relay", "clients"}, path
+
+
 def is_command_line(path: Path) -> bool:
     """The composition root: the `clients.cli` package, the one place that may import both
     the client library and `relay` (architecture.md §1)."""

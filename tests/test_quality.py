@@ -35,12 +35,14 @@ def test_mypy_checks_the_tests_bench_and_examples_too() -> None:
     """`python -m mypy` above checks what pyproject lists: the tests are typed like the code."""
     mypy = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
     assert mypy["strict"] is True
-    assert {"replica", "relay", "clients", "tests", "bench", "examples"} <= set(mypy["files"])
+    assert {"replica", "relay", "clients", "chat", "tests", "bench", "examples"} <= set(
+        mypy["files"]
+    )
 
 
 def test_packages_ship_their_types() -> None:
     """A py.typed marker (PEP 561) in each package, so an installed sealsync is typed."""
-    for package in ("replica", "relay", "clients"):
+    for package in ("replica", "relay", "clients", "chat"):
         assert (ROOT / package / "py.typed").is_file(), package
 
 

@@ -280,3 +280,28 @@ def test_paged_reads_equal_a_sort_of_the_documents(
         assert sorted(ids(got)) == sorted(i for i, d in live.items() if d["thread"] == thread)
         ats = [r.document["at"] for r in got]
         assert ats == sorted(ats, reverse=newest_first)
+
+
+def test_index_stats_count_and_bound_a_value_s_records_without_opening_them(
+    make_indexed: ReplicaFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    replica = make_indexed()
+    for i in range(5):
+        replica.put("messages", f"m{i}", message("t", at=10 * i))
+    replica.put("messages", "other", message("u", at=999))
+    replica.delete("messages", "m4")
+    opened: list[bytes] = []
+    real_open = Opener.open
+
+    def counting_open(self: Opener, envelope: bytes, header: Any = None) -> Any:
+        opened.append(envelope)
+        return real_open(self, envelope, header)
+
+    monkeypatch.setattr(Opener, "open", counting_open)
+    stats = replica.index_stats("messages", where={"thread": "t"})
+    assert (stats.records, stats.first_created, stats.last_created, stats.bytes) == (4, 0, 30, 0)
+    assert replica.last_created("messages", where={"thread": "t"}) == 30
+    assert replica.last_created("messages", where={"thread": "none"}) is None
+    assert opened == []
+    sized = replica.index_stats("messages", where={"thread": "t"}, with_bytes=True)
+    assert sized.bytes > 4 * 100

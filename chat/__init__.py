@@ -1,0 +1,34 @@
+"""sealsync's reference chat store: threads, messages, personas and drafts on a replica
+(specs/chat.md). It uses the engine's public API only (`import replica`), like any app."""
+
+from chat.errors import NoSuchChatError, TurnBusyError
+from chat.models import (
+    ChatDataError,
+    Draft,
+    ForkPoint,
+    Message,
+    Persona,
+    Setting,
+    Thread,
+)
+from chat.schema import COLLECTIONS, with_chat
+from chat.store import ChatStore, ChatView, MessagePage, MessageView, Turn
+
+__all__ = [
+    "COLLECTIONS",
+    "ChatDataError",
+    "ChatStore",
+    "ChatView",
+    "Draft",
+    "ForkPoint",
+    "Message",
+    "MessagePage",
+    "MessageView",
+    "NoSuchChatError",
+    "Persona",
+    "Setting",
+    "Thread",
+    "Turn",
+    "TurnBusyError",
+    "with_chat",
+]

@@ -1,0 +1,122 @@
+"""The chat store's documents, typed with sqlmodel (non-table models: validation only).
+
+Everything read from the replica — written here, synced from another device, or imported —
+is validated against these before the store uses it; a document that fails is refused with
+`ChatDataError` naming the record and the field, never shown half-read. Fields this version
+does not know (a newer app's) are kept in `model_extra` and written back unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import ConfigDict, ValidationError
+from sqlmodel import Field, SQLModel
+
+from replica import InvalidArgumentError, SealsyncError
+
+MAX_TITLE_CHARS = 200
+MAX_CONTENT_CHARS = 256 * 1024
+MAX_THUMBNAILS = 10
+MAX_THUMBNAIL_BYTES = 64 * 1024
+MAX_PERSONAS = 50
+MAX_PERSONA_NAME_CHARS = 80
+MAX_PROMPT_CHARS = 16 * 1024
+MAX_SETTING_NAME_CHARS = 64
+Role = Literal["user", "assistant", "system", "tool"]
+Thumbnail = Annotated[bytes, Field(max_length=MAX_THUMBNAIL_BYTES)]
+ROLES: tuple[str, ...] = ("user", "assistant", "system", "tool")
+
+
+class ChatDataError(SealsyncError):
+    """A stored chat document does not have the shape the chat store writes (another app's
+    data, or a newer incompatible one): the chat is read-only until it is repaired."""
+
+    code = "chat_data"
+
+
+class Document(SQLModel):
+    """Strict types; unknown fields kept (`model_extra`)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)  # type: ignore[assignment]
+
+
+class ForkPoint(Document):
+    thread: str
+    message: str
+
+
+class Thread(Document):
+    title: str = Field(max_length=MAX_TITLE_CHARS)
+    persona: str | None = None
+    archived: bool = False
+    forked_from: ForkPoint | None = None
+    created_ms: int = Field(ge=0)
+    updated_ms: int = Field(ge=0)
+    message_count: int = Field(default=0, ge=0)
+    """The chat's messages when the record was last written (appends do not write it: the
+    blind index counts them); the tiebreak of equal hybrid-clock times (DESIGN §4)."""
+
+
+class Message(Document):
+    thread: str
+    at: int = Field(ge=0)
+    """The message's place in its chat (the blind index orders by it): its creation time in
+    microseconds, made unique per chat on the device that wrote it."""
+    role: Role
+    content: str = Field(max_length=MAX_CONTENT_CHARS)
+    turn: str
+    thumbnails: list[Thumbnail] = Field(default_factory=list, max_length=MAX_THUMBNAILS)
+    created_ms: int = Field(ge=0)
+    edited_ms: int | None = None
+
+
+class Persona(Document):
+    name: str = Field(min_length=1, max_length=MAX_PERSONA_NAME_CHARS)
+    prompt: str = Field(max_length=MAX_PROMPT_CHARS)
+
+
+class Setting(Document):
+    thread: str
+    name: str = Field(min_length=1, max_length=MAX_SETTING_NAME_CHARS)
+    value: Any = None
+
+
+class Draft(Document):
+    stamp: int = Field(ge=0)
+    """When the text was typed (ns): a save with an older stamp than the stored one is a
+    late save, and is dropped (the chain of DESIGN §11)."""
+    text: str = Field(max_length=MAX_CONTENT_CHARS)
+
+
+Model = TypeVar("Model", bound=Document)
+
+
+def parse(model: type[Model], document: Any, where: str) -> Model:
+    """A stored document as `model`, or `ChatDataError` naming `where` and the field."""
+    try:
+        return model.model_validate(document)
+    except ValidationError as exc:
+        raise ChatDataError(f"{where}: {_first(exc)}", hint="repair or clear the chat") from None
+
+
+def build(model: type[Model], **fields: Any) -> Model:
+    """A new document from the caller's values, or `InvalidArgumentError` naming the field,
+    the value and the bound (nothing is written)."""
+    try:
+        return model.model_validate(fields)
+    except ValidationError as exc:
+        raise InvalidArgumentError(f"{model.__name__.lower()} {_first(exc)}") from None
+
+
+def _first(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    field = ".".join(str(part) for part in error["loc"]) or "document"
+    value = error.get("input")
+    shown = f"{value!r:.60}" if not isinstance(value, (bytes, list, dict)) else type(value).__name__
+    return f"{field}: {error['msg']} (got {shown})"
+
+
+def to_document(model: Document) -> dict[str, Any]:
+    """What is stored: the model's fields and the unknown ones it kept."""
+    return model.model_dump()

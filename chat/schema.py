@@ -1,0 +1,45 @@
+"""The chat store's collections, declared next to an app's own (`with_chat`)."""
+
+from __future__ import annotations
+
+from chat.models import MAX_PERSONAS
+from replica import Collection, InvalidArgumentError, Schema
+
+THREADS = "chat.threads"
+MESSAGES = "chat.messages"
+SETTINGS = "chat.settings"
+PERSONAS = "chat.personas"
+ACTIVE_PERSONA = "chat.active_persona"
+DRAFTS = "chat.drafts"
+
+COLLECTIONS = (
+    Collection(THREADS, "lww", tiebreak="message_count"),
+    Collection(MESSAGES, "lww", index="thread", created_field="at"),
+    Collection(SETTINGS, "lww", index="thread"),
+    Collection(PERSONAS, "per_item", max_items=MAX_PERSONAS),
+    Collection(ACTIVE_PERSONA, "register"),
+    Collection(DRAFTS, "local"),
+)
+
+
+def with_chat(schema: Schema) -> Schema:
+    """`schema` with the chat store's collections added (those it declares already must be
+    declared exactly as the chat store's)."""
+    mine = {c.name: c for c in COLLECTIONS}
+    for collection in schema.collections:
+        if collection.name in mine and collection != mine[collection.name]:
+            raise InvalidArgumentError(
+                f"collection {collection.name!r} is the chat store's, declared otherwise here"
+            )
+    names = {c.name for c in schema.collections}
+    return Schema((*schema.collections, *(c for c in COLLECTIONS if c.name not in names)))
+
+
+def check_declared(schema: Schema) -> None:
+    """A clear error when the replica's schema lacks the chat store's collections."""
+    missing = [c.name for c in COLLECTIONS if schema.get(c.name) != c]
+    if missing:
+        raise InvalidArgumentError(
+            f"the replica does not declare the chat store's collections {missing}",
+            hint="declare chat.with_chat(schema) first",
+        )

@@ -11,14 +11,19 @@ SETTINGS = "chat.settings"
 PERSONAS = "chat.personas"
 ACTIVE_PERSONA = "chat.active_persona"
 DRAFTS = "chat.drafts"
+STATE = "chat.state"
+THREAD_HISTORY = 3
+"""Replaced versions of a chat's record kept on the device: a deleted chat that must come
+back (specs/chat.md §7) takes its title from them."""
 
 COLLECTIONS = (
-    Collection(THREADS, "lww", tiebreak="message_count"),
+    Collection(THREADS, "lww", tiebreak="message_count", history=THREAD_HISTORY),
     Collection(MESSAGES, "lww", index="thread", created_field="at"),
     Collection(SETTINGS, "lww", index="thread"),
     Collection(PERSONAS, "per_item", max_items=MAX_PERSONAS),
     Collection(ACTIVE_PERSONA, "register"),
     Collection(DRAFTS, "local"),
+    Collection(STATE, "local"),
 )
 
 

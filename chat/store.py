@@ -9,22 +9,23 @@ holds `turn:ID`, so a second turn of the chat is refused (`TurnBusyError`).
 
 from __future__ import annotations
 
-import os
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from chat.base import ChatBase, turn_lease
 from chat.errors import NoSuchChatError, TurnBusyError
-from chat.ids import check_id, new_id
+from chat.ids import check_id
 from chat.models import Message, Thread, build, parse, to_document
-from chat.schema import MESSAGES, THREADS, check_declared
-from replica import DEFAULT_PROFILE, IndexStats, Lease, LeaseBusyError, Record, Replica
+from chat.preferences import Preferences
+from chat.reconcile import Reconciling
+from chat.reshape import Reshaping
+from chat.schema import MESSAGES, THREADS
+from replica import Lease, LeaseBusyError, Record
 
 DEFAULT_TITLE = "New chat"
 PAGE_MESSAGES = 120
-_POLL_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -57,50 +58,8 @@ class MessagePage:
     older: bytes | None
 
 
-class ChatStore:
+class ChatStore(Reshaping, Preferences, Reconciling, ChatBase):
     """The chats of one profile of a replica whose schema declares `chat.with_chat(...)`."""
-
-    def __init__(
-        self,
-        replica: Replica,
-        *,
-        profile: str = DEFAULT_PROFILE,
-        wait_s: float = 30.0,
-        now_ms: Callable[[], int] | None = None,
-    ) -> None:
-        check_declared(replica.schema)
-        self.replica = replica
-        self.profile = profile
-        self._wait_s = wait_s
-        self._now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)
-
-    # -- serializing per chat ----------------------------------------------------------------
-
-    @contextmanager
-    def _operation(self, thread: str, lease: Lease | None = None) -> Iterator[None]:
-        """One transaction on chat `thread`: with `lease` (a job's), if it still holds it;
-        else once no job holds the chat (waiting up to `wait_s`)."""
-        deadline = time.monotonic() + self._wait_s
-        while True:
-            with self.replica.batch():
-                if lease is not None:
-                    lease.check()
-                if lease is not None or self.replica.lease_is_free(_chat_lease(thread)):
-                    yield
-                    return
-            if time.monotonic() > deadline:
-                raise LeaseBusyError(
-                    f"chat {thread} stayed busy with a job for {self._wait_s} s",
-                    hint="try again once the job ends",
-                )
-            time.sleep(_POLL_S)
-
-    def job(self, thread: str, *, ttl_s: float = 30.0) -> Lease:
-        """The chat's lease for slow work (a summary, a bulk change): other operations on the
-        chat wait until it is given back; pass it to the final write (`lease=`)."""
-        return self.replica.lease(
-            _chat_lease(check_id("chat", thread)), ttl_s=ttl_s, wait_s=self._wait_s
-        )
 
     # -- chats ---------------------------------------------------------------------------------
 
@@ -138,9 +97,6 @@ class ChatStore:
             None if last is None else last // 1000,
         )
 
-    def _stats(self, thread: str) -> IndexStats:
-        return self.replica.index_stats(MESSAGES, where={"thread": thread}, profile=self.profile)
-
     def rename(self, thread: str, title: str) -> None:
         self._change_thread(thread, title=title)
 
@@ -152,35 +108,13 @@ class ChatStore:
             record, current = self._thread(thread)
             self._put_thread(thread, current, record, **fields)
 
-    def _thread(self, thread: str) -> tuple[Record, Thread]:
-        record = self.replica.get(THREADS, thread, profile=self.profile)
-        if record is None or record.deleted:
-            raise NoSuchChatError(f"no chat {thread}")
-        return record, parse(Thread, record.document, f"chat {thread}")
-
-    def _put_thread(self, thread: str, current: Thread, record: Record, **fields: Any) -> None:
-        """Write the chat's record over the context read, with its message count now."""
-        count = self._stats(thread).records
-        document = {
-            **to_document(current),
-            "message_count": count,
-            **fields,
-            "updated_ms": self._now_ms(),
-        }
-        updated = build(Thread, **document)
-        self.replica.put(
-            THREADS, thread, to_document(updated), profile=self.profile, context=record.context
-        )
-
     def delete(self, thread: str) -> int:
         """Delete the chat and every message of it held here; how many messages."""
         with self._operation(check_id("chat", thread)):
             record, _ = self._thread(thread)
             records = self._message_records(thread)
-            for message in records:
-                self.replica.delete(
-                    MESSAGES, message.id, profile=self.profile, context=message.context
-                )
+            self._delete_all(records)
+            self._delete_preferences(thread)
             self.replica.delete(THREADS, thread, profile=self.profile, context=record.context)
         return len(records)
 
@@ -189,10 +123,7 @@ class ChatStore:
         with self._operation(check_id("chat", thread)):
             record, current = self._thread(thread)
             records = self._message_records(thread)
-            for message in records:
-                self.replica.delete(
-                    MESSAGES, message.id, profile=self.profile, context=message.context
-                )
+            self._delete_all(records)
             self._put_thread(thread, current, record, message_count=0)
         return len(records)
 
@@ -270,9 +201,6 @@ class ChatStore:
         views = [v for v in views if v.message.thread == thread]
         return MessagePage(views[::-1], page.resume)
 
-    def _message_records(self, thread: str) -> list[Record]:
-        return self.replica.scan(MESSAGES, profile=self.profile, where={"thread": thread})
-
     # -- turns ---------------------------------------------------------------------------------
 
     @contextmanager
@@ -280,14 +208,11 @@ class ChatStore:
         """One turn of the chat (a question and its answers): refused with `TurnBusyError`
         while another turn of it runs, in any process; a crashed turn's lease runs out."""
         try:
-            lease = self.replica.lease(_turn_lease(check_id("chat", thread)), ttl_s=ttl_s)
+            lease = self.replica.lease(turn_lease(check_id("chat", thread)), ttl_s=ttl_s)
         except LeaseBusyError as exc:
             raise TurnBusyError(f"chat {thread} is answering already: {exc}") from None
         with lease:
             yield Turn(self, thread, self._new_id())
-
-    def _new_id(self) -> str:
-        return new_id(self._now_ms(), os.urandom)
 
 
 @dataclass(frozen=True)
@@ -298,11 +223,3 @@ class Turn:
 
     def append(self, role: str, content: str, *, thumbnails: Sequence[bytes] = ()) -> str:
         return self.store.append(self.thread, role, content, turn=self.id, thumbnails=thumbnails)
-
-
-def _chat_lease(thread: str) -> str:
-    return f"chat:{thread}"
-
-
-def _turn_lease(thread: str) -> str:
-    return f"turn:{thread}"

@@ -1,7 +1,7 @@
 """sealsync's reference chat store: threads, messages, personas and drafts on a replica
 (specs/chat.md). It uses the engine's public API only (`import replica`), like any app."""
 
-from chat.errors import NoSuchChatError, TurnBusyError
+from chat.errors import NoSuchChatError, NothingToUndoError, TurnBusyError
 from chat.models import (
     ChatDataError,
     Draft,
@@ -25,6 +25,7 @@ __all__ = [
     "MessagePage",
     "MessageView",
     "NoSuchChatError",
+    "NothingToUndoError",
     "Persona",
     "Setting",
     "Thread",

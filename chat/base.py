@@ -1,14 +1,20 @@
 """What every chat operation stands on: serializing per chat, and reading and writing a
-chat's records (specs/chat.md §4). `ChatStore` (chat/store.py) is built on it."""
+chat's records (specs/chat.md §4). `ChatStore` (chat/store.py) is built on it.
+
+Every write of a chat's records goes through `_write`, which notes in the open operation's
+journal what the record showed before; the operation ends by storing the journal as an undo
+entry (chat/undo.py) in its own transaction."""
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from chat import undolog
 from chat.errors import NoSuchChatError
 from chat.ids import check_id, new_id
 from chat.models import Thread, build, parse, to_document
@@ -16,6 +22,8 @@ from chat.schema import MESSAGES, THREADS, check_declared
 from replica import DEFAULT_PROFILE, IndexStats, Lease, LeaseBusyError, Record, Replica
 
 _POLL_S = 0.02
+Part = tuple[str, str, Any]
+"""An undo journal's note: (collection, record id, the document it showed before or None)."""
 
 
 class ChatBase:
@@ -34,20 +42,25 @@ class ChatBase:
         self.profile = profile
         self._wait_s = wait_s
         self._now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)
+        self._journal = threading.local()
 
     # -- serializing per chat ----------------------------------------------------------------
 
     @contextmanager
-    def _operation(self, thread: str, lease: Lease | None = None) -> Iterator[None]:
+    def _operation(
+        self, thread: str, lease: Lease | None = None, *, undo: str | None = None
+    ) -> Iterator[None]:
         """One transaction on chat `thread`: with `lease` (a job's), if it still holds it;
-        else once no job holds the chat (waiting up to `wait_s`)."""
+        else once no job holds the chat (waiting up to `wait_s`). With `undo` (the
+        operation's name), what its writes replaced is kept to undo it."""
         deadline = time.monotonic() + self._wait_s
         while True:
             with self.replica.batch():
                 if lease is not None:
                     lease.check()
                 if lease is not None or self.replica.lease_is_free(chat_lease(thread)):
-                    yield
+                    with self._journaled(thread, undo):
+                        yield
                     return
             if time.monotonic() > deadline:
                 raise LeaseBusyError(
@@ -55,6 +68,38 @@ class ChatBase:
                     hint="try again once the job ends",
                 )
             time.sleep(_POLL_S)
+
+    @contextmanager
+    def _journaled(self, thread: str, undo: str | None) -> Iterator[None]:
+        journal: list[Part] | None = None if undo is None else []
+        self._journal.parts = journal
+        try:
+            yield
+            if undo is not None and journal:
+                self._journal.parts = None  # the log's own writes are not the operation's
+                undolog.keep(self.replica, self.profile, thread, undo, journal)
+        finally:
+            self._journal.parts = None
+
+    def _write(
+        self,
+        collection: str,
+        id: str,
+        document: Any,
+        *,
+        before: Record | None,
+        context: frozenset[tuple[int, int]] | None = None,
+    ) -> None:
+        """Write a chat record (`document` None: delete it) over `context`, noting in the
+        open operation's journal what it showed before (`before`: as read; None: new)."""
+        parts: list[Part] | None = getattr(self._journal, "parts", None)
+        if parts is not None:
+            shown = None if before is None or before.deleted else before.document
+            parts.append((collection, id, shown))
+        if document is None:
+            self.replica.delete(collection, id, profile=self.profile, context=context)
+        else:
+            self.replica.put(collection, id, document, profile=self.profile, context=context)
 
     def job(self, thread: str, *, ttl_s: float = 30.0) -> Lease:
         """The chat's lease for slow work (a summary, a bulk change): other operations on the
@@ -79,9 +124,7 @@ class ChatBase:
             "updated_ms": self._now_ms(),
         }
         updated = build(Thread, **document)
-        self.replica.put(
-            THREADS, thread, to_document(updated), profile=self.profile, context=record.context
-        )
+        self._write(THREADS, thread, to_document(updated), before=record, context=record.context)
 
     def _stats(self, thread: str) -> IndexStats:
         return self.replica.index_stats(MESSAGES, where={"thread": thread}, profile=self.profile)
@@ -92,7 +135,7 @@ class ChatBase:
     def _delete_all(self, records: list[Record]) -> None:
         """Tombstones for `records` (messages), each over the context read."""
         for message in records:
-            self.replica.delete(MESSAGES, message.id, profile=self.profile, context=message.context)
+            self._write(MESSAGES, message.id, None, before=message, context=message.context)
 
     def _new_id(self) -> str:
         return new_id(self._now_ms(), os.urandom)

@@ -16,3 +16,9 @@ class NoSuchChatError(InvalidArgumentError):
     """The chat (or a message of it) does not exist here, or was deleted."""
 
     code = "no_such_chat"
+
+
+class NothingToUndoError(InvalidArgumentError):
+    """The chat's undo log on this device is empty."""
+
+    code = "nothing_to_undo"

@@ -30,13 +30,14 @@ class Preferences(ChatBase):
     def set_setting(self, thread: str, name: str, value: Any) -> None:
         """Set one setting of a chat (None deletes it)."""
         setting = build(Setting, thread=check_id("chat", thread), name=name, value=value)
-        with self._operation(thread):
+        with self._operation(thread, undo="setting"):
             self._thread(thread)
             record_id = f"{thread}/{name}"
-            if value is None:
-                self.replica.delete(SETTINGS, record_id, profile=self.profile)
-            else:
-                self.replica.put(SETTINGS, record_id, to_document(setting), profile=self.profile)
+            record = self.replica.get(SETTINGS, record_id, profile=self.profile)
+            context = None if record is None else record.context
+            if value is not None or (record is not None and not record.deleted):
+                document = None if value is None else to_document(setting)
+                self._write(SETTINGS, record_id, document, before=record, context=context)
 
     def settings(self, thread: str) -> dict[str, Any]:
         where = {"thread": check_id("chat", thread)}
@@ -48,7 +49,7 @@ class Preferences(ChatBase):
         """The settings and the draft of a chat being deleted (inside its transaction)."""
         where = {"thread": thread}
         for record in self.replica.scan(SETTINGS, profile=self.profile, where=where):
-            self.replica.delete(SETTINGS, record.id, profile=self.profile, context=record.context)
+            self._write(SETTINGS, record.id, None, before=record, context=record.context)
         if self.replica.get(DRAFTS, thread, profile=self.profile) is not None:
             self.replica.delete(DRAFTS, thread, profile=self.profile)
 

@@ -30,7 +30,7 @@ class Reshaping(ChatBase):
         """A new chat holding copies (new ids) of the messages up to and including `through`,
         with `forked_from`; the source is not touched."""
         check_id("message", through)
-        with self._operation(check_id("chat", thread)):
+        with self._operation(check_id("chat", thread), undo="fork"):
             _, source = self._thread(thread)
             messages = self._in_order(thread)
             ids = [r.id for r, _ in messages]
@@ -50,10 +50,10 @@ class Reshaping(ChatBase):
                     "message_count": ids.index(through) + 1,
                 },
             )
-            self.replica.put(THREADS, fork_id, to_document(copy), profile=self.profile)
+            self._write(THREADS, fork_id, to_document(copy), before=None)
             for _, message in messages[: ids.index(through) + 1]:
                 moved = {**to_document(message), "thread": fork_id}
-                self.replica.put(MESSAGES, self._new_id(), moved, profile=self.profile)
+                self._write(MESSAGES, self._new_id(), moved, before=None)
         return fork_id
 
     def trim(self, thread: str, *, keep_first: int, keep_last: int) -> int:
@@ -63,7 +63,7 @@ class Reshaping(ChatBase):
             raise InvalidArgumentError(
                 f"trim keeps at least one turn: keep_first={keep_first}, keep_last={keep_last}"
             )
-        with self._operation(check_id("chat", thread)):
+        with self._operation(check_id("chat", thread), undo="trim"):
             record, current = self._thread(thread)
             turns: dict[str, list[Record]] = {}
             for message_record, message in self._in_order(thread):
@@ -79,7 +79,7 @@ class Reshaping(ChatBase):
     def edit_and_retry(self, thread: str, content: str) -> str:
         """Replace the content of the chat's latest user message and delete every message
         after it (the answers to retry); the message's id."""
-        with self._operation(check_id("chat", thread)):
+        with self._operation(check_id("chat", thread), undo="edit and retry"):
             messages = self._in_order(thread)
             users = [i for i, (_, m) in enumerate(messages) if m.role == "user"]
             if not users:
@@ -87,12 +87,8 @@ class Reshaping(ChatBase):
             record, message = messages[users[-1]]
             changes = {"content": content, "edited_ms": self._now_ms()}
             edited = build(Message, **{**to_document(message), **changes})
-            self.replica.put(
-                MESSAGES,
-                record.id,
-                to_document(edited),
-                profile=self.profile,
-                context=record.context,
+            self._write(
+                MESSAGES, record.id, to_document(edited), before=record, context=record.context
             )
             self._delete_all([r for r, _ in messages[users[-1] + 1 :]])
         return record.id

@@ -12,6 +12,7 @@ PERSONAS = "chat.personas"
 ACTIVE_PERSONA = "chat.active_persona"
 DRAFTS = "chat.drafts"
 STATE = "chat.state"
+UNDO = "chat.undo"
 THREAD_HISTORY = 3
 """Replaced versions of a chat's record kept on the device: a deleted chat that must come
 back (specs/chat.md §7) takes its title from them."""
@@ -24,6 +25,7 @@ COLLECTIONS = (
     Collection(ACTIVE_PERSONA, "register"),
     Collection(DRAFTS, "local"),
     Collection(STATE, "local"),
+    Collection(UNDO, "local"),
 )
 
 

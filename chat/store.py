@@ -22,6 +22,7 @@ from chat.preferences import Preferences
 from chat.reconcile import Reconciling
 from chat.reshape import Reshaping
 from chat.schema import MESSAGES, THREADS
+from chat.undo import Undoing
 from replica import Lease, LeaseBusyError, Record
 
 DEFAULT_TITLE = "New chat"
@@ -58,7 +59,7 @@ class MessagePage:
     older: bytes | None
 
 
-class ChatStore(Reshaping, Preferences, Reconciling, ChatBase):
+class ChatStore(Reshaping, Preferences, Reconciling, Undoing, ChatBase):
     """The chats of one profile of a replica whose schema declares `chat.with_chat(...)`."""
 
     # -- chats ---------------------------------------------------------------------------------
@@ -68,7 +69,8 @@ class ChatStore(Reshaping, Preferences, Reconciling, ChatBase):
         now = self._now_ms()
         thread = build(Thread, title=title, persona=persona, created_ms=now, updated_ms=now)
         thread_id = self._new_id()
-        self.replica.put(THREADS, thread_id, to_document(thread), profile=self.profile)
+        with self._operation(thread_id, undo="new chat"):
+            self._write(THREADS, thread_id, to_document(thread), before=None)
         return thread_id
 
     def chat(self, thread: str) -> ChatView | None:
@@ -98,29 +100,29 @@ class ChatStore(Reshaping, Preferences, Reconciling, ChatBase):
         )
 
     def rename(self, thread: str, title: str) -> None:
-        self._change_thread(thread, title=title)
+        self._change_thread(thread, "rename", title=title)
 
     def archive(self, thread: str, archived: bool = True) -> None:
-        self._change_thread(thread, archived=archived)
+        self._change_thread(thread, "archive" if archived else "unarchive", archived=archived)
 
-    def _change_thread(self, thread: str, **fields: Any) -> None:
-        with self._operation(check_id("chat", thread)):
+    def _change_thread(self, thread: str, operation: str, **fields: Any) -> None:
+        with self._operation(check_id("chat", thread), undo=operation):
             record, current = self._thread(thread)
             self._put_thread(thread, current, record, **fields)
 
     def delete(self, thread: str) -> int:
         """Delete the chat and every message of it held here; how many messages."""
-        with self._operation(check_id("chat", thread)):
+        with self._operation(check_id("chat", thread), undo="delete"):
             record, _ = self._thread(thread)
             records = self._message_records(thread)
             self._delete_all(records)
             self._delete_preferences(thread)
-            self.replica.delete(THREADS, thread, profile=self.profile, context=record.context)
+            self._write(THREADS, thread, None, before=record, context=record.context)
         return len(records)
 
     def clear(self, thread: str) -> int:
         """Delete every message of the chat, keep the chat; how many messages."""
-        with self._operation(check_id("chat", thread)):
+        with self._operation(check_id("chat", thread), undo="clear"):
             record, current = self._thread(thread)
             records = self._message_records(thread)
             self._delete_all(records)
@@ -143,7 +145,7 @@ class ChatStore(Reshaping, Preferences, Reconciling, ChatBase):
         (appends of two devices never conflict there): the blind index counts messages."""
         check_id("chat", thread)
         now = self._now_ms()
-        with self._operation(thread, lease):
+        with self._operation(thread, lease, undo="append"):
             self._thread(thread)  # a deleted chat takes no message, a malformed one none either
             where = {"thread": thread}
             last = self.replica.last_created(MESSAGES, where=where, profile=self.profile)
@@ -159,19 +161,19 @@ class ChatStore(Reshaping, Preferences, Reconciling, ChatBase):
                 thumbnails=list(thumbnails),
                 created_ms=now,
             )
-            self.replica.put(MESSAGES, message_id, to_document(message), profile=self.profile)
+            self._write(MESSAGES, message_id, to_document(message), before=None)
         return message_id
 
     def edit(self, thread: str, message: str, content: str) -> None:
         """Replace a message's content (it keeps its place)."""
         check_id("message", message)
-        with self._operation(check_id("chat", thread)):
+        with self._operation(check_id("chat", thread), undo="edit"):
             record, current = self._message(thread, message)
             edited = build(
                 Message, **{**to_document(current), "content": content, "edited_ms": self._now_ms()}
             )
-            self.replica.put(
-                MESSAGES, message, to_document(edited), profile=self.profile, context=record.context
+            self._write(
+                MESSAGES, message, to_document(edited), before=record, context=record.context
             )
 
     def _message(self, thread: str, message: str) -> tuple[Record, Message]:

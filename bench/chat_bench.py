@@ -7,7 +7,9 @@ from pathlib import Path
 import engine  # noqa: F401  (registers replica.put_single, the baseline named here)
 from harness import SCHEMA, Bench, Line, benchmark, best_seconds, check_equal
 
-from chat import ChatStore, with_chat
+from chat import ChatStore, Message, with_chat
+from chat.models import build, to_document
+from chat.schema import MESSAGES
 from replica import Replica
 
 
@@ -44,3 +46,96 @@ def bench_chat_append(bench: Bench) -> list[Line]:
         lambda state: verify(state[0], state[1], n),
     )
     return [Line("chat.append", n / seconds, "ops/s", "replica.put_single", {"n": n})]
+
+
+# ---- chat.open and chat.search ------------------------------------------------------------
+
+MESSAGES_PER_CHAT = 200
+OPENS = 50
+
+
+def chat_replica(bench: Bench, messages: int) -> tuple[Path, list[str]]:
+    """A closed replica holding `messages` messages over messages / 200 chats (written in
+    batches straight through the replica: the documents are the chat store's), and the ids
+    of its chats."""
+    replica, path = bench.replica(f"chat-{messages}")
+    replica.declare(with_chat(SCHEMA))
+    store = ChatStore(replica)
+    chats = [store.new_chat(f"chat {i}") for i in range(messages // MESSAGES_PER_CHAT)]
+    now_ms = 1_800_000_000_000
+    for start in range(0, messages, 1000):
+        with replica.batch():
+            for i in range(start, min(start + 1000, messages)):
+                thread = chats[i % len(chats)]
+                message = build(
+                    Message,
+                    thread=thread,
+                    at=(now_ms + i) * 1000,
+                    role="user",
+                    content=f"message {i} " + ("needle " if i % 997 == 0 else "") + "x" * 300,
+                    turn=thread,
+                    created_ms=now_ms + i,
+                )
+                replica.put(MESSAGES, f"m{i:07d}", to_document(message))
+    replica.close()
+    return path, chats
+
+
+def opened_store(bench: Bench, path: Path) -> ChatStore:
+    replica = Replica.open(path)
+    replica.unlock_with_key(bench.account().key)
+    return ChatStore(replica)
+
+
+def open_line(bench: Bench, name: str, messages: int, baseline: str | None) -> Line:
+    """Opens/s of one chat's last 120 messages, over OPENS chats in turn."""
+    path, chats = bench.memo(f"chat-{messages}", lambda: chat_replica(bench, messages))
+
+    def run(store: ChatStore) -> None:
+        for i in range(OPENS):
+            page = store.messages(chats[(i * 7) % len(chats)], limit=120)
+            check_equal(f"{name} page", len(page.messages), 120)
+
+    seconds = best_seconds(
+        bench, bench.sizes.repeats, lambda: opened_store(bench, path), run, _close
+    )
+    extra = {"messages": messages, "chats": len(chats), "opens": OPENS}
+    return Line(name, OPENS / seconds, "opens/s", baseline, extra)
+
+
+def _close(store: ChatStore) -> None:
+    store.replica.close()
+
+
+@benchmark("chat.open")
+def bench_chat_open(bench: Bench) -> list[Line]:
+    """A chat's last 120 messages, in a replica 10 times larger than the baseline's: the blind
+    index opens only those (issue 13 asks at most 1.5 times the time, a ratio >= 0.67)."""
+    small, large = bench.sizes.chat_messages
+    baseline = open_line(bench, "chat.open.small", small, None)
+    return [baseline, open_line(bench, "chat.open", large, baseline.name)]
+
+
+@benchmark("chat.search")
+def bench_chat_search(bench: Bench) -> list[Line]:
+    """A search over every message: cold (a new store decrypts them all) against a plain
+    decrypting scan of them (issue 13: at most 1.3 times its time, a ratio >= 0.77), and warm (the
+    cache, refreshed from the change feed) against cold (≤ 5 % of its time, ≥ 20)."""
+    _, messages = bench.sizes.chat_messages
+    path, _ = bench.memo(f"chat-{messages}", lambda: chat_replica(bench, messages))
+    store = opened_store(bench, path)
+    try:
+        scan = bench.seconds(lambda: store.replica.scan(MESSAGES))
+        cold = bench.seconds(lambda: ChatStore(store.replica).search("needle"))
+        warm_store = ChatStore(store.replica)
+        expected = warm_store.search("needle").total
+        warm = bench.seconds(lambda: warm_store.search("needle"))
+        check_equal("chat.search hits", expected, len(range(0, messages, 997)))
+    finally:
+        store.replica.close()
+    extra = {"messages": messages}
+    return [
+        Line("chat.search.scan", messages / scan, "messages/s", None, extra),
+        Line("chat.search.cold", messages / cold, "messages/s", "chat.search.scan", extra),
+        Line("chat.search.warm", messages / warm, "messages/s", "chat.search.cold", extra),
+    ]

@@ -28,7 +28,9 @@ from replica import (  # noqa: E402
     Schema,
 )
 
-RATE_UNITS = frozenset({"rows/s", "ops/s", "envelopes/s", "requests/s", "records/s"})
+RATE_UNITS = frozenset(
+    {"rows/s", "ops/s", "envelopes/s", "requests/s", "records/s", "opens/s", "messages/s"}
+)
 SCHEMA = Schema((Collection("notes", "lww"),))
 COLLECTION = "notes"
 PASSPHRASE = "benchmark passphrase, not a secret"
@@ -109,15 +111,17 @@ class Sizes:
     load_s: float  # relay.load: seconds of arrivals
     sync_records: tuple[int, ...]  # sync.*: records two devices share, the "10k" then "100k"
     live_writes: int  # sync.live: writes timed from A to B
+    chat_messages: tuple[int, int]  # chat.open and chat.search: messages, 200 a chat
 
 
 FULL = Sizes(
     200_000, 200_000, 100_000, 5_000, 20_000, 1000, 1000, 5, 5, 50_000, 10.0, 200, 60.0,
-    (10_000, 100_000), 50,
+    (10_000, 100_000), 50, (20_000, 200_000),
 )  # fmt: skip
 QUICK = Sizes(
-    50_000, 50_000, 20_000, 2_000, 5_000, 1000, 300, 3, 2, 10_000, 3.0, 50, 10.0, (10_000,), 50
-)
+    50_000, 50_000, 20_000, 2_000, 5_000, 1000, 300, 3, 2, 10_000, 3.0, 50, 10.0, (10_000,), 50,
+    (2_000, 20_000),
+)  # fmt: skip
 
 
 def sizes_with_n(sizes: Sizes, n: int) -> Sizes:
@@ -138,6 +142,7 @@ def sizes_with_n(sizes: Sizes, n: int) -> Sizes:
         load_s=min(sizes.load_s, 2.0),
         sync_records=(n,),
         live_writes=min(sizes.live_writes, n),
+        chat_messages=(max(n, 200), max(n, 200) * 2),
     )
 
 

@@ -12,6 +12,7 @@ from chat.models import (
     Thread,
 )
 from chat.schema import COLLECTIONS, with_chat
+from chat.search import Hit, SearchResult
 from chat.store import ChatStore, ChatView, MessagePage, MessageView, Turn
 
 __all__ = [
@@ -21,12 +22,14 @@ __all__ = [
     "ChatView",
     "Draft",
     "ForkPoint",
+    "Hit",
     "Message",
     "MessagePage",
     "MessageView",
     "NoSuchChatError",
     "NothingToUndoError",
     "Persona",
+    "SearchResult",
     "Setting",
     "Thread",
     "Turn",

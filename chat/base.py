@@ -43,6 +43,8 @@ class ChatBase:
         self._wait_s = wait_s
         self._now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)
         self._journal = threading.local()
+        self._corpus_lock = threading.Lock()
+        """Guards the search cache (chat/search.py)."""
 
     # -- serializing per chat ----------------------------------------------------------------
 

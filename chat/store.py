@@ -22,6 +22,7 @@ from chat.preferences import Preferences
 from chat.reconcile import Reconciling
 from chat.reshape import Reshaping
 from chat.schema import MESSAGES, THREADS
+from chat.search import Searching
 from chat.undo import Undoing
 from replica import Lease, LeaseBusyError, Record
 
@@ -59,7 +60,7 @@ class MessagePage:
     older: bytes | None
 
 
-class ChatStore(Reshaping, Preferences, Reconciling, Undoing, ChatBase):
+class ChatStore(Reshaping, Preferences, Reconciling, Searching, Undoing, ChatBase):
     """The chats of one profile of a replica whose schema declares `chat.with_chat(...)`."""
 
     # -- chats ---------------------------------------------------------------------------------

@@ -19,7 +19,16 @@ from chat.errors import NoSuchChatError
 from chat.ids import check_id, new_id
 from chat.models import Thread, build, parse, to_document
 from chat.schema import MESSAGES, THREADS, check_declared
-from replica import DEFAULT_PROFILE, IndexStats, Lease, LeaseBusyError, Record, Replica
+from replica import (
+    DEFAULT_PROFILE,
+    DegradedError,
+    IndexStats,
+    InvalidArgumentError,
+    Lease,
+    LeaseBusyError,
+    Record,
+    Replica,
+)
 
 _POLL_S = 0.02
 Part = tuple[str, str, Any]
@@ -50,17 +59,27 @@ class ChatBase:
 
     @contextmanager
     def _operation(
-        self, thread: str, lease: Lease | None = None, *, undo: str | None = None
+        self,
+        thread: str,
+        lease: Lease | None = None,
+        *,
+        undo: str | None = None,
+        lifts_damage: bool = False,
     ) -> Iterator[None]:
         """One transaction on chat `thread`: with `lease` (a job's), if it still holds it;
         else once no job holds the chat (waiting up to `wait_s`). With `undo` (the
-        operation's name), what its writes replaced is kept to undo it."""
+        operation's name), what its writes replaced is kept to undo it. A chat with an
+        unreadable message is read-only (`DegradedError`), but to an operation that
+        `lifts_damage` (clear, delete): it repairs the file first."""
+        if lease is not None and lease.name != chat_lease(thread):
+            raise InvalidArgumentError(f"lease {lease.name!r} is not chat {thread}'s job")
         deadline = time.monotonic() + self._wait_s
         while True:
             with self.replica.batch():
                 if lease is not None:
                     lease.check()
                 if lease is not None or self.replica.lease_is_free(chat_lease(thread)):
+                    self._check_readable(thread, lifts_damage)
                     with self._journaled(thread, undo):
                         yield
                     return
@@ -70,6 +89,17 @@ class ChatBase:
                     hint="try again once the job ends",
                 )
             time.sleep(_POLL_S)
+
+    def _check_readable(self, thread: str, repair: bool) -> None:
+        where = {"thread": thread}
+        if not self.replica.index_degraded(MESSAGES, where=where, profile=self.profile):
+            return
+        if not repair:
+            raise DegradedError(
+                f"chat {thread} has a message that cannot be read: it is read-only",
+                hint="run sealsync repair, or clear or delete the chat",
+            )
+        self.replica.repair()  # quarantines the unreadable rows verbatim (fail closed)
 
     @contextmanager
     def _journaled(self, thread: str, undo: str | None) -> Iterator[None]:

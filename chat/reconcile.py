@@ -16,7 +16,7 @@ from typing import Any
 from chat.base import ChatBase
 from chat.models import Message, Thread, build, parse, to_document
 from chat.schema import MESSAGES, STATE, THREADS
-from replica import FeedResetError, Record
+from replica import DegradedError, FeedResetError, Record
 
 RECOVERED_TITLE = "Recovered chat"
 _CURSOR_ID = "reconcile"
@@ -27,27 +27,47 @@ class Reconciling(ChatBase):
 
     def reconcile(self) -> int:
         """Bring back every deleted chat that has a live message; how many. Run it after
-        each sync: it reads only what changed since it last ran."""
-        touched, cursor = self._touched_chats()
-        revived = sum(self._revive(thread) for thread in sorted(touched))
-        self.replica.put(STATE, _CURSOR_ID, {"cursor": cursor}, profile=self.profile)
+        each sync: it reads only what changed since it last ran. While versions are held
+        (a freshness lock, clock drift), the chats it found wait for a later run: a held
+        tombstone would make a message look live that its chat's delete saw."""
+        state = self._state()
+        touched, cursor, news = self._touched_chats(state.get("cursor"))
+        touched |= {t for t in state.get("pending", []) if isinstance(t, str)}
+        held = self.replica.held_counts()
+        revived = 0
+        if held.get("lock", 0) or held.get("drift", 0):
+            pending = sorted(touched)
+        else:
+            revived = sum(self._revive_readable(thread) for thread in sorted(touched))
+            pending = []
+        if news or pending != state.get("pending", []):  # not for its own last write alone
+            document = {"cursor": cursor, "pending": pending}
+            self.replica.put(STATE, _CURSOR_ID, document, profile=self.profile)
         return revived
 
-    def _touched_chats(self) -> tuple[set[str], str]:
+    def _state(self) -> dict[str, Any]:
         record = self.replica.get(STATE, _CURSOR_ID, profile=self.profile)
-        document = None if record is None else record.document
-        cursor = document.get("cursor") if isinstance(document, dict) else None
+        document = None if record is None or record.deleted else record.document
+        return document if isinstance(document, dict) else {}
+
+    def _touched_chats(self, cursor: object) -> tuple[set[str], str, bool]:
         try:
             return self._follow(cursor if isinstance(cursor, str) else None)
         except FeedResetError:  # another history: look at everything again
             return self._follow(None)
 
-    def _follow(self, cursor: str | None) -> tuple[set[str], str]:
+    def _follow(self, cursor: str | None) -> tuple[set[str], str, bool]:
+        """The chats changes after `cursor` touched, the cursor after them, and whether
+        anything changed but this store's own state record."""
         touched: set[str] = set()
+        news = False
         while True:
             page = self.replica.changes(cursor)
             for change in page.changes:
                 identity = change.identity
+                if identity is not None and identity.collection == STATE:
+                    continue  # its own cursor, written last time
+                news = True
                 if identity is None or identity.profile != self.profile:
                     continue
                 if identity.collection == THREADS:
@@ -56,13 +76,20 @@ class Reconciling(ChatBase):
                     touched |= self._threads_of(identity.id)
             cursor = page.cursor
             if not page.more:
-                return touched, cursor
+                return touched, cursor, news
 
     def _threads_of(self, message: str) -> set[str]:
         record = self.replica.get(MESSAGES, message, profile=self.profile)
         if record is None or record.deleted:
             return set()
         return {parse(Message, record.document, f"message {message}").thread}
+
+    def _revive_readable(self, thread: str) -> bool:
+        """`_revive`, but a chat with an unreadable message is left for repair."""
+        try:
+            return self._revive(thread)
+        except DegradedError:
+            return False
 
     def _revive(self, thread: str) -> bool:
         with self._operation(thread):

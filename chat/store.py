@@ -18,7 +18,7 @@ from chat.base import ChatBase, turn_lease
 from chat.errors import NoSuchChatError, TurnBusyError
 from chat.ids import check_id
 from chat.models import Message, Thread, build, parse, to_document
-from chat.preferences import Preferences
+from chat.preferences import BUILTIN_PERSONAS, Preferences
 from chat.reconcile import Reconciling
 from chat.reshape import Reshaping
 from chat.schema import MESSAGES, THREADS
@@ -58,6 +58,8 @@ class MessagePage:
 
     messages: list[MessageView]
     older: bytes | None
+    damaged: int = 0
+    """Messages of the chat that cannot be read (left out): the chat is read-only."""
 
 
 class ChatStore(Reshaping, Preferences, Reconciling, Searching, Undoing, ChatBase):
@@ -67,6 +69,8 @@ class ChatStore(Reshaping, Preferences, Reconciling, Searching, Undoing, ChatBas
 
     def new_chat(self, title: str = DEFAULT_TITLE, *, persona: str | None = None) -> str:
         """A new chat's id (never touches another chat)."""
+        if persona is not None and persona not in BUILTIN_PERSONAS:
+            check_id("persona", persona)
         now = self._now_ms()
         thread = build(Thread, title=title, persona=persona, created_ms=now, updated_ms=now)
         thread_id = self._new_id()
@@ -113,7 +117,7 @@ class ChatStore(Reshaping, Preferences, Reconciling, Searching, Undoing, ChatBas
 
     def delete(self, thread: str) -> int:
         """Delete the chat and every message of it held here; how many messages."""
-        with self._operation(check_id("chat", thread), undo="delete"):
+        with self._operation(check_id("chat", thread), undo="delete", lifts_damage=True):
             record, _ = self._thread(thread)
             records = self._message_records(thread)
             self._delete_all(records)
@@ -123,7 +127,7 @@ class ChatStore(Reshaping, Preferences, Reconciling, Searching, Undoing, ChatBas
 
     def clear(self, thread: str) -> int:
         """Delete every message of the chat, keep the chat; how many messages."""
-        with self._operation(check_id("chat", thread), undo="clear"):
+        with self._operation(check_id("chat", thread), undo="clear", lifts_damage=True):
             record, current = self._thread(thread)
             records = self._message_records(thread)
             self._delete_all(records)
@@ -197,12 +201,16 @@ class ChatStore(Reshaping, Preferences, Reconciling, Searching, Undoing, ChatBas
             newest_first=True,
             limit=limit,
             after=before,
+            skip_degraded=True,
+        )
+        damaged = self.replica.index_degraded(
+            MESSAGES, where={"thread": thread}, profile=self.profile
         )
         views = [
             MessageView(r.id, parse(Message, r.document, f"message {r.id}")) for r in page.records
         ]
         views = [v for v in views if v.message.thread == thread]
-        return MessagePage(views[::-1], page.resume)
+        return MessagePage(views[::-1], page.resume, damaged)
 
     # -- turns ---------------------------------------------------------------------------------
 

@@ -237,11 +237,12 @@ class AsideTables:
         )
         return None
 
-    def renew_lease(self, name: bytes, owner: bytes, expires_ms: int) -> bool:
-        """Extend `owner`'s lease; False when it no longer holds it."""
+    def renew_lease(self, name: bytes, owner: bytes, now_ms: int, expires_ms: int) -> bool:
+        """Extend `owner`'s lease; False when it no longer holds it, or it ran out (another
+        may have worked under it since: renewing would hide that from `check`)."""
         cursor = self.db.execute(
-            "UPDATE leases SET expires_ms = ? WHERE name = ? AND owner = ?",
-            (expires_ms, name, owner),
+            "UPDATE leases SET expires_ms = ? WHERE name = ? AND owner = ? AND expires_ms > ?",
+            (expires_ms, name, owner, now_ms),
         )
         return cursor.rowcount > 0
 

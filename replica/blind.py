@@ -26,6 +26,16 @@ Blind = tuple[bytes, int]
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
+def indexable(value: object) -> str | int | None:
+    """A string or an integer as every device decodes it (an enum member of either is its
+    plain value: what MessagePack carries), else None; never a bool."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        return str(value)
+    return int(value) if isinstance(value, int) else None
+
+
 def value_key(keys: AccountKeys, scope: bytes, field: str, value: str | int) -> bytes:
     """The blind key of one value of an indexed field, in one scope (profile, collection)."""
     return keys.blind_key(scope + length_prefixed(field) + msgspec.msgpack.encode(value))
@@ -44,10 +54,11 @@ def blind_of(
     keeps value keys across calls (a merged page holds many messages of few threads)."""
     if spec.index is None or deleted or not isinstance(document, dict):
         return None
-    value = document.get(spec.index)
-    if type(value) is not str and type(value) is not int:
+    value = indexable(document.get(spec.index))
+    if value is None:
         return None
     created = document.get(spec.created_field) if spec.created_field else None
+    created = indexable(created)
     if type(created) is not int or not _INT64[0] <= created <= _INT64[1]:
         created = hlc
     if memo is None:

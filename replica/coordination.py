@@ -47,6 +47,13 @@ class Coordination:
         with self._core.mutex:
             return held.accept_held(self._core)
 
+    def held_counts(self) -> dict[str, int]:
+        """Versions held, by reason (drift, lock, sealed, epoch, collection): cheap, unlike
+        `status()`. An app that reasons about what merged so far waits while some are held."""
+        with self._core.mutex:
+            self._core.check_open()
+            return self._core.store.count_held()
+
     def release_due(self) -> None:
         """Merge held versions whose lock ended or whose time came (reads and writes do this)."""
         with self._core.mutex:

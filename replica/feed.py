@@ -11,9 +11,9 @@ effects sees every change exactly once (a record that changed twice meanwhile, o
 latest state); one that stores it later sees some again.
 
 A cursor names the feed it came from (`feed_id`, drawn anew when the file becomes another
-device's copy, `Store.set_node`) and a sequence number. A cursor of another feed, or behind
-`feed_horizon` (repair removed a record whose absence the feed cannot show), raises
-`FeedResetError`: read everything again, from `feed_head()` on.
+device's copy, `Store.set_node`, and when a repair removes a record whose absence the feed
+cannot show) and a sequence number. A cursor of another feed raises `FeedResetError`: read
+everything again, from `feed_head()` on.
 """
 
 from __future__ import annotations
@@ -83,12 +83,13 @@ def _start(core: Core, since: str | None) -> int:
     store = core.store
     if feed_id != store.get_meta("feed_id"):
         raise FeedResetError(
-            "this cursor is another feed's: the file is a copy or a restored backup",
+            "this cursor is another feed's: the file is a copy or a restored backup, or a "
+            "repair removed records",
             hint="read everything again, then follow from feed_head()",
         )
-    if seq < store.get_int("feed_horizon") or seq > store.get_int("feed_seq"):
+    if seq > store.get_int("feed_seq"):
         raise FeedResetError(
-            "the feed no longer holds the changes after this cursor (a repair removed records)",
+            "this cursor is ahead of the feed: the file went back (a restored copy)",
             hint="read everything again, then follow from feed_head()",
         )
     return seq
@@ -125,7 +126,10 @@ def _identity(core: Core, key: bytes, table: str) -> Identity | None:
         rows = [] if envelope is None else [local_row(key, envelope)]
     try:
         return opener.open_row(rows[0]).identity if rows else None
-    except (EnvelopeError, UnknownEpochError):
+    except UnknownEpochError:
+        core.refuse_stale_keys()  # newer keys elsewhere: unlock again, skip nothing
+        return None
+    except EnvelopeError:
         return None
 
 

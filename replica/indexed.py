@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from replica.asides import Row
-from replica.blind import blind_of, value_key
+from replica.blind import blind_of, indexable, value_key
 from replica.core import Core
 from replica.envelope import open_envelope
 from replica.errors import (
@@ -45,11 +45,10 @@ def where_key(core: Core, spec: Collection, scope: bytes, where: Mapping[str, An
             f"where must name exactly the indexed field {spec.index!r} of {spec.name!r}, "
             f"got {sorted(where)}"
         )
-    value = where[spec.index]
-    if type(value) is not str and type(value) is not int:
-        raise InvalidArgumentError(
-            f"where {spec.index}= takes a string or an integer, got {type(value).__name__}"
-        )
+    value = indexable(where[spec.index])
+    if value is None:
+        kind = type(where[spec.index]).__name__
+        raise InvalidArgumentError(f"where {spec.index}= takes a string or an integer, got {kind}")
     return value_key(core.keys(), scope, spec.index, value)
 
 
@@ -84,17 +83,20 @@ def ordered_keys(
     and the resume point after the last (None when nothing follows)."""
     if limit is not None and limit < 1:
         raise InvalidArgumentError(f"limit must be at least 1, got {limit}")
-    position = _parse_resume(after)
+    position = start = _parse_resume(after)
+    store = core.store
     keys: list[bytes] = []
     seen: set[bytes] = set()
     while limit is None or len(keys) < limit:
         asked = 1000 if limit is None else limit - len(keys)
-        rows = core.store.blind_keys(blind, position, newest_first, asked)
+        rows = store.blind_keys(blind, position, newest_first, asked)
         for created, key in rows:
             position = (created, key)
-            if key not in seen:  # two siblings of one record under one value
-                seen.add(key)
-                keys.append(key)
+            if key in seen:  # two siblings of one record under one value
+                continue
+            seen.add(key)
+            if start is None or not store.blind_listed_before(blind, key, start, newest_first):
+                keys.append(key)  # else an earlier page listed it, at its first entry
         if len(rows) < asked:
             return keys, None
     more = core.store.blind_keys(blind, position, newest_first, 1)

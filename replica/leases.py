@@ -83,8 +83,8 @@ class Lease:
             if core.closed:
                 return False
             with core.write_transaction():
-                expires = core.options.wall_clock_ms() + self._ttl_ms
-                return core.store.renew_lease(self._key, self._owner, expires)
+                now = core.options.wall_clock_ms()
+                return core.store.renew_lease(self._key, self._owner, now, now + self._ttl_ms)
 
     def check(self) -> None:
         """Raise `LeaseBusyError` unless this lease is still held (call it inside the

@@ -209,8 +209,8 @@ def readmit(core: Core) -> int:
 
 def _announce_repaired(core: Core, findings: tuple[Finding, ...]) -> None:
     """Each record that lost a row changed (replica/feed.py): its rows that remain get a new
-    sequence number; a record left with none is gone, and the feed cannot say so, so its
-    horizon moves past it (followers behind it re-read)."""
+    sequence number. A record left with none is gone, which the feed cannot show: the feed
+    starts anew (a new id), so every follower reads everything again."""
     store = core.store
     keys = {f.row.key for f in findings if f.table in ("versions", "local")}
     if not keys:
@@ -218,7 +218,7 @@ def _announce_repaired(core: Core, findings: tuple[Finding, ...]) -> None:
     seq = store.take_seqs(len(keys))
     store.set_changed(zip(range(seq, seq + len(keys)), sorted(keys), strict=True))
     if any(not store.versions_of(key) for key in keys):
-        store.set_meta("feed_horizon", seq + len(keys) - 1)
+        store.set_meta("feed_id", core.options.random_bytes(16).hex())
 
 
 def _quarantine_row(core: Core, finding: Finding, now: int) -> None:

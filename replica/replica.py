@@ -235,9 +235,8 @@ class Replica(KeyOperations, Coordination):
                 sealed = with_schema(core.bundle(), keys, schema_to_bytes(schema), random_bytes)
                 core.store.set_meta("bundle", bundle_bytes(sealed))
                 core.store_schema(schema, keys)
-                if reindexed:
-                    scopes = [core.scope(p, c) for p in self.profiles() for c in reindexed]
-                    indexed.rebuild(core, scopes)
+                if reindexed:  # every profile's, known or not yet: rows say their scope only
+                    indexed.rebuild(core, None)
             core.recheck_held(("collection",))
 
     # -- profiles -------------------------------------------------------------------------------
@@ -375,6 +374,14 @@ class Replica(KeyOperations, Coordination):
         index lookup: where a new record goes after the last (`index_stats` counts too)."""
         with self._core.mutex:
             return self._core.store.blind_last(self._where_key(collection, profile, where))
+
+    def index_degraded(
+        self, collection: str, *, where: Mapping[str, str | int], profile: str = DEFAULT_PROFILE
+    ) -> int:
+        """How many records under `where` are degraded (a read of them raises until repair):
+        an app can treat what they belong to as read-only (specs/replica.md §2.1)."""
+        with self._core.mutex:
+            return self._core.store.blind_degraded(self._where_key(collection, profile, where))
 
     def index_stats(
         self,

@@ -343,11 +343,33 @@ class Store(AsideTables):
         ).fetchall()
         return [(created, bytes(key)) for created, key in rows]
 
+    def blind_listed_before(
+        self, blind: bytes, key: bytes, position: tuple[int, bytes], newest_first: bool
+    ) -> bool:
+        """Whether record `key` has an entry under `blind` at or before `position` in the
+        read order: a page that starts after `position` listed it already."""
+        upto = ">=" if newest_first else "<="
+        row = self.db.execute(
+            f"SELECT 1 FROM versions WHERE blind = ? AND key = ? AND (created, key) {upto} (?, ?)",
+            (blind, key, *position),
+        ).fetchone()
+        return row is not None
+
     def blind_last(self, blind: bytes) -> int | None:
         """The greatest `created` under a blind index entry (one step down the index)."""
         row = self.db.execute("SELECT max(created) FROM versions WHERE blind = ?", (blind,))
         last = row.fetchone()[0]
         return None if last is None else int(last)
+
+    def blind_degraded(self, blind: bytes) -> int:
+        """How many degraded records have a version under a blind index entry (the degraded
+        table is small: it is read whole)."""
+        row = self.db.execute(
+            "SELECT count(*) FROM degraded d WHERE EXISTS"
+            " (SELECT 1 FROM versions v WHERE v.key = d.key AND v.blind = ?)",
+            (blind,),
+        ).fetchone()
+        return int(row[0])
 
     def blind_stats(
         self, blind: bytes, with_bytes: bool

@@ -161,3 +161,32 @@ def test_rename_against_rename_converges_and_keeps_the_other_as_a_sibling(
     assert len(titles) == 1 and titles <= {"from a", "from b"}
     replica: Replica = a.replica
     assert len(replica.conflicts("chat.threads", thread)) == 1
+
+
+def test_a_held_tombstone_does_not_make_a_seen_message_revive_its_chat(
+    make_store: StoreFactory,
+) -> None:
+    """A review found it: b holds the message's tombstone (an explicit lock while its user
+    edits) when the chat's tombstone merges; the delete saw the message, so it stays."""
+    a, b = make_store("a"), make_store("b")
+    thread = a.new_chat("Gone")
+    message = a.append(thread, "user", "seen by the delete")
+    sync(a, b)
+    lock = b.replica.lock_scope(collection=MESSAGES, id=message, duration_s=60)
+    a.delete(thread)
+    sync(a, b)
+    assert b.reconcile() == 0 and b.chat(thread) is None  # waits while something is held
+    b.replica.release_lock(lock)
+    assert b.reconcile() == 0
+    sync(a, b)
+    assert a.chat(thread) is None and b.chat(thread) is None
+
+
+def test_reconcile_with_nothing_new_writes_nothing(make_store: StoreFactory) -> None:
+    store = make_store("r")
+    store.append(store.new_chat(), "user", "x")
+    store.reconcile()
+    head = store.replica.feed_head()
+    store.reconcile()
+    store.reconcile()
+    assert store.replica.feed_head() == head

@@ -4,6 +4,7 @@ documents validated both ways, one turn per chat, a job on one chat not holding 
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from chat import (
 )
 from chat.ids import IdClock, check_id, id_time_ms, new_id
 from chat.schema import MESSAGES, THREADS
-from replica import InvalidArgumentError, LeaseBusyError, Replica
+from replica import DegradedError, InvalidArgumentError, LeaseBusyError, Replica
 from tests.conftest import SCHEMA, ReplicaFactory
 
 
@@ -220,3 +221,51 @@ def test_ids_sort_by_time_and_never_repeat_within_a_millisecond() -> None:
     for bad in ("", "0" * 25, "8" + "0" * 25, "I" * 26, 5):
         with pytest.raises(InvalidArgumentError):
             check_id("chat", bad)
+
+
+def damage_last_message(store: ChatStore) -> None:
+    """Flip the last byte of the message written last (the newest indexed row)."""
+    with sqlite3.connect(store.replica.path) as db:
+        rowid, envelope = db.execute(
+            "SELECT id, envelope FROM versions WHERE blind IS NOT NULL ORDER BY id DESC LIMIT 1"
+        ).fetchone()
+        db.execute(
+            "UPDATE versions SET envelope = ? WHERE id = ?",
+            (envelope[:-1] + bytes([envelope[-1] ^ 1]), rowid),
+        )
+
+
+def test_a_chat_with_an_unreadable_message_is_read_only_until_cleared(
+    store: ChatStore,
+) -> None:
+    other = store.new_chat("other")
+    store.append(other, "user", "fine")
+    thread = store.new_chat("damaged")
+    for i in range(3):
+        store.append(thread, "user", f"m{i}")
+    damage_last_message(store)
+    with pytest.raises(DegradedError):  # the first read that meets it latches it
+        store.replica.scan(MESSAGES, where={"thread": thread})
+    page = store.messages(thread)
+    assert [v.message.content for v in page.messages] == ["m0", "m1"] and page.damaged == 1
+    for write in (
+        lambda: store.append(thread, "user", "more"),
+        lambda: store.rename(thread, "x"),
+        lambda: store.undo(thread),
+    ):
+        with pytest.raises(DegradedError, match="read-only"):
+            write()
+    store.append(other, "user", "other chats go on")
+    assert store.clear(thread) == 2  # lifts it: the unreadable row goes to quarantine
+    store.append(thread, "user", "writable again")
+    assert texts(store, thread) == ["writable again"]
+    assert store.replica.status().quarantined == 1
+
+
+def test_a_job_s_lease_writes_only_to_its_own_chat(store: ChatStore) -> None:
+    """A review found it: any lease let its holder write into a chat another job held."""
+    held, mine = store.new_chat("held"), store.new_chat("mine")
+    with store.job(held), store.job(mine) as job:
+        with pytest.raises(InvalidArgumentError, match="is not chat"):
+            store.append(held, "user", "into another job's chat", lease=job)
+        store.append(mine, "user", "into its own", lease=job)

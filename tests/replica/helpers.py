@@ -43,7 +43,7 @@ def undo_formats_6_to_8(db: sqlite3.Connection) -> None:
         "ALTER TABLE versions DROP COLUMN created",
         "ALTER TABLE versions DROP COLUMN changed",
         "ALTER TABLE local DROP COLUMN changed",
-        "DELETE FROM meta WHERE name IN ('feed_id', 'feed_seq', 'feed_horizon')",
+        "DELETE FROM meta WHERE name IN ('feed_id', 'feed_seq')",
         "DROP TABLE leases",
     ):
         db.execute(statement)

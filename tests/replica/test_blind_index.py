@@ -5,6 +5,7 @@ every step of its random runs."""
 
 from __future__ import annotations
 
+import enum
 import sqlite3
 from collections.abc import Iterator
 from typing import Any
@@ -305,3 +306,58 @@ def test_index_stats_count_and_bound_a_value_s_records_without_opening_them(
     assert opened == []
     sized = replica.index_stats("messages", where={"thread": "t"}, with_bytes=True)
     assert sized.bytes > 4 * 100
+
+
+# -- found by a review: each failed before its fix ----------------------------------------------
+
+
+def test_a_record_with_two_entries_is_listed_on_one_page_only(make_indexed: ReplicaFactory) -> None:
+    a, b = make_indexed("a"), make_indexed("b")
+    a.put("messages", "m", message("t", at=1))  # concurrent: two siblings, two entries
+    b.put("messages", "m", message("t", at=3))
+    b.put("messages", "x", message("t", at=2))
+    apply(b, dirty_envelopes(a))
+    assert ids(b.scan("messages", where={"thread": "t"})) == ["m", "x"]
+    for newest_first, expected in ((False, ["m", "x"]), (True, ["m", "x"])):
+        seen: list[str] = []
+        after = None
+        while True:
+            page = b.scan_page(
+                "messages", where={"thread": "t"}, limit=1, after=after, newest_first=newest_first
+            )
+            seen += ids(page.records)
+            if page.resume is None:
+                break
+            after = page.resume
+        assert seen == expected, (newest_first, seen)
+
+
+def test_declare_indexes_records_of_a_profile_whose_record_came_later(
+    make_replica: ReplicaFactory,
+) -> None:
+    plain = Schema((*SCHEMA.collections, Collection("messages", "lww")))
+    a, b = make_replica("a", freshness_window_s=0), make_replica("b", freshness_window_s=0)
+    a.declare(plain)
+    b.declare(plain)
+    b.create_profile("work")
+    profile_record = dirty_envelopes(b)
+    b.put("messages", "m", message("t", at=1), profile="work")
+    apply(a, dirty_envelopes(b))  # the message arrives before its profile's record
+    a.declare(INDEXED)
+    apply(a, profile_record)
+    assert ids(a.scan("messages", profile="work", where={"thread": "t"})) == ["m"]
+
+
+class Channel(enum.StrEnum):
+    GENERAL = "general"
+
+
+def test_an_enum_value_is_indexed_as_its_plain_value_on_every_device(
+    make_indexed: ReplicaFactory,
+) -> None:
+    a, b = make_indexed("a"), make_indexed("b")
+    a.put("messages", "m", {"thread": Channel.GENERAL, "at": 1})
+    apply(b, dirty_envelopes(a))
+    for replica in (a, b):
+        assert ids(replica.scan("messages", where={"thread": "general"})) == ["m"]
+        assert ids(replica.scan("messages", where={"thread": Channel.GENERAL})) == ["m"]

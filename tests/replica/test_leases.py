@@ -145,3 +145,20 @@ def test_a_lease_left_by_a_killed_process_runs_out(
         started = time.monotonic()
         with replica.lease("turn", wait_s=10):
             assert time.monotonic() - started < 3
+
+
+def test_a_lease_that_ran_out_is_not_renewed_and_fails_its_check(
+    make_replica: ReplicaFactory,
+) -> None:
+    """A review found it: a stalled holder's renewal revived its expired row, hiding that
+    another had worked meanwhile."""
+    clock = FakeClock()
+    replica = make_replica(wall_clock_ms=clock)
+    job = replica.lease("chat", ttl_s=0.3)
+    clock.advance(10_000)  # the holder stalled past its lease
+    assert replica.lease_is_free("chat")
+    time.sleep(0.5)  # its renewer runs now, late
+    assert job.lost
+    with pytest.raises(LeaseBusyError, match="ran out"):
+        job.check()
+    job.release()

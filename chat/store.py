@@ -17,6 +17,7 @@ from typing import Any
 from chat.base import ChatBase, turn_lease
 from chat.errors import NoSuchChatError, TurnBusyError
 from chat.ids import check_id
+from chat.jobs import Jobs
 from chat.models import Message, Thread, build, parse, to_document
 from chat.preferences import BUILTIN_PERSONAS, Preferences
 from chat.reconcile import Reconciling
@@ -62,7 +63,7 @@ class MessagePage:
     """Messages of the chat that cannot be read (left out): the chat is read-only."""
 
 
-class ChatStore(Reshaping, Preferences, Reconciling, Searching, Undoing, ChatBase):
+class ChatStore(Reshaping, Jobs, Preferences, Reconciling, Searching, Undoing, ChatBase):
     """The chats of one profile of a replica whose schema declares `chat.with_chat(...)`."""
 
     # -- chats ---------------------------------------------------------------------------------

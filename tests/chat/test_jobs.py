@@ -1,0 +1,99 @@
+"""Write-last jobs (specs/chat.md §4): nothing changes until the job's one transaction; a
+job that fails or is killed leaves the chat as it was."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from chat import ChatStore, Message, NoSuchChatError
+from tests.chat.conftest import StoreFactory, texts
+
+CHILD = Path(__file__).with_name("chat_child.py")
+ROOT = CHILD.parents[2]
+
+
+def a_chat(store: ChatStore, turns: int) -> str:
+    thread = store.new_chat("long")
+    for t in range(turns):
+        with store.turn(thread) as turn:
+            turn.append("user", f"q{t}")
+            turn.append("assistant", f"a{t}")
+    return thread
+
+
+def test_compress_replaces_old_turns_by_one_summary(make_store: StoreFactory) -> None:
+    store = make_store("r")
+    thread = a_chat(store, 4)
+    seen: list[str] = []
+
+    def summarize(messages: Sequence[Message]) -> str:
+        seen.extend(m.content for m in messages)
+        return "summary of 3 turns"
+
+    assert store.compress(thread, summarize, keep_last=1) == 6
+    assert seen == ["q0", "a0", "q1", "a1", "q2", "a2"]
+    assert texts(store, thread) == ["summary of 3 turns", "q3", "a3"]
+    assert store.undo(thread) == "compress"
+    assert texts(store, thread) == ["q0", "a0", "q1", "a1", "q2", "a2", "q3", "a3"]
+
+
+def test_a_failing_job_changes_nothing(make_store: StoreFactory) -> None:
+    store = make_store("r")
+    thread = a_chat(store, 3)
+    head = store.replica.feed_head()
+
+    def fail(messages: Sequence[Message]) -> str:
+        raise RuntimeError("the model is down")
+
+    with pytest.raises(RuntimeError, match="model is down"):
+        store.compress(thread, fail)
+    assert store.replica.feed_head() == head
+    store.append(thread, "user", "the chat is free again")
+
+
+def test_a_job_killed_midway_leaves_the_chat_untouched(make_store: StoreFactory) -> None:
+    store = make_store("r")
+    thread = a_chat(store, 3)
+    before = texts(store, thread)
+    head = store.replica.feed_head()
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            str(CHILD),
+            str(store.replica.path),
+            store.replica.unlock_key().hex(),
+            thread,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "summarizing", child.stderr
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.kill()
+        child.communicate()
+    assert texts(store, thread) == before and store.replica.feed_head() == head
+    store.append(thread, "user", "after the lease ran out")  # waits for it (1 s)
+    assert texts(store, thread)[-1] == "after the lease ran out"
+
+
+def test_archiving_several_chats_is_all_or_nothing(make_store: StoreFactory) -> None:
+    store = make_store("r")
+    chats = [store.new_chat(f"c{i}") for i in range(3)]
+    store.delete(chats[2])
+    with pytest.raises(NoSuchChatError, match="no chat"):
+        store.archive_chats(chats)
+    assert len(store.chats()) == 2
+    store.archive_chats(chats[:2])
+    assert store.chats() == [] and len(store.chats(archived=True)) == 2

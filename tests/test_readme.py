@@ -82,9 +82,10 @@ def test_the_python_example_converges() -> None:
     assert "converged" in result.stdout.splitlines()[-2]
 
 
-def test_the_readme_python_example_runs(tmp_path: Path) -> None:
+def run_python_example(tmp_path: Path, number: int) -> subprocess.CompletedProcess[str]:
+    """Run the README's `number`-th Python example in a folder of its own."""
     text = (ROOT / "README.md").read_text()
-    (example,) = re.findall(r"```python\n(.*?)```", text, re.S)
+    example = re.findall(r"```python\n(.*?)```", text, re.S)[number]
     script = tmp_path / "example.py"
     script.write_text(example)
     result = subprocess.run(
@@ -96,7 +97,16 @@ def test_the_readme_python_example_runs(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert "write this down:" in result.stdout
+    return result
+
+
+def test_the_readme_python_example_runs(tmp_path: Path) -> None:
+    assert "write this down:" in run_python_example(tmp_path, 0).stdout
+
+
+def test_the_readme_chat_example_runs(tmp_path: Path) -> None:
+    printed = run_python_example(tmp_path, 1).stdout
+    assert "['Find a hotel in Lisbon', 'Hotel Lisboa has a room'] 2" in printed
 
 
 def tour_script(port: int) -> str:

@@ -17,6 +17,7 @@ import click
 from clients.cli import console
 from clients.cli.admin import ADMIN_COMMANDS
 from clients.cli.backup import BACKUP_COMMANDS
+from clients.cli.chat import chat
 from clients.cli.commands import DEVICE_COMMANDS
 from clients.cli.demo import demo
 from clients.cli.records import RECORD_COMMANDS
@@ -93,6 +94,7 @@ for _command in (
     *BACKUP_COMMANDS,
     *REPAIR_COMMANDS,
     *KEYRING_COMMANDS,
+    chat,
     demo,
     relay_commands.relay,
 ):

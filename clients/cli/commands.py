@@ -33,6 +33,7 @@ from clients.access import (
     regain_access,
 )
 from clients.account import Secret, join_account, register_account
+from clients.cli.chat import reconcile_chats
 from clients.cli.console import ExitCode, err, fail, out, print_error, user_errors
 from clients.cli.progress import PROGRESS_MODES, ProgressMode, default_mode, shown_progress
 from clients.cli.remembered import forget_remembered, replace_remembered
@@ -294,11 +295,18 @@ def sync(
             return run_sync(replica, client, retry_for_s, reseed_with=proof, mode=progress_mode)
 
         report_sync(with_newer_keys(replica, client, settings, relay.account, once))
-        if not replica.key_generation:
-            err.print(f"[yellow]note:[/yellow] {VERSION_1_NOTE}", markup=True)
+        after_sync(replica)
         if watch:
             backoff = Backoff(max_elapsed_s=retry_for_s)
             watch_live(SyncDriver(replica, client, backoff=backoff), idle_sync_s)
+
+
+def after_sync(replica: Replica) -> None:
+    """What follows a sync: chats a delete elsewhere left with new messages come back, and
+    a version-1 account is told its pushes go unsigned."""
+    reconcile_chats(replica)
+    if not replica.key_generation:
+        err.print(f"[yellow]note:[/yellow] {VERSION_1_NOTE}", markup=True)
 
 
 def reseed_proof(

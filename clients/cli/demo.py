@@ -1,4 +1,9 @@
-"""`sealsync demo`: two devices of one account edit offline, sync through a relay, converge.
+"""`sealsync demo`: two devices of one account chat offline, sync through a relay, converge.
+
+The scenario runs on the chat store (specs/chat.md): both devices append to one chat
+offline (both messages stay), rename it (the later rename shows, the other stays a sibling),
+the laptop forks it and deletes a chat the phone kept writing to (the chat comes back with
+the new message), and each device searches.
 
 The relay runs on loopback in this process (the command line is the composition root: it may
 import `relay`). The account is made once with Argon2id; the second device unlocks with the
@@ -24,8 +29,12 @@ import uvicorn
 from rich.console import Console
 from rich.table import Table
 
+from chat import ChatStore
+from chat.schema import THREADS
 from clients.account import register_account
+from clients.cli.chat import when
 from clients.cli.console import fail, out, user_errors
+from clients.cli.records import written_at
 from clients.http import RelayClient
 from clients.schema import CHAT_SCHEMA
 from clients.sync import SyncDriver
@@ -36,7 +45,6 @@ from replica import Record, Replica, ReplicaOptions, Version
 from replica.wire import LoginRequest
 
 OPTIONS = ReplicaOptions(freshness_window_s=0)
-SHOWN = ("threads", "messages", "personas", "active_persona", "drafts")
 
 
 @dataclass
@@ -80,43 +88,65 @@ def make_devices(url: str, folder: Path) -> tuple[Device, Device]:
     return phone, Device("laptop", laptop_replica, client)
 
 
-def shared_start(phone: Device) -> None:
-    phone.replica.put("threads", "trip", {"title": "Trip", "message_count": 1})
-    phone.replica.put("messages", "m1", {"thread": "trip", "text": "Where shall we go?"})
-    phone.replica.put("messages", "m2", {"thread": "trip", "text": "(typo, to delete)"})
+@dataclass
+class Chats:
+    """The two devices' chat stores, and the ids of the chats the scenario uses."""
+
+    phone: ChatStore
+    laptop: ChatStore
+    trip: str = ""
+    groceries: str = ""
 
 
-def offline_edits(phone: Device, laptop: Device) -> None:
-    """Both devices offline: new records on each, one thread edited on both, one delete."""
-    p, q = phone.replica, laptop.replica
-    p.put("threads", "trip", {"title": "Trip to Lisbon", "message_count": 2})
-    p.put("messages", "m3", {"thread": "trip", "text": "Lisbon!"})
-    p.put("personas", "guide", {"name": "Guide", "tone": "friendly"})
-    p.put("active_persona", "value", {"persona": "guide"})
-    p.put("drafts", "trip", {"text": "half-typed, never leaves the phone"})
-    q.put("threads", "trip", {"title": "Trip to Porto", "message_count": 2})
-    q.put("threads", "books", {"title": "Books", "message_count": 0})
-    q.put("personas", "critic", {"name": "Critic", "tone": "dry"})
-    q.delete("messages", "m2")
+def shared_start(chats: Chats) -> None:
+    chats.trip = chats.phone.new_chat("Trip")
+    chats.phone.append(chats.trip, "user", "Where shall we go?")
+    chats.groceries = chats.phone.new_chat("Groceries")
+    chats.phone.append(chats.groceries, "user", "milk")
+
+
+def offline_edits(chats: Chats) -> None:
+    """Both devices offline: appends to one chat on both, two renames, a fork, a delete of a
+    chat the other device writes to, a draft."""
+    phone, laptop = chats.phone, chats.laptop
+    phone.append(chats.trip, "assistant", "Lisbon has sun and trams.")
+    phone.rename(chats.trip, "Trip to Lisbon")
+    phone.append(chats.groceries, "user", "and bread")
+    phone.save_draft(chats.trip, "half-typed, never leaves the phone", phone.draft_stamp())
+    laptop.append(chats.trip, "user", "What about Porto?")
+    laptop.rename(chats.trip, "Trip to Porto")
+    first = laptop.messages(chats.trip).messages[0].id
+    laptop.fork(chats.trip, first)
+    laptop.delete(chats.groceries)
+
+
+def sync_all(phone: Device, laptop: Device, chats: Chats) -> None:
+    for device in (phone, laptop, phone):
+        device.driver.sync()
+    for store in (chats.phone, chats.laptop):
+        store.reconcile()  # the groceries chat comes back: the phone wrote to it meanwhile
+    for device in (phone, laptop):
+        device.driver.sync()
 
 
 def run_demo(url: str, folder: Path, console: Console) -> bool:
-    """Play the scenario; print state, conflicts and timings; True when both converged."""
+    """Play the scenario; print chats, a conflict, searches and timings; True when both
+    devices show the same chats."""
     timings = Timings()
     with timings.step("make account and devices (one Argon2id)"):
         phone, laptop = make_devices(url, folder)
+    chats = Chats(ChatStore(phone.replica), ChatStore(laptop.replica))
     try:
         with timings.step("first sync (shared start)"):
-            shared_start(phone)
+            shared_start(chats)
             phone.driver.sync()
             laptop.driver.sync()
         with timings.step("offline edits on both devices"):
-            offline_edits(phone, laptop)
-        with timings.step("sync phone, laptop, phone"):
-            for device in (phone, laptop, phone):
-                device.driver.sync()
-        converged = contents(phone.replica) == contents(laptop.replica)
-        print_state(console, phone, laptop)
+            offline_edits(chats)
+        with timings.step("sync, reconcile, sync"):
+            sync_all(phone, laptop, chats)
+        converged = contents(chats.phone) == contents(chats.laptop)
+        print_state(console, chats)
         print_conflicts(console, phone.replica)
         print_timings(console, timings)
         console.print(f"converged: {'yes' if converged else 'NO'}")
@@ -126,39 +156,38 @@ def run_demo(url: str, folder: Path, console: Console) -> bool:
         laptop.close()
 
 
-def contents(replica: Replica) -> list[tuple[str, str, Any, int]]:
-    synced = [c.name for c in replica.schema.collections if c.is_synced]
+def contents(store: ChatStore) -> list[tuple[str, str, list[str]]]:
     return [
-        (name, r.id, r.document, len(r.conflicts)) for name in synced for r in replica.scan(name)
+        (v.id, v.thread.title, [m.message.content for m in store.messages(v.id).messages])
+        for v in store.chats()
     ]
 
 
-def print_state(console: Console, phone: Device, laptop: Device) -> None:
-    for device in (phone, laptop):
-        table = Table("collection", "id", "document", "conflicts", title=f"{device.name}")
-        for name in SHOWN:
-            for record in sorted(device.replica.scan(name), key=lambda r: r.id):
-                conflicts = str(len(record.conflicts)) if record.conflicts else ""
-                table.add_row(name, record.id, as_json(record.document), conflicts)
+def print_state(console: Console, chats: Chats) -> None:
+    for name, store in (("phone", chats.phone), ("laptop", chats.laptop)):
+        table = Table("chat", "messages", "last message", title=name)
+        for view in store.chats():
+            texts = [m.message.content for m in store.messages(view.id).messages]
+            table.add_row(view.thread.title, " | ".join(texts), when(view.last_message_ms))
         console.print(table)
+        hits = store.search("lisbon")
+        console.print(f"{name} searches 'lisbon': {hits.total} hit(s)")
+        console.print(f"{name}'s draft: {store.draft(chats.trip)!r}")
 
 
 def print_conflicts(console: Console, replica: Replica) -> None:
-    for collection in CHAT_SCHEMA.collections:
-        if not collection.is_synced:
-            continue
-        for record in replica.scan(collection.name):
-            if record.conflicts:
-                print_conflict(console, record, collection.tiebreak)
+    for record in replica.scan(THREADS):
+        if record.conflicts:
+            print_conflict(console, record, "message_count")
 
 
 def print_conflict(console: Console, record: Record, tiebreak: str | None) -> None:
-    console.print(f"conflict {record.collection}/{record.id}:")
-    console.print(f"  visible  hlc={record.hlc} node={record.node} {as_json(record.document)}")
+    console.print(f"conflict on a chat's title ({record.id}):")
+    title = field_of(record.document, "title")
+    console.print(f"  shown    {title!r}, written {written_at(record.hlc)}")
     for sibling in record.conflicts:
-        console.print(
-            f"  sibling  hlc={sibling.hlc} node={sibling.node} {as_json(sibling.document)}"
-        )
+        other = field_of(sibling.document, "title")
+        console.print(f"  sibling  {other!r}, written {written_at(sibling.hlc)}")
         console.print(f"  why: {why_visible(record, sibling, tiebreak)}")
 
 
@@ -216,7 +245,7 @@ def loopback_relay(folder: Path) -> Iterator[str]:
 
 @click.command("demo")
 def demo() -> None:
-    """Two devices edit offline and converge through a relay on loopback (no setup needed)."""
+    """Two devices chat offline and converge through a relay on loopback (no setup needed)."""
     with (
         user_errors(),
         tempfile.TemporaryDirectory(prefix="sealsync-demo-") as folder,

@@ -342,12 +342,13 @@ def test_versions_the_relay_refuses_are_named_by_code_and_stay_to_be_pushed(
 def test_demo_runs_on_its_own_relay_and_converges(cli: Cli, tmp_path: Path) -> None:
     result = cli.ok(tmp_path / "unused.db", "demo")
     assert "converged: yes" in result.stdout
-    assert "conflict threads/trip" in result.stdout and "why:" in result.stdout
+    assert "conflict on a chat's title" in result.stdout and "why:" in result.stdout
     assert "timings" in result.stdout
     phone, rest = result.stdout.split("\nlaptop\n")
-    laptop = rest.split("conflict threads/trip")[0]
+    laptop = rest.split("conflict on a chat's title")[0]
     for device in (phone, laptop):
-        assert "personas" in device and "critic" in device and "guide" in device
-        assert "active_persona" in device and "m3" in device
-        assert "m2" not in device  # deleted while offline, gone everywhere
-    assert "drafts" in phone and "drafts" not in laptop  # device-local: never synced
+        assert "trams." in device and "Porto?" in device  # both offline appends (words:
+        assert "Groceries" in device and "bread" in device  # a narrow table wraps lines)
+        assert "milk" not in device  # the delete saw it: gone everywhere
+        assert "searches 'lisbon': 1 hit(s)" in device
+    assert "half-typed" in phone and "half-typed" not in laptop  # drafts never sync

@@ -7,16 +7,40 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from chat import ChatStore, Message, NoSuchChatError
+from chat import ChatStore, Message, NoSuchChatError, TurnBusyError
 from tests.chat.conftest import StoreFactory, texts
 
 CHILD = Path(__file__).with_name("chat_child.py")
 ROOT = CHILD.parents[2]
+
+
+def start_child(store: ChatStore, mode: str, thread: str, *args: str) -> subprocess.Popen[str]:
+    """A child process on the store's replica file (tests/chat/chat_child.py), once ready."""
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            str(CHILD),
+            mode,
+            str(store.replica.path),
+            store.replica.unlock_key().hex(),
+            thread,
+            *args,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "ready", child.stderr
+    return child
 
 
 def a_chat(store: ChatStore, turns: int) -> str:
@@ -63,19 +87,7 @@ def test_a_job_killed_midway_leaves_the_chat_untouched(make_store: StoreFactory)
     thread = a_chat(store, 3)
     before = texts(store, thread)
     head = store.replica.feed_head()
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            str(CHILD),
-            str(store.replica.path),
-            store.replica.unlock_key().hex(),
-            thread,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    child = start_child(store, "compress", thread)
     try:
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "summarizing", child.stderr
@@ -97,3 +109,48 @@ def test_archiving_several_chats_is_all_or_nothing(make_store: StoreFactory) -> 
     assert len(store.chats()) == 2
     store.archive_chats(chats[:2])
     assert store.chats() == [] and len(store.chats(archived=True)) == 2
+
+
+def test_two_processes_appending_to_one_chat_lose_nothing(make_store: StoreFactory) -> None:
+    store = make_store("r")
+    thread = store.new_chat("busy")
+    children = [start_child(store, "append", thread, "40") for _ in range(2)]
+    try:
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        for child in children:
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "done", child.stderr
+    finally:
+        for child in children:
+            child.kill()
+            child.communicate()
+    messages = store.messages(thread, limit=1000).messages
+    assert len(messages) == 80 and len({v.message.at for v in messages}) == 80
+    for child in children:  # each process's messages keep the order it wrote them in
+        mine = [
+            v.message.content for v in messages if v.message.content.startswith(f"{child.pid}-")
+        ]
+        assert mine == [f"{child.pid}-{i}" for i in range(40)]
+
+
+def test_one_turn_per_chat_across_processes_and_a_killed_turn_ends(
+    make_store: StoreFactory,
+) -> None:
+    store = make_store("r")
+    thread = store.new_chat("one at a time")
+    child = start_child(store, "turn", thread)
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "turning", child.stderr
+        with pytest.raises(TurnBusyError, match="answering already"), store.turn(thread):
+            pass
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.kill()
+        child.communicate()
+    time.sleep(1.2)  # the killed turn's lease (1 s) runs out
+    with store.turn(thread) as turn:
+        turn.append("user", "my turn now")

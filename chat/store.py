@@ -40,6 +40,8 @@ class ChatView:
     messages: int
     first_message_ms: int | None
     last_message_ms: int | None
+    bytes: int = 0
+    """The size of its messages' stored versions, when asked (`chats(with_bytes=True)`)."""
 
     @property
     def active_ms(self) -> int:
@@ -85,17 +87,21 @@ class ChatStore(Reshaping, Jobs, Preferences, Reconciling, Searching, Undoing, C
             return None
         return self._view(thread, parse(Thread, record.document, f"chat {thread}"))
 
-    def chats(self, *, archived: bool = False) -> list[ChatView]:
-        """The chats, most recently active first (archived ones only if asked)."""
+    def chats(self, *, archived: bool = False, with_bytes: bool = False) -> list[ChatView]:
+        """The chats, most recently active first (archived ones only if asked); with their
+        messages' sizes if asked (that reads their rows, not only the index)."""
         views = [
-            self._view(r.id, thread)
+            self._view(r.id, thread, with_bytes)
             for r in self.replica.scan(THREADS, profile=self.profile)
             if (thread := parse(Thread, r.document, f"chat {r.id}")).archived == archived
         ]
         return sorted(views, key=lambda v: (v.active_ms, v.id), reverse=True)
 
-    def _view(self, thread: str, document: Thread) -> ChatView:
-        stats = self._stats(thread)
+    def _view(self, thread: str, document: Thread, with_bytes: bool = False) -> ChatView:
+        where = {"thread": thread}
+        stats = self.replica.index_stats(
+            MESSAGES, where=where, profile=self.profile, with_bytes=with_bytes
+        )
         first, last = stats.first_created, stats.last_created
         return ChatView(
             thread,
@@ -103,6 +109,7 @@ class ChatStore(Reshaping, Jobs, Preferences, Reconciling, Searching, Undoing, C
             stats.records,
             None if first is None else first // 1000,
             None if last is None else last // 1000,
+            stats.bytes,
         )
 
     def rename(self, thread: str, title: str) -> None:

@@ -38,7 +38,7 @@ class Lease:
         self._owner = core.options.random_bytes(16)
         self._stop = threading.Event()
         self.lost = False
-        """Set when a renewal found the lease taken by another (it had run out)."""
+        """Set when a renewal or `check` found the lease ran out (another may hold it)."""
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "released" if self._stop.is_set() else "held"

@@ -257,11 +257,12 @@ def search(settings: CliSettings, query: str, as_json: bool, profile: str) -> No
 def stats(settings: CliSettings, as_json: bool, profile: str) -> None:
     """Chats and messages in this profile."""
     with chat_store(settings, profile) as store:
-        views = store.chats() + store.chats(archived=True)
+        views = store.chats(with_bytes=True) + store.chats(archived=True, with_bytes=True)
     totals = {
         "chats": len(views),
         "archived": sum(v.thread.archived for v in views),
         "messages": sum(v.messages for v in views),
+        "bytes": sum(v.bytes for v in views),
     }
     if as_json:
         print_json(totals)

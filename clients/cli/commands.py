@@ -298,7 +298,7 @@ def sync(
         after_sync(replica)
         if watch:
             backoff = Backoff(max_elapsed_s=retry_for_s)
-            watch_live(SyncDriver(replica, client, backoff=backoff), idle_sync_s)
+            watch_live(SyncDriver(replica, client, backoff=backoff), replica, idle_sync_s)
 
 
 def after_sync(replica: Replica) -> None:
@@ -408,10 +408,16 @@ def refuse_invite_without_reseed(invite: str | None, reseed: bool, trust: bool) 
         )
 
 
-def watch_live(driver: SyncDriver, idle_sync_s: float) -> None:
+def watch_live(driver: SyncDriver, replica: Replica, idle_sync_s: float) -> None:
     """Sync on every change until SIGINT or SIGTERM: either ends the watch cleanly (exit 0),
-    after the round in progress, so a service manager's stop never cuts a merge short."""
+    after the round in progress, so a service manager's stop never cuts a merge short. Each
+    round ends as a one-off sync does: chats a delete elsewhere left with new messages come
+    back."""
     stop = threading.Event()
+
+    def report_and_reconcile(report: SyncReport) -> None:
+        report_round(report)
+        reconcile_chats(replica)
 
     def on_signal(signum: int, _: FrameType | None) -> None:
         stop.set()
@@ -419,7 +425,7 @@ def watch_live(driver: SyncDriver, idle_sync_s: float) -> None:
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     out.print("watching for changes (Ctrl-C stops)")
     try:
-        driver.watch(stop, idle_sync_s=idle_sync_s, on_report=report_round)
+        driver.watch(stop, idle_sync_s=idle_sync_s, on_report=report_and_reconcile)
     except RollbackError as exc:
         fail(f"{exc}", ROLLBACK_HINT)
     finally:

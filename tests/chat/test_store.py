@@ -53,6 +53,7 @@ def test_a_chat_keeps_its_messages_in_order_and_pages_back(store: ChatStore) -> 
     assert view is not None and view.messages == 7 and view.thread.title == "Plans"
     assert view.first_message_ms is not None and view.last_message_ms is not None
     assert view.first_message_ms <= view.last_message_ms
+    assert view.bytes == 0 and store.chats(with_bytes=True)[0].bytes > 7 * 100
     record = store.replica.get(THREADS, thread)
     assert record is not None and len(record.context) == 1  # appends never wrote the chat
 

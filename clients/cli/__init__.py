@@ -32,6 +32,7 @@ from clients.cli.settings import (
     default_replica_path,
     read_config,
 )
+from clients.cli.status import status
 from relay import commands as relay_commands
 
 
@@ -89,6 +90,7 @@ def main(ctx: click.Context, replica_path: Path | None, passphrase_file: Path | 
 
 for _command in (
     *DEVICE_COMMANDS,
+    status,
     *RECORD_COMMANDS,
     *ADMIN_COMMANDS,
     *BACKUP_COMMANDS,

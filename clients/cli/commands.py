@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import signal
 import socket
 import sys
@@ -21,7 +20,6 @@ from typing import Any
 
 import click
 from rich.markup import escape
-from rich.table import Table
 
 from clients.access import (
     Reentry,
@@ -48,7 +46,6 @@ from clients.device import (
     refuse_existing,
     removed_on_failure,
     save_settings,
-    sidecar_path,
 )
 from clients.errors import RelayRefusedError
 from clients.http import RelayClient, check_relay_url
@@ -57,7 +54,6 @@ from clients.retry import Backoff
 from clients.schema import CHAT_SCHEMA
 from clients.sync import SyncDriver, SyncReport
 from replica import ErrorCode, Replica, RollbackError, passphrase_login_keys
-from replica.errors import StoreError
 
 DEFAULT_RETRY_FOR_S = 30.0
 DEFAULT_IDLE_SYNC_S = 60.0
@@ -562,35 +558,4 @@ def report_set_aside(report: SyncReport) -> None:
         sys.exit(ExitCode.DAMAGED)
 
 
-@click.command("status")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-@click.pass_obj
-def status(settings: CliSettings, as_json: bool) -> None:
-    """The replica's health (works while locked) and where it syncs."""
-    path = settings.replica_path
-    with user_errors():
-        with opened_replica(path) as replica:
-            fields: dict[str, Any] = dataclasses.asdict(replica.status())
-        fields.update(relay_fields(path))
-    if as_json:
-        click.echo(json.dumps(fields, sort_keys=True))
-        return
-    table = Table("", "", show_header=False, box=None)
-    for name, value in fields.items():
-        table.add_row(name, "-" if value is None else str(value))
-    out.print(table)
-
-
-def relay_fields(path: Any) -> dict[str, Any]:
-    """Relay URL, account and device id from the sidecar; None each when there is none."""
-    try:
-        relay = load_settings(path)
-    except StoreError:
-        if sidecar_path(path).exists():
-            raise
-        return {"relay": None, "account": None, "device_id": None}
-    device = relay.session.device_id if relay.session else None
-    return {"relay": relay.url, "account": relay.account, "device_id": device}
-
-
-DEVICE_COMMANDS = (init, join, login, sync, status)
+DEVICE_COMMANDS = (init, join, login, sync)

@@ -90,3 +90,12 @@ def test_times_are_dates_and_ages() -> None:
     )
     assert when(0, now_ms=7_200_000) == "1970-01-01 00:00, 2 h ago"
     assert when(None) == ""
+
+
+def test_status_shows_times_as_dates_and_ages(cli: Cli, tmp_path: Path) -> None:
+    from clients.cli.status import shown
+
+    assert shown("last_sync_ms", 0).startswith("1970-01-01 00:00, ")
+    assert shown("skew_seen_ms", -1500) == "-1.5 s" and shown("records", 3) == "3"
+    path = a_replica(tmp_path)
+    assert "last_sync_ms" in cli.ok(path, "status").stdout

@@ -52,7 +52,7 @@ def keep(replica: Replica, profile: str, thread: str, operation: str, parts: lis
     first, last = _range(replica, profile, thread)
     entry: dict[str, Any] = {"operation": operation, "parts": [list(p) for p in parts]}
     if len(msgspec.msgpack.encode(entry)) > MAX_ENTRY_BYTES:
-        entry = {"operation": operation, "parts": [], "too_large": True}
+        entry = {"operation": operation, "parts": [], "oversized": True}
     last += 1
     replica.put(UNDO, _slot(thread, last), entry, profile=profile)
     first = max(first, last - MAX_UNDO + 1)
@@ -70,4 +70,4 @@ def pop(replica: Replica, profile: str, thread: str) -> Entry | None:
     if not isinstance(document, dict):
         return None
     parts = [tuple(p) for p in document.get("parts", [])]
-    return Entry(str(document.get("operation")), parts, bool(document.get("too_large")))
+    return Entry(str(document.get("operation")), parts, bool(document.get("oversized")))

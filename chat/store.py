@@ -118,6 +118,13 @@ class ChatStore(Reshaping, Jobs, Preferences, Reconciling, Searching, Undoing, C
     def archive(self, thread: str, archived: bool = True) -> None:
         self._change_thread(thread, "archive" if archived else "unarchive", archived=archived)
 
+    def set_persona(self, thread: str, persona: str | None) -> None:
+        """Give a chat a persona (an id, `default`, or None: the active one). A persona
+        deleted later shows as the default (`persona()`)."""
+        if persona is not None and persona not in BUILTIN_PERSONAS:
+            check_id("persona", persona)
+        self._change_thread(thread, "persona", persona=persona)
+
     def _change_thread(self, thread: str, operation: str, **fields: Any) -> None:
         with self._operation(check_id("chat", thread), undo=operation):
             record, current = self._thread(thread)

@@ -168,6 +168,23 @@ class ChatMachine(RuleBasedStateMachine):
 
         self._act(device, run)
 
+    @rule(device=st.integers(0, REPLICAS - 1), pick=st.integers(0, 9), delete=st.booleans())
+    def persona(self, device: int, pick: int, delete: bool) -> None:
+        """Persona delete vs use: make one, or delete one, or give a chat one."""
+        store = self.devices[device].store
+        custom = sorted(set(store.personas()) - {"default"})
+        if delete and custom:
+            store.delete_persona(custom[pick % len(custom)])
+        elif not custom or pick % 3 == 0:
+            store.create_persona(f"p{pick}")
+        else:
+            shown = sorted(v.id for a in (False, True) for v in store.chats(archived=a))
+            if shown:
+                self._act(
+                    device,
+                    lambda s: s.set_persona(shown[pick % len(shown)], custom[pick % len(custom)]),
+                )
+
     @rule(device=st.integers(0, REPLICAS - 1))
     def push(self, device: int) -> None:
         self.log.extend(dirty_envelopes(self.devices[device].store.replica))
@@ -217,9 +234,22 @@ class ChatMachine(RuleBasedStateMachine):
                 self.pull(index, "all")
         states = [self._state(d.store) for d in self.devices]
         assert states[0] == states[1] == states[2]
+        personas = [self._personas(d.store) for d in self.devices]
+        assert personas[0] == personas[1] == personas[2]
         survivors = {m for chat in states[0].values() for m in chat[2]}
         expected = self.created - self.deleted_knowingly - self.edited
         assert expected <= survivors, expected - survivors
+
+    @staticmethod
+    def _personas(store: ChatStore) -> dict[str, str]:
+        """The persona each chat shows: a deleted one shows as the default, everywhere."""
+        shown = {}
+        for archived in (False, True):
+            for view in store.chats(archived=archived):
+                persona, _ = store.persona(view.thread.persona)
+                assert persona == "default" or persona in store.personas()
+                shown[view.id] = persona
+        return shown
 
     def _state(self, store: ChatStore) -> dict[str, tuple[str, bool, tuple[str, ...]]]:
         return {

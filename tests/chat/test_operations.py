@@ -85,13 +85,19 @@ def test_personas_are_bounded_and_a_gone_one_falls_back_to_the_default(
     assert store.active_persona()[0] == "default"
     chat = store.chat(thread)
     assert chat is not None and store.persona(chat.thread.persona)[0] == "default"
+    critic = store.create_persona("Critic")
+    store.set_persona(thread, critic)
+    chat = store.chat(thread)
+    assert chat is not None and store.persona(chat.thread.persona)[1].name == "Critic"
+    with pytest.raises(InvalidArgumentError, match="persona id"):
+        store.set_persona(thread, "not an id")
     with pytest.raises(InvalidArgumentError, match="built in"):
         store.delete_persona("default")
-    for i in range(50):
+    for i in range(49):
         store.create_persona(f"p{i}")
     with pytest.raises(ItemLimitError, match="max_items 50"):
         store.create_persona("one too many")
-    assert len(store.personas()) == 51  # 50 custom, and the default
+    assert len(store.personas()) == 51  # 49 more custom, the critic, and the default
 
 
 def test_a_late_draft_save_never_brings_back_a_cleared_draft(make_store: StoreFactory) -> None:

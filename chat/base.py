@@ -54,6 +54,18 @@ class ChatBase:
         self._journal = threading.local()
         self._corpus_lock = threading.Lock()
         """Guards the search cache (chat/search.py)."""
+        self._corpus: Any = None
+        self._locks = 0
+        """How often the replica dropped its keys: a search that began before keeps
+        nothing it read (chat/search.py)."""
+        replica.on_lock(self._forget_decrypted)
+
+    def _forget_decrypted(self) -> None:
+        """The replica dropped its keys: so does this store's search cache. Called under the
+        replica's mutex, so it takes no lock of its own (a search holds `_corpus_lock` while
+        it waits for that mutex)."""
+        self._locks += 1
+        self._corpus = None
 
     # -- serializing per chat ----------------------------------------------------------------
 

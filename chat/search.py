@@ -51,8 +51,10 @@ class _Corpus:
 class Searching(ChatBase):
     """`search` of `ChatStore`, with its cache."""
 
-    _corpus: _Corpus | None = None
-    """The cache; `_corpus_lock` (made by `ChatBase`) guards it."""
+    _corpus: _Corpus | None
+    """The cache (dropped when the replica locks); `_corpus_lock` guards it. Both are made
+    by `ChatBase`."""
+    _locks: int
 
     def search(self, query: str) -> SearchResult:
         """Chats and messages whose text contains `query` (case-insensitive)."""
@@ -73,6 +75,7 @@ class Searching(ChatBase):
         return SearchResult(hits[:MAX_HITS], len(hits))
 
     def _fresh_corpus(self) -> _Corpus:
+        locks = self._locks
         corpus = self._corpus
         if corpus is not None:
             try:
@@ -81,7 +84,8 @@ class Searching(ChatBase):
                 corpus = None
         if corpus is None or corpus.chars > MAX_CACHED_CHARS:
             corpus = self._build()
-        self._corpus = corpus if corpus.chars <= MAX_CACHED_CHARS else None
+        kept = corpus.chars <= MAX_CACHED_CHARS and locks == self._locks  # not once locked
+        self._corpus = corpus if kept else None
         return corpus
 
     def _build(self) -> _Corpus:

@@ -7,6 +7,7 @@ A mixin of `Replica` (replica/replica.py), which owns the `Core` these work thro
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 from replica import feed, held, leases
@@ -94,6 +95,12 @@ class Coordination:
     def wait_for_change(self, since: str, timeout_s: float) -> bool:
         """Block until a change after `since` commits, in any process (False on timeout)."""
         return feed.wait(self._core, self._core.store.path, since, timeout_s)
+
+    def on_lock(self, method: Callable[[], None]) -> None:
+        """Call `method` (a bound method, held weakly) whenever this handle drops its keys
+        (`lock`, `close`, a new unlock): an app that keeps decrypted data drops it then."""
+        with self._core.mutex:
+            self._core.lock_listeners.append(weakref.WeakMethod(method))
 
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
         """Call `callback` with each ChangeEvent after its transaction commits; returns unsubscribe."""

@@ -9,7 +9,8 @@ it are persisted even if it rolls back, and subscribers hear of its changes only
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -54,6 +55,8 @@ class Core:
         self.mutex = threading.RLock()
         self.opener: Opener | None = None
         self.subscribers = Subscribers()
+        self.lock_listeners: list[weakref.WeakMethod[Callable[[], None]]] = []
+        """Methods told when the keys are dropped (`Replica.on_lock`), held weakly."""
         self.closed = False
         self._degraded_pending: list[DegradedMark] = []
         self._pending_events: list[ChangeEvent] = []
@@ -240,6 +243,12 @@ class Core:
             self.opener = None
         self._schema = None
         self._scopes.clear()
+        listeners, self.lock_listeners = self.lock_listeners, []
+        for reference in listeners:
+            listener = reference()
+            if listener is not None:  # an app's cache of what it decrypted: drop it too
+                listener()
+                self.lock_listeners.append(reference)
 
     # -- reading versions, failing closed -------------------------------------------------------
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from chat import ChatStore
-from replica import InvalidArgumentError
+from replica import InvalidArgumentError, ReplicaLockedError
 from replica.opener import Opener
 from tests.chat.conftest import StoreFactory
 
@@ -82,3 +82,20 @@ def test_other_stores_writes_reach_a_cached_search(make_store: StoreFactory) -> 
 def test_a_bad_query_is_refused(make_store: StoreFactory, query: Any) -> None:
     with pytest.raises(InvalidArgumentError, match="search query"):
         make_store("r").search(query)
+
+
+def test_locking_the_replica_drops_the_decrypted_cache(make_store: StoreFactory) -> None:
+    store = make_store("r")
+    store.append(store.new_chat("secret plans"), "user", "the secret text")
+    assert store.search("secret").total == 2
+    assert store._corpus is not None
+    gone = ChatStore(store.replica)  # a store dropped before the lock: held weakly
+    gone.search("secret")
+    del gone
+    key = store.replica.unlock_key()
+    store.replica.lock()
+    assert store._corpus is None  # nothing decrypted stays once the keys are gone
+    with pytest.raises(ReplicaLockedError):
+        store.search("secret")
+    store.replica.unlock_with_key(key)
+    assert store.search("secret").total == 2

@@ -81,15 +81,18 @@ def _start(core: Core, since: str | None) -> int:
         return 0
     feed_id, seq = _parse(since)
     store = core.store
-    if feed_id != store.get_meta("feed_id"):
+    current = str(store.get_meta("feed_id"))
+    if feed_id != current:
         raise FeedResetError(
-            "this cursor is another feed's: the file is a copy or a restored backup, or a "
-            "repair removed records",
+            f"this cursor is another feed's ({feed_id}; this file's is {current}): the file "
+            "is a copy or a restored backup, or a repair removed records",
             hint="read everything again, then follow from feed_head()",
         )
-    if seq > store.get_int("feed_seq"):
+    head = store.get_int("feed_seq")
+    if seq > head:
         raise FeedResetError(
-            "this cursor is ahead of the feed: the file went back (a restored copy)",
+            f"this cursor's change {seq} is past the feed's last, {head}: the file went back "
+            "(a restored copy)",
             hint="read everything again, then follow from feed_head()",
         )
     return seq

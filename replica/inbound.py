@@ -374,7 +374,8 @@ class _Merger:
             replacement = self._in_place(key, record)
             if replacement is None:
                 gone, new = self._difference(key, record)
-                changed.append((record.changed, key))  # its siblings that stay changed too
+                if len(record.stored) > len(gone):  # siblings stay: they take the number too
+                    changed.append((record.changed, key))
                 if len(gone) != 1 or len(new) != 1:
                     deletes.extend(Row(key, s.node, s.hlc, b"") for s in gone)
                     inserts.extend(new)

@@ -45,6 +45,7 @@ from replica.repair import Diagnosis, RepairReport
 from replica.schema import (
     DEFAULT_PROFILE,
     PROFILES_COLLECTION,
+    Collection,
     Schema,
     schema_to_bytes,
 )
@@ -348,11 +349,8 @@ class Replica(KeyOperations, Coordination):
         are opened (a blind index on this device: specs/replica.md §2)."""
         core = self._core
         with core.mutex:
-            spec = core.schema.require(check_name("collection", collection))
-            check_name("profile", profile)
+            spec, scope, blind = self._indexed_read(collection, profile, where)
             core.release_due()
-            scope = core.scope(profile, collection)
-            blind = indexed.where_key(core, spec, scope, where)
             keys, resume = indexed.ordered_keys(
                 core, blind, newest_first=newest_first, limit=limit, after=after
             )
@@ -399,10 +397,17 @@ class Replica(KeyOperations, Coordination):
             return IndexStats(*self._core.store.blind_stats(blind, with_bytes))
 
     def _where_key(self, collection: str, profile: str, where: Mapping[str, str | int]) -> bytes:
+        return self._indexed_read(collection, profile, where)[2]
+
+    def _indexed_read(
+        self, collection: str, profile: str, where: Mapping[str, str | int]
+    ) -> tuple[Collection, bytes, bytes]:
+        """The collection, the scope and the blind key an indexed read of `where` uses."""
         core = self._core
         spec = core.schema.require(check_name("collection", collection))
         check_name("profile", profile)
-        return indexed.where_key(core, spec, core.scope(profile, collection), where)
+        scope = core.scope(profile, collection)
+        return spec, scope, indexed.where_key(core, spec, scope, where)
 
     def history(self, collection: str, id: str, *, profile: str = DEFAULT_PROFILE) -> list[Version]:
         """Replaced versions kept on this device (collections declared with `history`)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from replica import Collection, Replica, ReplicaOptions, Schema
+from replica.opener import Opener
 from tests.replica.v1 import V1Account, load_v1_account
 
 settings.register_profile(
@@ -97,3 +99,28 @@ def make_replica(tmp_path: Path, account: Account) -> Iterator[ReplicaFactory]:
     yield make
     for replica in opened:
         replica.close()
+
+
+@pytest.fixture
+def opened(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Every envelope a replica opens from here on (counted, never timed)."""
+    seen: list[bytes] = []
+    real_open = Opener.open
+
+    def counting_open(self: Opener, envelope: bytes, header: Any = None) -> Any:
+        seen.append(envelope)
+        return real_open(self, envelope, header)
+
+    monkeypatch.setattr(Opener, "open", counting_open)
+    return seen
+
+
+@pytest.fixture
+def children() -> Iterator[list[subprocess.Popen[str]]]:
+    """The child processes a test starts: killed if still running, their pipes closed."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for child in started:
+        if child.poll() is None:
+            child.kill()
+        child.communicate()

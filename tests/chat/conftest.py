@@ -37,3 +37,13 @@ def sync(*stores: ChatStore) -> None:
                 apply(store.replica, outgoing[id(other)])
     for store in stores:
         store.reconcile()
+
+
+def a_chat(store: ChatStore, turns: int, title: str = "a chat") -> str:
+    """A new chat of `turns` turns: questions q0, q1, … each with its answer a0, a1, …"""
+    thread = store.new_chat(title)
+    for t in range(turns):
+        with store.turn(thread) as turn:
+            turn.append("user", f"q{t}")
+            turn.append("assistant", f"a{t}")
+    return thread

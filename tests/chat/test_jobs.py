@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from chat import ChatStore, Message, NoSuchChatError, TurnBusyError
-from tests.chat.conftest import StoreFactory, texts
+from tests.chat.conftest import StoreFactory, a_chat, texts
 
 CHILD = Path(__file__).with_name("chat_child.py")
 ROOT = CHILD.parents[2]
@@ -41,15 +41,6 @@ def start_child(store: ChatStore, mode: str, thread: str, *args: str) -> subproc
     assert child.stdout is not None
     assert child.stdout.readline().strip() == "ready", child.stderr
     return child
-
-
-def a_chat(store: ChatStore, turns: int) -> str:
-    thread = store.new_chat("long")
-    for t in range(turns):
-        with store.turn(thread) as turn:
-            turn.append("user", f"q{t}")
-            turn.append("assistant", f"a{t}")
-    return thread
 
 
 def test_compress_replaces_old_turns_by_one_summary(make_store: StoreFactory) -> None:

@@ -5,20 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from chat import ChatStore
 from chat.schema import MESSAGES
 from replica import InvalidArgumentError, ItemLimitError, Replica
-from tests.chat.conftest import StoreFactory, sync, texts
+from tests.chat.conftest import StoreFactory, a_chat, sync, texts
 from tests.replica.helpers import dirty_envelopes
-
-
-def a_chat(store: ChatStore, turns: int) -> str:
-    thread = store.new_chat("source")
-    for t in range(turns):
-        with store.turn(thread) as turn:
-            turn.append("user", f"q{t}")
-            turn.append("assistant", f"a{t}")
-    return thread
 
 
 def test_fork_copies_through_a_message_and_leaves_the_source(make_store: StoreFactory) -> None:

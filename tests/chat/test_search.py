@@ -9,22 +9,7 @@ import pytest
 
 from chat import ChatStore
 from replica import InvalidArgumentError, ReplicaLockedError
-from replica.opener import Opener
 from tests.chat.conftest import StoreFactory
-
-
-@pytest.fixture
-def opened(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    """Every envelope the replica opens from here on (counted, never timed)."""
-    seen: list[bytes] = []
-    real_open = Opener.open
-
-    def counting_open(self: Opener, envelope: bytes, header: Any = None) -> Any:
-        seen.append(envelope)
-        return real_open(self, envelope, header)
-
-    monkeypatch.setattr(Opener, "open", counting_open)
-    return seen
 
 
 def test_search_finds_titles_and_messages_case_insensitively(make_store: StoreFactory) -> None:

@@ -15,7 +15,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replica import Collection, DegradedError, InvalidArgumentError, Replica, Schema
-from replica.opener import Opener
 from tests.conftest import SCHEMA, ReplicaFactory
 from tests.replica.helpers import apply, dirty_envelopes
 
@@ -93,21 +92,14 @@ def test_an_edit_keeps_a_message_s_place_and_a_move_changes_its_thread(
 
 
 def test_a_read_of_one_thread_opens_only_its_records(
-    make_indexed: ReplicaFactory, monkeypatch: pytest.MonkeyPatch
+    make_indexed: ReplicaFactory, opened: list[bytes]
 ) -> None:
     """The issue's measure: count the envelopes opened, never time them."""
     replica = make_indexed()
     with replica.batch():
         for i in range(600):
             replica.put("messages", f"m{i:04d}", message(f"t{i % 5}", at=i))
-    opened: list[bytes] = []
-    real_open = Opener.open
-
-    def counting_open(self: Opener, envelope: bytes, header: Any = None) -> Any:
-        opened.append(envelope)
-        return real_open(self, envelope, header)
-
-    monkeypatch.setattr(Opener, "open", counting_open)
+    opened.clear()
     records = replica.scan("messages", where={"thread": "t3"}, newest_first=True, limit=100)
     assert len(records) == 100
     assert len(opened) == 100
@@ -284,21 +276,14 @@ def test_paged_reads_equal_a_sort_of_the_documents(
 
 
 def test_index_stats_count_and_bound_a_value_s_records_without_opening_them(
-    make_indexed: ReplicaFactory, monkeypatch: pytest.MonkeyPatch
+    make_indexed: ReplicaFactory, opened: list[bytes]
 ) -> None:
     replica = make_indexed()
     for i in range(5):
         replica.put("messages", f"m{i}", message("t", at=10 * i))
     replica.put("messages", "other", message("u", at=999))
     replica.delete("messages", "m4")
-    opened: list[bytes] = []
-    real_open = Opener.open
-
-    def counting_open(self: Opener, envelope: bytes, header: Any = None) -> Any:
-        opened.append(envelope)
-        return real_open(self, envelope, header)
-
-    monkeypatch.setattr(Opener, "open", counting_open)
+    opened.clear()
     stats = replica.index_stats("messages", where={"thread": "t"})
     assert (stats.records, stats.first_created, stats.last_created, stats.bytes) == (4, 0, 30, 0)
     assert replica.last_created("messages", where={"thread": "t"}) == 30

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -202,17 +201,6 @@ def state_of(replica: Replica) -> dict[str, Any]:
 
 
 # -- two processes ---------------------------------------------------------------------------
-
-
-@pytest.fixture
-def children() -> Iterator[list[subprocess.Popen[str]]]:
-    """The child processes a test starts: killed if still running, their pipes closed."""
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for child in started:
-        if child.poll() is None:
-            child.kill()
-        child.communicate()
 
 
 def start(

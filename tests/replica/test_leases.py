@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -109,18 +108,8 @@ def test_a_locked_replica_takes_no_lease(make_replica: ReplicaFactory) -> None:
         replica.lease("x")
 
 
-@pytest.fixture
-def child_process() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for child in started:
-        if child.poll() is None:
-            child.kill()
-        child.communicate()
-
-
 def test_a_lease_left_by_a_killed_process_runs_out(
-    tmp_path: Path, account: Account, child_process: list[subprocess.Popen[str]]
+    tmp_path: Path, account: Account, children: list[subprocess.Popen[str]]
 ) -> None:
     path = tmp_path / "shared.db"
     Replica.join(path, account.bundle).close()
@@ -131,7 +120,7 @@ def test_a_lease_left_by_a_killed_process_runs_out(
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
-    child_process.append(child)
+    children.append(child)
     assert child.stdout is not None
     assert child.stdout.readline().strip() == "ready"
     assert child.stdout.readline().strip() == "taken"

@@ -27,6 +27,7 @@ from replica.errors import (
 from replica.events import ChangeEvent
 from replica.feed import Change, ChangePage
 from replica.indexed import IndexStats, ScanPage
+from replica.journal import JournalEntry
 from replica.keys import LoginKeys, passphrase_login_keys, recovery_login_keys
 from replica.leases import Lease
 from replica.options import ReplicaOptions
@@ -75,6 +76,7 @@ __all__ = [
     "IndexStats",
     "InvalidArgumentError",
     "ItemLimitError",
+    "JournalEntry",
     "KdfParametersError",
     "KdfParams",
     "Lease",

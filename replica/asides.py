@@ -182,6 +182,40 @@ class AsideTables:
             "SELECT key, envelope FROM local WHERE scope = ? ORDER BY key", (scope,)
         ).fetchall()
 
+    # -- journals (device-only logs) -----------------------------------------------------------
+
+    def journal_next_seq(self) -> int:
+        """The sequence number the next entry takes (inside the pushing transaction)."""
+        return int(self.db.execute("SELECT coalesce(max(seq), 0) + 1 FROM journal").fetchone()[0])
+
+    def journal_push(
+        self, log: bytes, key: bytes, scope: bytes, seq: int, envelope: bytes, keep: int
+    ) -> None:
+        """Add an entry, then drop the journal's entries older than its newest `keep`."""
+        self.db.execute(
+            "INSERT INTO journal (seq, log, key, scope, envelope) VALUES (?, ?, ?, ?, ?)",
+            (seq, log, key, scope, envelope),
+        )
+        self.db.execute(
+            "DELETE FROM journal WHERE log = ?1 AND seq <= "
+            "(SELECT seq FROM journal WHERE log = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)",
+            (log, keep),
+        )
+
+    def journal_newest(self, log: bytes) -> tuple[int, bytes] | None:
+        row = self.db.execute(
+            "SELECT seq, envelope FROM journal WHERE log = ? ORDER BY seq DESC LIMIT 1", (log,)
+        ).fetchone()
+        return None if row is None else (int(row[0]), bytes(row[1]))
+
+    def journal_delete(self, seq: int) -> None:
+        self.db.execute("DELETE FROM journal WHERE seq = ?", (seq,))
+
+    def journal_count(self, log: bytes) -> int:
+        return int(
+            self.db.execute("SELECT count(*) FROM journal WHERE log = ?", (log,)).fetchone()[0]
+        )
+
     # -- degraded and quarantine --------------------------------------------------------------
 
     def mark_degraded(self, key: bytes, scope: bytes | None, reason: str) -> None:

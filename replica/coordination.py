@@ -1,6 +1,6 @@
 """The methods of a `Replica` that coordinate it with other writers: freshness locks and
-held versions (specs/merge.md §10, §11), leases (specs/replica.md §13.1), the change feed
-(§11.1) and in-process subscriptions (§11).
+held versions (specs/merge.md §10, §11), leases (specs/replica.md §13.1), journals (§13.2),
+the change feed (§11.1) and in-process subscriptions (§11).
 
 A mixin of `Replica` (replica/replica.py), which owns the `Core` these work through.
 """
@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from typing import Any
 
-from replica import feed, held, leases
+from replica import feed, held, journal, leases
 from replica.core import Core
 from replica.events import Subscriber
 from replica.feed import ChangePage
+from replica.journal import JournalEntry
 from replica.leases import Lease
 from replica.schema import DEFAULT_PROFILE
 
 
 class Coordination:
-    """Locks, holds, leases, the change feed and subscriptions of a `Replica`."""
+    """Locks, holds, leases, journals, the change feed and subscriptions of a `Replica`."""
 
     _core: Core
 
@@ -75,6 +77,33 @@ class Coordination:
         one-transaction operation that must not interleave with a lease's holder)."""
         with self._core.mutex:
             return leases.is_free(self._core, name)
+
+    # -- journals ----------------------------------------------------------------------------------
+
+    def journal_push(
+        self,
+        collection: str,
+        name: str,
+        document: Any,
+        *,
+        keep: int,
+        profile: str = DEFAULT_PROFILE,
+    ) -> int:
+        """Add `document` as the newest entry of the journal `name` of a `local` collection,
+        dropping its entries older than the newest `keep`; the entry's sequence number."""
+        with self._core.mutex:
+            return journal.push(self._core, profile, collection, name, document, keep)
+
+    def journal_pop(
+        self, collection: str, name: str, *, profile: str = DEFAULT_PROFILE
+    ) -> JournalEntry | None:
+        """Take the journal's newest entry off it (None when it is empty)."""
+        with self._core.mutex:
+            return journal.pop(self._core, profile, collection, name)
+
+    def journal_count(self, collection: str, name: str, *, profile: str = DEFAULT_PROFILE) -> int:
+        with self._core.mutex:
+            return journal.count(self._core, profile, collection, name)
 
     # -- the change feed and subscriptions ---------------------------------------------------------
 

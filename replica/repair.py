@@ -72,8 +72,8 @@ class RepairReport:
 
 
 READMITTED_SOURCES = ("pull", "held", "versions")
-"""Where a quarantined version can go back to by merging. Drafts (`local`) and replaced
-versions (`history`) stay: merging would not put them back where they were."""
+"""Where a quarantined version can go back to by merging. Drafts (`local`), journal entries
+and replaced versions (`history`) stay: merging would not put them back where they were."""
 
 
 def _stored_rows(core: Core, scope: bytes | None) -> Iterator[tuple[str, Row, bytes | None]]:
@@ -84,8 +84,9 @@ def _stored_rows(core: Core, scope: bytes | None) -> Iterator[tuple[str, Row, by
         f"SELECT key, node, hlc, vector, envelope FROM versions{where}", args
     ).fetchall():
         yield "versions", Row(key, node_from_i64(node), hlc, envelope), vector
-    for key, envelope in store.db.execute(f"SELECT key, envelope FROM local{where}", args):
-        yield "local", local_row(key, envelope), None
+    for table in ("local", "journal"):
+        for key, envelope in store.db.execute(f"SELECT key, envelope FROM {table}{where}", args):
+            yield table, local_row(key, envelope), None
     if scope is None:
         for key, node, hlc, envelope in store.db.execute(
             "SELECT key, node, hlc, envelope FROM history"
@@ -225,8 +226,8 @@ def _quarantine_row(core: Core, finding: Finding, now: int) -> None:
     store, row = core.store, finding.row
     reason = f"{finding.damage}: {finding.reason}"
     store.quarantine(finding.table, row.key, row.envelope, reason, now, (row.node, row.hlc))
-    if finding.table == "local":
-        store.db.execute("DELETE FROM local WHERE key = ?", (row.key,))
+    if finding.table in ("local", "journal"):
+        store.db.execute(f"DELETE FROM {finding.table} WHERE key = ?", (row.key,))
     else:
         store.db.execute(
             f"DELETE FROM {finding.table} WHERE key = ? AND node = ? AND hlc = ?",

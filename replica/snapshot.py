@@ -3,10 +3,10 @@
 A copy is taken through SQLite's online backup API, so it is whole even while another
 process writes, and it works on a locked replica (the file holds only sealed envelopes and the
 passphrase-wrapped key bundle). A *backup* leaves out what belongs to this device alone —
-records of `local` collections such as drafts, and their quarantined or degraded rows — so a
-backup restored elsewhere never carries one device's private state to another. Deleted rows
-are overwritten (`secure_delete`), not merely unlinked. The copy is left in rollback-journal
-mode: one self-contained file.
+records of `local` collections such as drafts, journals, and their quarantined or degraded
+rows — so a backup restored elsewhere never carries one device's private state to another.
+Deleted rows are overwritten (`secure_delete`), not merely unlinked. The copy is left in
+rollback-journal mode: one self-contained file.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ Progress = Callable[[int, int], None]
 """Called with (pages copied, pages in all) as the copy goes."""
 
 _DROP_DEVICE_LOCAL = """
-    DELETE FROM degraded WHERE key IN (SELECT key FROM local);
-    DELETE FROM quarantine WHERE source = 'local';
+    DELETE FROM degraded WHERE key IN (SELECT key FROM local UNION ALL SELECT key FROM journal);
+    DELETE FROM quarantine WHERE source IN ('local', 'journal');
     DELETE FROM local;
+    DELETE FROM journal;
 """
 
 

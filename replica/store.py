@@ -69,6 +69,9 @@ class Store(AsideTables):
         self.busy_timeout_s = busy_timeout_s
         self.closed = False
         self._depth = 0
+        self._meta: dict[str, bytes | int | str | None] = {}
+        """Meta values read or written in the open write transaction (no other connection
+        writes meanwhile); emptied when it ends and when a savepoint rolls back."""
         self._next_lock_sweep_ms = 0
         try:
             self.db = sqlite3.connect(
@@ -151,9 +154,12 @@ class Store(AsideTables):
             yield
         except BaseException as exc:
             self._depth -= 1
+            self._meta.clear()
             self._roll_back(rollback, commit, exc)
             raise
         self._depth -= 1
+        if self._depth == 0:
+            self._meta.clear()
         try:
             self._execute_or_busy(commit)
         except BaseException as exc:
@@ -204,8 +210,13 @@ class Store(AsideTables):
     # -- meta ----------------------------------------------------------------------------------
 
     def get_meta(self, name: str) -> bytes | int | str | None:
+        if name in self._meta:
+            return self._meta[name]
         row = self.db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
-        return None if row is None else row[0]
+        value = None if row is None else row[0]
+        if self._depth > 0:
+            self._meta[name] = value
+        return value
 
     def get_int(self, name: str, default: int = 0) -> int:
         value = self.get_meta(name)
@@ -223,9 +234,12 @@ class Store(AsideTables):
             "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
             (name, value),
         )
+        if self._depth > 0:
+            self._meta[name] = value
 
     def delete_meta(self, name: str) -> None:
         self.db.execute("DELETE FROM meta WHERE name = ?", (name,))
+        self._meta.pop(name, None)
 
     def scrub_meta(self, name: str) -> None:
         """Delete a meta row, overwriting its bytes in the file (`secure_delete`); after the

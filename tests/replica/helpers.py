@@ -32,9 +32,10 @@ def dirty_envelopes(replica: Replica) -> list[bytes]:
     return out
 
 
-def undo_formats_6_to_8(db: sqlite3.Connection) -> None:
+def undo_formats_6_to_9(db: sqlite3.Connection) -> None:
     """Lay a current file out as format 5 did, for tests of older formats' migrations: no
-    blind index columns (format 6), no change feed (format 7), no leases (format 8)."""
+    blind index columns (format 6), no change feed (format 7), no leases (format 8), no
+    journals (format 9)."""
     for statement in (
         "DROP INDEX versions_by_blind",
         "DROP INDEX versions_by_change",
@@ -45,5 +46,6 @@ def undo_formats_6_to_8(db: sqlite3.Connection) -> None:
         "ALTER TABLE local DROP COLUMN changed",
         "DELETE FROM meta WHERE name IN ('feed_id', 'feed_seq')",
         "DROP TABLE leases",
+        "DROP TABLE journal",
     ):
         db.execute(statement)

@@ -1,0 +1,187 @@
+"""Journals (replica/journal.py): bounded, ordered, sealed logs that stay on this device."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from replica import (
+    DegradedError,
+    InvalidArgumentError,
+    Replica,
+    ReplicaLockedError,
+    backup_replica_file,
+)
+from replica.journal import MAX_NAME_CHARS
+from tests.conftest import ReplicaFactory
+
+
+def entries(replica: Replica, name: str = "log", profile: str = "default") -> list[Any]:
+    """Pop every entry, newest first."""
+    popped = []
+    while (entry := replica.journal_pop("drafts", name, profile=profile)) is not None:
+        popped.append(entry.document)
+    return popped
+
+
+def test_a_journal_keeps_its_newest_entries_and_pops_them_newest_first(
+    make_replica: ReplicaFactory,
+) -> None:
+    replica = make_replica()
+    for i in range(7):
+        replica.journal_push("drafts", "log", {"op": i}, keep=3)
+    assert replica.journal_count("drafts", "log") == 3
+    assert entries(replica) == [{"op": 6}, {"op": 5}, {"op": 4}]
+    assert replica.journal_count("drafts", "log") == 0
+    replica.journal_push("drafts", "log", {"op": "again"}, keep=3)
+    assert entries(replica) == [{"op": "again"}]
+
+
+def test_journals_are_apart_by_name_and_profile(make_replica: ReplicaFactory) -> None:
+    replica = make_replica()
+    replica.create_profile("work")
+    replica.journal_push("drafts", "a", 1, keep=10)
+    replica.journal_push("drafts", "b", 2, keep=10)
+    replica.journal_push("drafts", "a", 3, keep=10, profile="work")
+    for _ in range(20):  # trimming one journal never touches another
+        replica.journal_push("drafts", "c", 0, keep=1)
+    assert entries(replica, "a") == [1]
+    assert entries(replica, "b") == [2]
+    assert entries(replica, "a", "work") == [3]
+    assert entries(replica, "c") == [0]
+
+
+def test_a_journal_survives_a_restart_and_is_shared_by_handles(
+    make_replica: ReplicaFactory,
+) -> None:
+    replica = make_replica()
+    replica.journal_push("drafts", "log", {"n": 1}, keep=5)
+    other = Replica.open(replica.path)
+    other.unlock_with_key(replica.unlock_key())
+    try:
+        other.journal_push("drafts", "log", {"n": 2}, keep=5)
+    finally:
+        other.close()
+    assert entries(replica) == [{"n": 2}, {"n": 1}]
+
+
+def test_entries_are_sealed_and_never_sync_or_reach_the_feed(
+    make_replica: ReplicaFactory,
+) -> None:
+    replica = make_replica()
+    head = replica.feed_head()
+    replica.journal_push("drafts", "secret-log", {"text": "plaintext-marker"}, keep=5)
+    key = replica.unlock_key()
+    replica.close()
+    raw = Path(replica.path).read_bytes()  # closing checkpointed the WAL into the file
+    assert b"plaintext-marker" not in raw and b"secret-log" not in raw
+    reopened = Replica.open(replica.path)
+    reopened.unlock_with_key(key)
+    try:
+        assert reopened.changes(head).changes == []
+        assert reopened.status().dirty == 0 and reopened.status().records == 0
+        assert entries(reopened, "secret-log") == [{"text": "plaintext-marker"}]
+    finally:
+        reopened.close()
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda r: r.journal_push("notes", "log", 1, keep=5), "local collections"),
+        (lambda r: r.journal_push("nope", "log", 1, keep=5), "nope"),
+        (lambda r: r.journal_push("drafts", "log", 1, keep=0), "keep must be"),
+        (lambda r: r.journal_push("drafts", "log", 1, keep=True), "keep must be"),
+        (lambda r: r.journal_push("drafts", "", 1, keep=5), "journal name"),
+        (lambda r: r.journal_push("drafts", "x" * (MAX_NAME_CHARS + 1), 1, keep=5), "bound"),
+        (lambda r: r.journal_push("drafts", "log", 1, keep=5, profile="ghost"), "ghost"),
+        (lambda r: r.journal_pop("versioned", "log"), "local collections"),
+    ],
+)
+def test_bad_arguments_are_refused_and_change_nothing(
+    make_replica: ReplicaFactory, call: Any, message: str
+) -> None:
+    replica = make_replica()
+    replica.journal_push("drafts", "log", "kept", keep=5)
+    with pytest.raises(InvalidArgumentError, match=message):
+        call(replica)
+    assert entries(replica) == ["kept"]
+
+
+def test_a_document_past_the_bound_is_refused(make_replica: ReplicaFactory) -> None:
+    replica = make_replica()
+    with pytest.raises(InvalidArgumentError, match="bytes as MessagePack, bound"):
+        replica.journal_push("drafts", "log", "x" * (2 << 20), keep=5)
+    assert replica.journal_count("drafts", "log") == 0
+
+
+def test_a_locked_replica_neither_pushes_nor_pops(make_replica: ReplicaFactory) -> None:
+    replica = make_replica()
+    replica.journal_push("drafts", "log", 1, keep=5)
+    replica.lock()
+    with pytest.raises(ReplicaLockedError):
+        replica.journal_push("drafts", "log", 2, keep=5)
+    with pytest.raises(ReplicaLockedError):
+        replica.journal_pop("drafts", "log")
+
+
+def _swap_newest_two(path: Path) -> None:
+    with sqlite3.connect(path) as db:
+        (a, ea), (b, eb) = db.execute(
+            "SELECT seq, envelope FROM journal ORDER BY seq DESC LIMIT 2"
+        ).fetchall()
+        db.execute("UPDATE journal SET envelope = ? WHERE seq = ?", (eb, a))
+        db.execute("UPDATE journal SET envelope = ? WHERE seq = ?", (ea, b))
+
+
+def test_an_entry_moved_to_another_place_fails_closed_until_repair_quarantines_it(
+    make_replica: ReplicaFactory,
+) -> None:
+    replica = make_replica()
+    for i in range(3):
+        replica.journal_push("drafts", "log", i, keep=5)
+    _swap_newest_two(Path(replica.path))
+    with pytest.raises(DegradedError):
+        replica.journal_pop("drafts", "log")
+    assert replica.journal_count("drafts", "log") == 3  # nothing dropped
+    report = replica.repair()
+    assert report.quarantined == 2
+    assert entries(replica) == [0]
+    assert replica.diagnose().healthy
+
+
+def test_a_backup_leaves_journals_out(make_replica: ReplicaFactory, tmp_path: Path) -> None:
+    replica = make_replica()
+    replica.journal_push("drafts", "log", 1, keep=5)
+    replica.put("notes", "n", {"shared": True})
+    backup_replica_file(Path(replica.path), tmp_path / "backup.db")
+    with sqlite3.connect(tmp_path / "backup.db") as db:
+        assert db.execute("SELECT count(*) FROM journal").fetchone() == (0,)
+    assert replica.journal_count("drafts", "log") == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(st.one_of(st.integers(0, 99), st.none()), max_size=40),
+    keep=st.integers(1, 6),
+)
+def test_a_journal_behaves_as_a_bounded_stack(
+    make_replica: ReplicaFactory, steps: list[int | None], keep: int
+) -> None:
+    """Pushes (an integer) and pops (None) in any order match a list kept to `keep`."""
+    replica = make_replica()
+    model: list[int] = []
+    for step in steps:
+        if step is None:
+            entry = replica.journal_pop("drafts", "log")
+            assert (entry and entry.document) == (model.pop() if model else None)
+        else:
+            replica.journal_push("drafts", "log", step, keep=keep)
+            model = [*model, step][-keep:]
+        assert replica.journal_count("drafts", "log") == len(model)
+    replica.close()

@@ -24,6 +24,8 @@ from replica.schema import Collection
 Blind = tuple[bytes, int]
 """A version's index entry: the value's blind key and the version's creation order."""
 _INT64 = (-(1 << 63), (1 << 63) - 1)
+BlindMemo = dict[tuple[bytes, str, str | int], bytes]
+"""Value keys already computed, by (scope, field, value)."""
 
 
 def indexable(value: object) -> str | int | None:
@@ -48,7 +50,7 @@ def blind_of(
     document: Any,
     deleted: bool,
     hlc: int,
-    memo: dict[tuple[bytes, str | int], bytes] | None = None,
+    memo: BlindMemo | None = None,
 ) -> Blind | None:
     """The index entry of a version of `spec`'s records; None when it has none. `memo`
     keeps value keys across calls (a merged page holds many messages of few threads)."""
@@ -63,7 +65,15 @@ def blind_of(
         created = hlc
     if memo is None:
         return value_key(keys, scope, spec.index, value), created
-    blind = memo.get((scope, value))
+    return memoized_value_key(keys, scope, spec.index, value, memo), created
+
+
+def memoized_value_key(
+    keys: AccountKeys, scope: bytes, field: str, value: str | int, memo: BlindMemo
+) -> bytes:
+    """`value_key` through `memo` (a merged page holds many messages of few threads, and a
+    chat's reads and writes ask for one thread's key again and again)."""
+    blind = memo.get((scope, field, value))
     if blind is None:
-        blind = memo[scope, value] = value_key(keys, scope, spec.index, value)
-    return blind, created
+        blind = memo[scope, field, value] = value_key(keys, scope, field, value)
+    return blind

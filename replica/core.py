@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from replica.asides import HeldRow, Row
+from replica.blind import BlindMemo
 from replica.bundles import AnyBundle, KeyChange, generation_of, parse_bundle, sealed_schema
 from replica.envelope import Identity, Opened, scope_key
 from replica.errors import (
@@ -42,6 +43,7 @@ from replica.wire import RelayState
 
 DegradedMark = tuple[bytes, bytes | None, str]
 RESEALED_FOR = "resealed_for"
+MAX_BLIND_MEMO = 4096
 """Meta: the key generation whose retired epochs this file's pending writes were re-sealed
 from (specs/replica.md §7.1)."""
 
@@ -61,6 +63,9 @@ class Core:
         self._degraded_pending: list[DegradedMark] = []
         self._pending_events: list[ChangeEvent] = []
         self._scopes: dict[tuple[str, str], bytes] = {}
+        self._blind_memo: BlindMemo = {}
+        self._released_in = 0
+        """The write transaction (`Store.transactions`) that last merged what was due."""
         self._schema: Schema | None = None
         """Set with the opener: the file keeps the schema sealed (`unlock`)."""
 
@@ -233,6 +238,13 @@ class Core:
             )
         return scope
 
+    def blind_memo(self) -> BlindMemo:
+        """The value keys this handle computed (replica/blind.py), while its keys are held;
+        emptied past `MAX_BLIND_MEMO` entries."""
+        if len(self._blind_memo) > MAX_BLIND_MEMO:
+            self._blind_memo.clear()
+        return self._blind_memo
+
     def record_key(self, identity: Identity) -> bytes:
         return self.keys().record_key(identity.profile, identity.collection, identity.id)
 
@@ -243,6 +255,7 @@ class Core:
             self.opener = None
         self._schema = None
         self._scopes.clear()
+        self._blind_memo.clear()
         listeners, self.lock_listeners = self.lock_listeners, []
         for reference in listeners:
             listener = reference()
@@ -371,9 +384,14 @@ class Core:
                 self.merge_held(rows, now)
 
     def release_due(self, now: int | None = None) -> None:
-        """Merge held versions whose lock ended or whose time came."""
+        """Merge held versions whose lock ended or whose time came: once per write transaction
+        (the reads and writes of a batch each ask; the next transaction asks again)."""
         if self.opener is None:  # locked or closed: nothing can be opened, so nothing merges
             return
+        if self.store.in_transaction:
+            if self._released_in == self.store.transactions:
+                return
+            self._released_in = self.store.transactions
         now = self.options.wall_clock_ms() if now is None else now
         due = self.store.next_release_ms()
         if due is not None and due <= now:

@@ -27,7 +27,7 @@ import msgspec
 
 from replica import clock
 from replica.asides import HeldVersion, Row
-from replica.blind import Blind, blind_of
+from replica.blind import Blind, BlindMemo, blind_of
 from replica.envelope import Identity, Opened, open_envelope, profile_key, scope_key
 from replica.errors import EnvelopeError, ProtocolError, StoreError, UnknownEpochError
 from replica.events import ChangeEvent
@@ -152,7 +152,7 @@ class _Merger:
         """None when no lock is active (the usual case): nothing to check per version."""
         self.holds: list[HeldVersion] = []
         self.scope_cache: dict[tuple[str, str], bytes] = {}
-        self.blinds: dict[tuple[bytes, str | int], bytes] = {}
+        self.blinds: BlindMemo = {}
         """Blind keys of the values this call met (replica/blind.py)."""
         self.records: dict[bytes, _Record] = {}
         self.unverified_bytes: int | None = None

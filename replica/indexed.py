@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from replica.asides import Row
-from replica.blind import blind_of, indexable, value_key
+from replica.blind import blind_of, indexable, memoized_value_key
 from replica.core import Core
 from replica.envelope import open_envelope
 from replica.errors import (
@@ -49,7 +49,7 @@ def where_key(core: Core, spec: Collection, scope: bytes, where: Mapping[str, An
     if value is None:
         kind = type(where[spec.index]).__name__
         raise InvalidArgumentError(f"where {spec.index}= takes a string or an integer, got {kind}")
-    return value_key(core.keys(), scope, spec.index, value)
+    return memoized_value_key(core.keys(), scope, spec.index, value, core.blind_memo())
 
 
 @dataclass(frozen=True)

@@ -44,21 +44,29 @@ def push(core: Core, profile: str, collection: str, name: str, document: Any, ke
         raise InvalidArgumentError(f"keep must be an integer in 1..{MAX_KEEP}, got {keep!r}")
     log, scope = _journal(core, profile, collection, name)
     check_profile(core, profile)
-    with core.write_transaction():
-        seq = core.store.journal_next_seq()
-        identity = Identity(profile, collection, _entry_id(name, seq))
-        node = core.node()
-        envelope = seal(
-            core.keys(),
-            identity,
-            hlc=seq,
-            node=node,
-            vector={node: seq},
-            deleted=False,
-            document=document,
-            nonce=core.options.random_bytes(12),
-        )
-        core.store.journal_push(log, core.record_key(identity), scope, seq, envelope, keep)
+    if not core.store.in_transaction:
+        with core.write_transaction():
+            return _push(core, Identity(profile, collection, name), log, scope, document, keep)
+    # Inside the caller's transaction no savepoint is needed: an entry added but not yet
+    # trimmed (a failed second statement) is trimmed by the next push.
+    return _push(core, Identity(profile, collection, name), log, scope, document, keep)
+
+
+def _push(core: Core, journal: Identity, log: bytes, scope: bytes, document: Any, keep: int) -> int:
+    seq = core.store.journal_next_seq()
+    identity = Identity(journal.profile, journal.collection, _entry_id(journal.id, seq))
+    node = core.node()
+    envelope = seal(
+        core.keys(),
+        identity,
+        hlc=seq,
+        node=node,
+        vector={node: seq},
+        deleted=False,
+        document=document,
+        nonce=core.options.random_bytes(12),
+    )
+    core.store.journal_push(log, core.record_key(identity), scope, seq, envelope, keep)
     return seq
 
 

@@ -69,6 +69,8 @@ class Store(AsideTables):
         self.busy_timeout_s = busy_timeout_s
         self.closed = False
         self._depth = 0
+        self.transactions = 0
+        """Write transactions begun on this connection: tells one transaction from the next."""
         self._meta: dict[str, bytes | int | str | None] = {}
         """Meta values read or written in the open write transaction (no other connection
         writes meanwhile); emptied when it ends and when a savepoint rolls back."""
@@ -144,6 +146,7 @@ class Store(AsideTables):
             raise ReplicaClosedError(f"the replica at {self.path} is closed")
         if self._depth == 0:
             self._execute_or_busy("BEGIN IMMEDIATE")
+            self.transactions += 1
             commit, rollback = "COMMIT", "ROLLBACK"
         else:
             name = f"sp{self._depth}"

@@ -156,7 +156,9 @@ def _seal_and_store(
         old = [r for r in store.versions_of(key) if (r.node, r.hlc) in replaced_dots]
         store.add_history(old, now, write.spec.history)
     store.delete_versions([Row(key, node_, hlc_, b"") for node_, hlc_ in replaced_dots])
-    entry = blind_of(core.keys(), write.scope, write.spec, write.document, write.deleted, hlc)
+    entry = blind_of(
+        core.keys(), write.scope, write.spec, write.document, write.deleted, hlc, core.blind_memo()
+    )
     blind, created = entry or (None, None)
     seq = store.take_seqs(1)
     vector_bytes = encode_vector(vector)

@@ -18,8 +18,8 @@ THREAD_HISTORY = 3
 back (specs/chat.md §7) takes its title from them."""
 
 COLLECTIONS = (
-    Collection(THREADS, "lww", tiebreak="message_count", history=THREAD_HISTORY),
-    Collection(MESSAGES, "lww", index="thread", created_field="at"),
+    Collection(THREADS, "lww", tiebreak="message_count", history=THREAD_HISTORY, unique_ids=True),
+    Collection(MESSAGES, "lww", index="thread", created_field="at", unique_ids=True),
     Collection(SETTINGS, "lww", index="thread"),
     Collection(PERSONAS, "per_item", max_items=MAX_PERSONAS),
     Collection(ACTIVE_PERSONA, "register"),

@@ -184,37 +184,44 @@ class AsideTables:
 
     # -- journals (device-only logs) -----------------------------------------------------------
 
-    def journal_next_seq(self) -> int:
-        """The sequence number the next entry takes (inside the pushing transaction)."""
-        return int(self.db.execute("SELECT coalesce(max(seq), 0) + 1 FROM journal").fetchone()[0])
+    def journal_head(self, log: bytes) -> tuple[int, int, bytes] | None:
+        """(seq, floor, envelope) of the journal's newest row; None if it has none."""
+        row = self.db.execute(
+            "SELECT seq, floor, envelope FROM journal WHERE log = ? ORDER BY seq DESC LIMIT 1",
+            (log,),
+        ).fetchone()
+        return None if row is None else (int(row[0]), int(row[1]), bytes(row[2]))
 
     def journal_push(
-        self, log: bytes, key: bytes, scope: bytes, seq: int, envelope: bytes, keep: int
+        self, log: bytes, seq: int, floor: int, key: bytes, scope: bytes, envelope: bytes
     ) -> None:
-        """Add an entry, then drop the journal's entries older than its newest `keep`."""
         self.db.execute(
-            "INSERT INTO journal (seq, log, key, scope, envelope) VALUES (?, ?, ?, ?, ?)",
-            (seq, log, key, scope, envelope),
-        )
-        self.db.execute(
-            "DELETE FROM journal WHERE log = ?1 AND seq <= "
-            "(SELECT seq FROM journal WHERE log = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)",
-            (log, keep),
+            "INSERT INTO journal (log, seq, floor, key, scope, envelope) VALUES (?, ?, ?, ?, ?, ?)",
+            (log, seq, floor, key, scope, envelope),
         )
 
-    def journal_newest(self, log: bytes) -> tuple[int, bytes] | None:
-        row = self.db.execute(
-            "SELECT seq, envelope FROM journal WHERE log = ? ORDER BY seq DESC LIMIT 1", (log,)
-        ).fetchone()
-        return None if row is None else (int(row[0]), bytes(row[1]))
+    def journal_sweep(self, log: bytes, floor: int) -> None:
+        """Delete the rows that fell below the journal's floor (never given back)."""
+        self.db.execute("DELETE FROM journal WHERE log = ? AND seq < ?", (log, floor))
 
-    def journal_delete(self, seq: int) -> None:
-        self.db.execute("DELETE FROM journal WHERE seq = ?", (seq,))
+    def journal_remove(self, log: bytes, seq: int) -> None:
+        """Delete one row, handing its floor to the row below (the newest, once it goes)."""
+        self.db.execute(
+            "UPDATE journal SET floor = max(floor, "
+            "(SELECT floor FROM journal WHERE log = ?1 AND seq = ?2)) "
+            "WHERE log = ?1 AND seq = (SELECT max(seq) FROM journal WHERE log = ?1 AND seq < ?2)",
+            (log, seq),
+        )
+        self.db.execute("DELETE FROM journal WHERE log = ? AND seq = ?", (log, seq))
 
     def journal_count(self, log: bytes) -> int:
-        return int(
-            self.db.execute("SELECT count(*) FROM journal WHERE log = ?", (log,)).fetchone()[0]
-        )
+        """The rows at or above the newest row's floor."""
+        row = self.db.execute(
+            "SELECT count(*) FROM journal WHERE log = ?1 AND seq >= "
+            "(SELECT floor FROM journal WHERE log = ?1 ORDER BY seq DESC LIMIT 1)",
+            (log,),
+        ).fetchone()
+        return int(row[0])
 
     # -- degraded and quarantine --------------------------------------------------------------
 

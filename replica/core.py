@@ -13,6 +13,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import Any, TypeVar
 
 from replica.asides import HeldRow, Row
 from replica.blind import BlindMemo
@@ -44,6 +45,7 @@ from replica.wire import RelayState
 DegradedMark = tuple[bytes, bytes | None, str]
 RESEALED_FOR = "resealed_for"
 MAX_BLIND_MEMO = 4096
+T = TypeVar("T")
 """Meta: the key generation whose retired epochs this file's pending writes were re-sealed
 from (specs/replica.md §7.1)."""
 
@@ -64,6 +66,7 @@ class Core:
         self._pending_events: list[ChangeEvent] = []
         self._scopes: dict[tuple[str, str], bytes] = {}
         self._blind_memo: BlindMemo = {}
+        self._derived: dict[tuple[str, ...], Any] = {}
         self._released_in = 0
         """The write transaction (`Store.transactions`) that last merged what was due."""
         self._schema: Schema | None = None
@@ -180,6 +183,7 @@ class Core:
         sealed = seal_local_schema(keys, schema_to_bytes(schema), self.options.random_bytes)
         self.store.set_meta("schema", sealed)
         self._schema = schema
+        self._derived.clear()  # a journal's collection may be another policy now
 
     def _load_schema(self, keys: AccountKeys) -> Schema:
         """The file's sealed schema (another process may have declared it since). A file
@@ -243,7 +247,18 @@ class Core:
         emptied past `MAX_BLIND_MEMO` entries."""
         if len(self._blind_memo) > MAX_BLIND_MEMO:
             self._blind_memo.clear()
+        self._derived.clear()
         return self._blind_memo
+
+    def derived(self, names: tuple[str, ...], derive: Callable[[], T]) -> T:
+        """What `derive` makes of the keys for `names` (a lease's key, a journal's), computed
+        once while the keys are held: the HMACs of a chat operation add up."""
+        if names not in self._derived:
+            if len(self._derived) > MAX_BLIND_MEMO:
+                self._derived.clear()
+            self._derived[names] = derive()
+        value: T = self._derived[names]
+        return value
 
     def record_key(self, identity: Identity) -> bytes:
         return self.keys().record_key(identity.profile, identity.collection, identity.id)
@@ -256,6 +271,7 @@ class Core:
         self._schema = None
         self._scopes.clear()
         self._blind_memo.clear()
+        self._derived.clear()
         listeners, self.lock_listeners = self.lock_listeners, []
         for reference in listeners:
             listener = reference()

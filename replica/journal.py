@@ -3,8 +3,12 @@
 
 An app that logs each of its operations (the chat store's undo) would otherwise keep the log
 as records: an entry, and a record saying where the log starts and ends, read and rewritten
-at every push. A journal is a row per entry in the order pushed, so a push is one seal and
-two statements (add; drop what is past the newest `keep`) and a pop reads the newest row.
+at every push. A journal is a row per entry, numbered in the order pushed and stored side by
+side with the journal's other entries, so a push is one seal and one insert onto the
+journal's newest page, and a pop reads the newest row. Each row carries the journal's
+*floor* at its push (the lowest number it keeps: the newest `keep`); the newest row's floor
+bounds the journal, removing a row hands its floor to the row below, and the rows below the
+floor, never given back, are deleted every `SWEEP_EVERY` pushes.
 
 A journal is named within a `local` collection. Each entry is sealed as the record
 `name/seq` of that collection would be, and opened only as that record: the file cannot move
@@ -27,11 +31,14 @@ from replica.write import check_profile, local_row
 MAX_NAME_CHARS = MAX_ID_CHARS - 21
 """A name leaves room for "/" and an entry's sequence number in the entry's record id."""
 MAX_KEEP = 100_000
+SWEEP_EVERY = 16
+"""A push deletes the rows that fell out of the journal every 16th time, not each time: the
+oldest row lies on a page of its own, and a commit's cost grows with the pages it writes."""
 
 
 @dataclass(frozen=True)
 class JournalEntry:
-    """An entry taken off a journal: its place in the file's order, and its document."""
+    """An entry taken off a journal: its place in the journal's order, and its document."""
 
     seq: int
     document: Any
@@ -47,13 +54,15 @@ def push(core: Core, profile: str, collection: str, name: str, document: Any, ke
     if not core.store.in_transaction:
         with core.write_transaction():
             return _push(core, Identity(profile, collection, name), log, scope, document, keep)
-    # Inside the caller's transaction no savepoint is needed: an entry added but not yet
-    # trimmed (a failed second statement) is trimmed by the next push.
+    # Inside the caller's transaction no savepoint is needed: the sweep that may follow the
+    # one insert only deletes rows already below the floor.
     return _push(core, Identity(profile, collection, name), log, scope, document, keep)
 
 
 def _push(core: Core, journal: Identity, log: bytes, scope: bytes, document: Any, keep: int) -> int:
-    seq = core.store.journal_next_seq()
+    head = core.store.journal_head(log)
+    seq = 1 if head is None else head[0] + 1
+    floor = max(1 if head is None else head[1], seq - keep + 1)
     identity = Identity(journal.profile, journal.collection, _entry_id(journal.id, seq))
     node = core.node()
     envelope = seal(
@@ -66,7 +75,9 @@ def _push(core: Core, journal: Identity, log: bytes, scope: bytes, document: Any
         document=document,
         nonce=core.options.random_bytes(12),
     )
-    core.store.journal_push(log, core.record_key(identity), scope, seq, envelope, keep)
+    core.store.journal_push(log, seq, floor, core.record_key(identity), scope, envelope)
+    if seq % SWEEP_EVERY == 0:
+        core.store.journal_sweep(log, floor)
     return seq
 
 
@@ -74,13 +85,13 @@ def pop(core: Core, profile: str, collection: str, name: str) -> JournalEntry | 
     """Take the journal's newest entry off it; None when it is empty."""
     log, scope = _journal(core, profile, collection, name)
     with core.write_transaction():
-        newest = core.store.journal_newest(log)
-        if newest is None:
+        head = core.store.journal_head(log)
+        if head is None or head[0] < head[1]:  # every row left fell below the floor
             return None
-        seq, envelope = newest
+        seq, _, envelope = head
         key = core.record_key(Identity(profile, collection, _entry_id(name, seq)))
         (opened,) = core.open_rows(key, [local_row(key, envelope)], scope)
-        core.store.journal_delete(seq)
+        core.store.journal_remove(log, seq)
     return JournalEntry(seq, opened.document)
 
 
@@ -90,7 +101,16 @@ def count(core: Core, profile: str, collection: str, name: str) -> int:
 
 
 def _journal(core: Core, profile: str, collection: str, name: str) -> tuple[bytes, bytes]:
-    """The journal's key in the file and its collection's scope, once its names are valid."""
+    """The journal's key in the file and its collection's scope, once its names are valid
+    (remembered while the keys are held: a chat operation pushes to one again and again)."""
+    if not all(type(value) is str for value in (profile, collection, name)):
+        return _named(core, profile, collection, name)  # raises, naming the value
+    return core.derived(
+        ("journal", profile, collection, name), lambda: _named(core, profile, collection, name)
+    )
+
+
+def _named(core: Core, profile: str, collection: str, name: str) -> tuple[bytes, bytes]:
     check_name("journal name", name)
     if len(name) > MAX_NAME_CHARS:
         raise InvalidArgumentError(

@@ -34,7 +34,7 @@ class Lease:
         self.name = name
         self._core = core
         self._ttl_ms = int(ttl_s * 1000)
-        self._key = core.keys().local_key(b"lease" + length_prefixed(name))
+        self._key = lease_key(core, name)
         self._owner = core.options.random_bytes(16)
         self._stop = threading.Event()
         self.lost = False
@@ -139,5 +139,11 @@ def take(core: Core, name: str, ttl_s: float, wait_s: float) -> Lease:
 def is_free(core: Core, name: str) -> bool:
     """Whether no one holds the lease `name` now (read inside the caller's transaction, it
     stays true until that transaction ends: taking a lease is a write)."""
-    key = core.keys().local_key(b"lease" + length_prefixed(name))
-    return not core.store.lease_held(key, core.options.wall_clock_ms())
+    return not core.store.lease_held(lease_key(core, name), core.options.wall_clock_ms())
+
+
+def lease_key(core: Core, name: str) -> bytes:
+    """The lease's name in the file: an HMAC (the app's names are its own)."""
+    return core.derived(
+        ("lease", name), lambda: core.keys().local_key(b"lease" + length_prefixed(name))
+    )

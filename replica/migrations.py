@@ -92,13 +92,13 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE leases (
         name BLOB PRIMARY KEY, owner BLOB NOT NULL, expires_ms INTEGER NOT NULL) WITHOUT ROWID;
     """,
-    # 9: journals (replica/journal.py): bounded device-local logs, each entry one row, in the
-    # order pushed; `log` names the journal, `key` the entry as a record key would
+    # 9: journals (replica/journal.py): bounded device-local logs, each entry one row, a
+    # journal's rows side by side in the order pushed; `log` names the journal, `key` the
+    # entry as a record key would, `floor` the lowest seq the journal kept at its push
     """
     CREATE TABLE journal (
-        seq INTEGER PRIMARY KEY, log BLOB NOT NULL, key BLOB NOT NULL, scope BLOB NOT NULL,
-        envelope BLOB NOT NULL);
-    CREATE INDEX journal_by_log ON journal (log, seq);
+        log BLOB NOT NULL, seq INTEGER NOT NULL, floor INTEGER NOT NULL, key BLOB NOT NULL,
+        scope BLOB NOT NULL, envelope BLOB NOT NULL, PRIMARY KEY (log, seq)) WITHOUT ROWID;
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

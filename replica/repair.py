@@ -226,8 +226,13 @@ def _quarantine_row(core: Core, finding: Finding, now: int) -> None:
     store, row = core.store, finding.row
     reason = f"{finding.damage}: {finding.reason}"
     store.quarantine(finding.table, row.key, row.envelope, reason, now, (row.node, row.hlc))
-    if finding.table in ("local", "journal"):
-        store.db.execute(f"DELETE FROM {finding.table} WHERE key = ?", (row.key,))
+    if finding.table == "journal":
+        for log, seq in store.db.execute(
+            "SELECT log, seq FROM journal WHERE key = ?", (row.key,)
+        ).fetchall():
+            store.journal_remove(log, seq)
+    elif finding.table == "local":
+        store.db.execute("DELETE FROM local WHERE key = ?", (row.key,))
     else:
         store.db.execute(
             f"DELETE FROM {finding.table} WHERE key = ? AND node = ? AND hlc = ?",

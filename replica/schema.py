@@ -32,7 +32,10 @@ class Collection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_d
     that many replaced versions per record on this device. `index` names a top-level document
     field (string or integer values) that `scan(where=)` finds records by without opening the
     others, in the order of the integer field `created_field` (else of each version's hlc):
-    a blind index kept on this device only (replica/blind.py).
+    a blind index kept on this device only (replica/blind.py). `unique_ids` says each record
+    id is drawn at random by the device that creates the record (a ULID, a UUID): no other
+    device can hold a version of a record this one is creating, so that write takes no
+    freshness lock (specs/merge.md §10).
     """
 
     name: str
@@ -42,6 +45,7 @@ class Collection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_d
     history: int = 0
     index: str | None = None
     created_field: str | None = None
+    unique_ids: bool = False
 
     def __post_init__(self) -> None:
         check_name("collection name", self.name)
@@ -54,6 +58,11 @@ class Collection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_d
         if self.tiebreak is not None:
             check_name("tiebreak field", self.tiebreak)
         self._check_index()
+        if self.unique_ids and self.policy not in ("lww", "per_item"):
+            raise InvalidArgumentError(
+                f"collection {self.name!r}: unique_ids needs policy lww or per_item, "
+                f"not {self.policy!r}"
+            )
         if not 0 <= self.history <= MAX_HISTORY:
             raise InvalidArgumentError(
                 f"collection {self.name!r}: history {self.history} outside 0..{MAX_HISTORY}"

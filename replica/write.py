@@ -169,7 +169,8 @@ def _seal_and_store(
         store.set_changed([(seq, key)])
     store.set_meta("clock", hlc)
     window_s = core.options.freshness_window_s
-    if window_s > 0:
+    creates_unique = write.spec.unique_ids and not siblings  # nothing can be stale against it
+    if window_s > 0 and not creates_unique:
         store.replace_auto_lock(key, now, now + int(window_s * 1000), (node, hlc))
     return frozenset(kept | {(node, hlc)})
 

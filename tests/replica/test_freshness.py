@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from replica import ChangeEvent, Record
+import pytest
+
+from replica import ChangeEvent, Collection, InvalidArgumentError, Record, Schema
 from replica.clock import hlc_ms
 from tests.conftest import FakeClock, ReplicaFactory
 from tests.replica.helpers import apply, dirty_envelopes
@@ -151,3 +153,35 @@ def test_versions_far_ahead_are_held_for_drift_until_time_or_acceptance(
     clock.advance(3_600_000 - 5 * 60_000 + 1000)  # now within the drift bound
     got = c.get("notes", "third")
     assert got is not None and got.document == {"v": 3}
+
+
+def test_creating_a_record_of_a_unique_ids_collection_takes_no_lock_and_editing_one_does(
+    make_replica: ReplicaFactory,
+) -> None:
+    """No other device can hold a version of a record with a freshly drawn id, so its
+    creation takes no freshness lock; an edit still does. The collision here cannot happen
+    with real unique ids: it shows which writes lock."""
+    clock = FakeClock()
+    ahead = FakeClock(clock.now_ms + 60_000)
+    a = make_replica("a", wall_clock_ms=clock, freshness_window_s=WINDOW_S)
+    b = make_replica("b", wall_clock_ms=lambda: ahead.now_ms, freshness_window_s=WINDOW_S)
+    schema = Schema((*a.schema.collections, Collection("events", "lww", unique_ids=True)))
+    a.declare(schema)
+    b.declare(schema)
+    a.put("events", "created", {"v": "a"})
+    b.put("events", "created", {"v": "b"})
+    a.put("events", "edited", {"v": "a"})
+    apply(b, dirty_envelopes(a))
+    a.put("events", "edited", {"v": "a edit"})
+    b.put("events", "edited", {"v": "b edit"})
+    apply(a, dirty_envelopes(b))
+    assert a.status().held_for_lock == 1  # the edit's version from b waits out the window
+    created, edited = a.get("events", "created"), a.get("events", "edited")
+    assert created is not None and created.document == {"v": "b"}  # merged at once
+    assert edited is not None and edited.document == {"v": "a edit"}
+
+
+def test_unique_ids_are_refused_where_ids_are_not_the_writers() -> None:
+    for policy in ("register", "local"):
+        with pytest.raises(InvalidArgumentError, match="unique_ids needs policy lww or per_item"):
+            Collection("c", policy, unique_ids=True)

@@ -101,6 +101,7 @@ def test_entries_are_sealed_and_never_sync_or_reach_the_feed(
         (lambda r: r.journal_push("drafts", "x" * (MAX_NAME_CHARS + 1), 1, keep=5), "bound"),
         (lambda r: r.journal_push("drafts", "log", 1, keep=5, profile="ghost"), "ghost"),
         (lambda r: r.journal_pop("versioned", "log"), "local collections"),
+        (lambda r: r.journal_push("drafts", ["log"], 1, keep=5), "journal name"),
     ],
 )
 def test_bad_arguments_are_refused_and_change_nothing(
@@ -155,6 +156,21 @@ def test_an_entry_moved_to_another_place_fails_closed_until_repair_quarantines_i
     assert replica.diagnose().healthy
 
 
+def test_a_repair_keeps_the_journal_within_its_bound(make_replica: ReplicaFactory) -> None:
+    """The rows past the bound wait for a sweep; a repair that takes the newest row hands its
+    floor on, so they never come back."""
+    replica = make_replica()
+    for i in range(1, 6):
+        replica.journal_push("drafts", "log", i, keep=3)
+    with sqlite3.connect(replica.path) as db:
+        db.execute("UPDATE journal SET envelope = substr(envelope, 1, 40) WHERE seq = 5")
+    with pytest.raises(DegradedError):
+        replica.journal_pop("drafts", "log")
+    assert replica.repair().quarantined == 1
+    assert replica.journal_count("drafts", "log") == 2
+    assert entries(replica) == [4, 3]
+
+
 def test_a_backup_leaves_journals_out(make_replica: ReplicaFactory, tmp_path: Path) -> None:
     replica = make_replica()
     replica.journal_push("drafts", "log", 1, keep=5)
@@ -165,23 +181,21 @@ def test_a_backup_leaves_journals_out(make_replica: ReplicaFactory, tmp_path: Pa
     assert replica.journal_count("drafts", "log") == 1
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    steps=st.lists(st.one_of(st.integers(0, 99), st.none()), max_size=40),
-    keep=st.integers(1, 6),
-)
+@settings(max_examples=80, deadline=None)
+@given(steps=st.lists(st.one_of(st.integers(1, 6), st.none()), max_size=60))
 def test_a_journal_behaves_as_a_bounded_stack(
-    make_replica: ReplicaFactory, steps: list[int | None], keep: int
+    make_replica: ReplicaFactory, steps: list[int | None]
 ) -> None:
-    """Pushes (an integer) and pops (None) in any order match a list kept to `keep`."""
+    """Pushes (with `keep` drawn each time) and pops (None) in any order match a list that
+    each push cuts to its newest `keep`, across the sweeps every 16th push makes."""
     replica = make_replica()
     model: list[int] = []
-    for step in steps:
-        if step is None:
+    for number, keep in enumerate(steps):
+        if keep is None:
             entry = replica.journal_pop("drafts", "log")
             assert (entry and entry.document) == (model.pop() if model else None)
         else:
-            replica.journal_push("drafts", "log", step, keep=keep)
-            model = [*model, step][-keep:]
+            replica.journal_push("drafts", "log", number, keep=keep)
+            model = [*model, number][-keep:]
         assert replica.journal_count("drafts", "log") == len(model)
     replica.close()

@@ -103,3 +103,43 @@ def test_a_watching_device_shows_another_devices_write_and_a_concurrent_put(
     for device in (a, b):
         ids = [r["id"] for r in cli.json_objects(device, "ls", "threads")]
         assert ids == ["from-a", "from-b"]
+
+
+@pytest.mark.slow
+def test_a_watch_round_brings_back_a_chat_deleted_elsewhere_that_got_a_message_here(
+    cli: Cli,
+    start_relay: Callable[..., RelayProcess],
+    watch: Callable[[Path], subprocess.Popen[str]],
+    tmp_path: Path,
+) -> None:
+    """specs/chat.md §7: while b's watch is paused, a deletes a chat and b (another process)
+    adds a message to it; b's next watch round merges the delete and brings the chat back
+    with the message (the one-off sync that starts a watch did not see either)."""
+    relay = start_relay()
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    cli.ok(a, "init", "--relay", relay.url, "--account", "ann")
+    cli.ok(b, "join", "--relay", relay.url, "--account", "ann")
+    thread = cli.ok(a, "chat", "new", "Trip").stdout.strip()
+    cli.ok(a, "chat", "say", thread, "Book a hotel")
+    cli.ok(a, "sync")
+    watching = watch(b)
+    wait_for_line(watching, "watching for changes")
+    eventually(lambda: len(cli.json_objects(b, "chat", "ls")) == 1, "b's watch gets the chat")
+
+    watching.send_signal(signal.SIGSTOP)
+    cli.ok(a, "chat", "rm", thread)
+    cli.ok(a, "sync")
+    cli.ok(b, "chat", "say", thread, "and a table for two")  # b has not seen the delete
+    watching.send_signal(signal.SIGCONT)
+    eventually(
+        lambda: cli(a, "sync").exit_code == 0 and len(cli.json_objects(a, "chat", "ls")) == 1,
+        "a gets the chat back from b's watch",
+    )
+    watching.send_signal(signal.SIGTERM)
+    _, stderr = watching.communicate(timeout=TIMEOUT_S)
+    assert "brought back 1 chat(s) deleted elsewhere with new messages" in stderr
+    for device in (a, b):
+        (chat,) = cli.json_objects(device, "chat", "ls")
+        assert chat["id"] == thread
+        shown = cli.json_objects(device, "chat", "show", thread)
+        assert [m["content"] for m in shown] == ["and a table for two"]

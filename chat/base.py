@@ -31,7 +31,6 @@ from replica import (
 )
 
 _POLL_S = 0.02
-_MAX_TAILS = 1024
 Part = tuple[str, str, Any]
 """An undo journal's note: (collection, record id, the document it showed before or None)."""
 
@@ -59,9 +58,6 @@ class ChatBase:
         self._locks = 0
         """How often the replica dropped its keys: a search that began before keeps
         nothing it read (chat/search.py)."""
-        self._tails: dict[str, tuple[str, int]] = {}
-        """Chat → (the feed's head just after this store's last append to it, that message's
-        place): while the head stays there, nothing changed since (`_last_place`)."""
         replica.on_lock(self._forget_decrypted)
 
     def _forget_decrypted(self) -> None:
@@ -70,7 +66,6 @@ class ChatBase:
         it waits for that mutex)."""
         self._locks += 1
         self._corpus = None
-        self._tails.clear()
 
     # -- serializing per chat ----------------------------------------------------------------
 
@@ -162,22 +157,6 @@ class ChatBase:
         if record is None or record.deleted:
             raise NoSuchChatError(f"no chat {thread}")
         return record, parse(Thread, record.document, f"chat {thread}")
-
-    def _last_place(self, thread: str) -> int | None:
-        """The place (`at`) of the chat's last message, once the chat is known to take
-        messages (not deleted, not malformed): from what this store's last append left when
-        no record changed since (a conversation appends again and again), else read."""
-        tail = self._tails.get(thread)
-        if tail is not None and tail[0] == self.replica.feed_head():
-            return tail[1]
-        self._thread(thread)
-        where = {"thread": thread}
-        return self.replica.last_created(MESSAGES, where=where, profile=self.profile)
-
-    def _remember_tail(self, thread: str, tail: tuple[str, int]) -> None:
-        if len(self._tails) >= _MAX_TAILS:
-            self._tails.clear()
-        self._tails[thread] = tail
 
     def _put_thread(self, thread: str, current: Thread, record: Record, **fields: Any) -> None:
         """Write the chat's record over the context read, with its message count now."""

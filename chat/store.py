@@ -166,7 +166,9 @@ class ChatStore(Reshaping, Jobs, Preferences, Reconciling, Searching, Undoing, C
         check_id("chat", thread)
         now = self._now_ms()
         with self._operation(thread, lease, undo="append"):
-            last = self._last_place(thread)
+            self._thread(thread)  # a deleted chat takes no message, a malformed one none either
+            where = {"thread": thread}
+            last = self.replica.last_created(MESSAGES, where=where, profile=self.profile)
             at = now * 1000 if last is None else max(now * 1000, last + 1)
             message_id = self._new_id()
             message = build(
@@ -180,8 +182,6 @@ class ChatStore(Reshaping, Jobs, Preferences, Reconciling, Searching, Undoing, C
                 created_ms=now,
             )
             self._write(MESSAGES, message_id, to_document(message), before=None)
-            tail = self.replica.feed_head(), at
-        self._remember_tail(thread, tail)  # once committed: a rolled-back head may recur
         return message_id
 
     def edit(self, thread: str, message: str, content: str) -> None:

@@ -3,7 +3,7 @@
 An entry is one operation: its name and, for each record it wrote, the document that record
 showed before (None: absent or deleted). The log is the engine's journal `CHAT` of the local
 collection `chat.undo`, which keeps the newest `MAX_UNDO` entries: an operation adds one row
-and reads nothing. An entry too large for one document is kept as a marker that says so.
+(specs/replica.md §13.2). An entry too large for one document is kept as a marker that says so.
 """
 
 from __future__ import annotations

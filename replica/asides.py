@@ -184,7 +184,14 @@ class AsideTables:
 
     # -- journals (device-only logs) -----------------------------------------------------------
 
-    def journal_head(self, log: bytes) -> tuple[int, int, bytes] | None:
+    def journal_head(self, log: bytes) -> tuple[int, int] | None:
+        """(seq, floor) of the journal's newest row; None if it has none."""
+        row = self.db.execute(
+            "SELECT seq, floor FROM journal WHERE log = ? ORDER BY seq DESC LIMIT 1", (log,)
+        ).fetchone()
+        return None if row is None else (int(row[0]), int(row[1]))
+
+    def journal_newest(self, log: bytes) -> tuple[int, int, bytes] | None:
         """(seq, floor, envelope) of the journal's newest row; None if it has none."""
         row = self.db.execute(
             "SELECT seq, floor, envelope FROM journal WHERE log = ? ORDER BY seq DESC LIMIT 1",

@@ -58,9 +58,10 @@ class Coordination:
             return self._core.store.count_held()
 
     def release_due(self) -> None:
-        """Merge held versions whose lock ended or whose time came (reads and writes do this)."""
+        """Merge held versions whose lock ended or whose time came, now (reads and writes do
+        this once per transaction)."""
         with self._core.mutex:
-            self._core.release_due()
+            self._core.release_due(every_time=True)
 
     def lease(self, name: str, *, ttl_s: float = 30.0, wait_s: float = 0.0) -> Lease:
         """Take the lease `name`: one holder at a time across threads and processes on this

@@ -44,10 +44,10 @@ from replica.wire import RelayState
 
 DegradedMark = tuple[bytes, bytes | None, str]
 RESEALED_FOR = "resealed_for"
-MAX_BLIND_MEMO = 4096
-T = TypeVar("T")
 """Meta: the key generation whose retired epochs this file's pending writes were re-sealed
 from (specs/replica.md §7.1)."""
+MAX_BLIND_MEMO = 4096
+T = TypeVar("T")
 
 
 class Core:
@@ -247,7 +247,6 @@ class Core:
         emptied past `MAX_BLIND_MEMO` entries."""
         if len(self._blind_memo) > MAX_BLIND_MEMO:
             self._blind_memo.clear()
-        self._derived.clear()
         return self._blind_memo
 
     def derived(self, names: tuple[str, ...], derive: Callable[[], T]) -> T:
@@ -399,12 +398,13 @@ class Core:
             if rows:
                 self.merge_held(rows, now)
 
-    def release_due(self, now: int | None = None) -> None:
+    def release_due(self, now: int | None = None, *, every_time: bool = False) -> None:
         """Merge held versions whose lock ended or whose time came: once per write transaction
-        (the reads and writes of a batch each ask; the next transaction asks again)."""
+        unless `every_time` (the reads and writes of a batch each ask; the next transaction,
+        or a rollback of part of this one, asks again)."""
         if self.opener is None:  # locked or closed: nothing can be opened, so nothing merges
             return
-        if self.store.in_transaction:
+        if self.store.in_transaction and not every_time:
             if self._released_in == self.store.transactions:
                 return
             self._released_in = self.store.transactions

@@ -10,11 +10,12 @@ journal's newest page, and a pop reads the newest row. Each row carries the jour
 bounds the journal, removing a row hands its floor to the row below, and the rows below the
 floor, never given back, are deleted every `SWEEP_EVERY` pushes.
 
-A journal is named within a `local` collection. Each entry is sealed as the record
-`name/seq` of that collection would be, and opened only as that record: the file cannot move
-an entry to another journal or place unnoticed. Entries never sync, are not in the change
-feed, and an entry that cannot be opened fails closed (`DegradedError`) until `repair`
-quarantines it.
+A journal is named within a `local` collection. Each entry is sealed as a record of the
+reserved collection `sealsync.journal` whose id names the journal (its key in the file) and
+the entry's place, and is opened only as that record: no record's envelope passes for an
+entry, and the file cannot move an entry to another journal or place unnoticed. Entries
+never sync, are not in the change feed, and an entry that cannot be opened fails closed
+(`DegradedError`) until `repair` quarantines it.
 """
 
 from __future__ import annotations
@@ -22,14 +23,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from replica.asides import Row
 from replica.core import Core
 from replica.envelope import Identity, seal
-from replica.errors import InvalidArgumentError
-from replica.limits import MAX_ID_CHARS, check_document, check_name
-from replica.write import check_profile, local_row
+from replica.errors import InvalidArgumentError, ProtocolError
+from replica.limits import check_document, check_name
+from replica.schema import JOURNAL_COLLECTION
+from replica.wire import parse_header
+from replica.write import check_profile
 
-MAX_NAME_CHARS = MAX_ID_CHARS - 21
-"""A name leaves room for "/" and an entry's sequence number in the entry's record id."""
 MAX_KEEP = 100_000
 SWEEP_EVERY = 16
 """A push deletes the rows that fell out of the journal every 16th time, not each time: the
@@ -53,17 +55,18 @@ def push(core: Core, profile: str, collection: str, name: str, document: Any, ke
     check_profile(core, profile)
     if not core.store.in_transaction:
         with core.write_transaction():
-            return _push(core, Identity(profile, collection, name), log, scope, document, keep)
+            return _push(core, profile, log, scope, document, keep)
     # Inside the caller's transaction no savepoint is needed: the sweep that may follow the
     # one insert only deletes rows already below the floor.
-    return _push(core, Identity(profile, collection, name), log, scope, document, keep)
+    return _push(core, profile, log, scope, document, keep)
 
 
-def _push(core: Core, journal: Identity, log: bytes, scope: bytes, document: Any, keep: int) -> int:
+def _push(core: Core, profile: str, log: bytes, scope: bytes, document: Any, keep: int) -> int:
     head = core.store.journal_head(log)
-    seq = 1 if head is None else head[0] + 1
+    # at or above the floor: a repair may have taken the newest rows, and kept the floor
+    seq = 1 if head is None else max(head[0] + 1, head[1])
     floor = max(1 if head is None else head[1], seq - keep + 1)
-    identity = Identity(journal.profile, journal.collection, _entry_id(journal.id, seq))
+    identity = entry_identity(profile, log, seq)
     node = core.node()
     envelope = seal(
         core.keys(),
@@ -84,15 +87,36 @@ def _push(core: Core, journal: Identity, log: bytes, scope: bytes, document: Any
 def pop(core: Core, profile: str, collection: str, name: str) -> JournalEntry | None:
     """Take the journal's newest entry off it; None when it is empty."""
     log, scope = _journal(core, profile, collection, name)
+    check_profile(core, profile)
     with core.write_transaction():
-        head = core.store.journal_head(log)
+        head = core.store.journal_newest(log)
         if head is None or head[0] < head[1]:  # every row left fell below the floor
             return None
         seq, _, envelope = head
-        key = core.record_key(Identity(profile, collection, _entry_id(name, seq)))
-        (opened,) = core.open_rows(key, [local_row(key, envelope)], scope)
+        key = core.record_key(entry_identity(profile, log, seq))
+        (opened,) = core.open_rows(key, [journal_row(key, seq, envelope)], scope)
         core.store.journal_remove(log, seq)
     return JournalEntry(seq, opened.document)
+
+
+def entry_identity(profile: str, log: bytes, seq: int) -> Identity:
+    """What an entry is sealed as: the journal's key and the entry's place, in a collection
+    no record can be of."""
+    return Identity(profile, JOURNAL_COLLECTION, entry_id(log, seq))
+
+
+def entry_id(log: bytes, seq: int) -> str:
+    return f"{log.hex()}/{seq}"
+
+
+def journal_row(key: bytes, seq: int, envelope: bytes) -> Row:
+    """An entry's row: its place as the dot's hlc (the header says where it was sealed for),
+    its node from its header (0 if that is damaged)."""
+    try:
+        node = parse_header(envelope).node
+    except ProtocolError:
+        node = 0
+    return Row(key, node, seq, envelope)
 
 
 def count(core: Core, profile: str, collection: str, name: str) -> int:
@@ -112,10 +136,6 @@ def _journal(core: Core, profile: str, collection: str, name: str) -> tuple[byte
 
 def _named(core: Core, profile: str, collection: str, name: str) -> tuple[bytes, bytes]:
     check_name("journal name", name)
-    if len(name) > MAX_NAME_CHARS:
-        raise InvalidArgumentError(
-            f"journal name {name[:40]!r} has {len(name)} characters, bound {MAX_NAME_CHARS}"
-        )
     spec, identity = core.resolve(collection, name, profile)
     if spec.policy != "local":
         raise InvalidArgumentError(
@@ -123,7 +143,3 @@ def _named(core: Core, profile: str, collection: str, name: str) -> tuple[bytes,
             hint="declare a Collection(name, 'local') for it",
         )
     return core.record_key(identity), core.scope(profile, collection)
-
-
-def _entry_id(name: str, seq: int) -> str:
-    return f"{name}/{seq}"

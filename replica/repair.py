@@ -22,6 +22,7 @@ from replica.asides import Row
 from replica.core import Core
 from replica.errors import EnvelopeError, ProtocolError, RepairRefusedError, UnknownEpochError
 from replica.indexed import rebuild
+from replica.journal import entry_identity, journal_row
 from replica.wire import Header, node_from_i64, node_to_i64, parse_header
 from replica.write import local_row
 
@@ -30,12 +31,14 @@ Damage = Literal["corrupt", "undecryptable"]
 
 @dataclass(frozen=True)
 class Finding:
-    """One unreadable row: where it is, what is wrong, and why."""
+    """One unreadable row: where it is, what is wrong, and why (`journal`: the row's journal
+    key; its place is `row.hlc`)."""
 
     table: str
     row: Row
     damage: Damage
     reason: str
+    journal: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -76,40 +79,54 @@ READMITTED_SOURCES = ("pull", "held", "versions")
 and replaced versions (`history`) stay: merging would not put them back where they were."""
 
 
-def _stored_rows(core: Core, scope: bytes | None) -> Iterator[tuple[str, Row, bytes | None]]:
-    """Every stored row, with the vector column of `versions` rows (None elsewhere)."""
+StoredRow = tuple[str, Row, bytes | None, bytes | None]
+"""(table, row, the vector column of a `versions` row, the journal key of a `journal` row)."""
+
+
+def _stored_rows(core: Core, scope: bytes | None) -> Iterator[StoredRow]:
+    """Every stored row."""
     store = core.store
     where, args = ("", ()) if scope is None else (" WHERE scope = ?", (scope,))
     for key, node, hlc, vector, envelope in store.db.execute(
         f"SELECT key, node, hlc, vector, envelope FROM versions{where}", args
     ).fetchall():
-        yield "versions", Row(key, node_from_i64(node), hlc, envelope), vector
-    for table in ("local", "journal"):
-        for key, envelope in store.db.execute(f"SELECT key, envelope FROM {table}{where}", args):
-            yield table, local_row(key, envelope), None
+        yield "versions", Row(key, node_from_i64(node), hlc, envelope), vector, None
+    for key, envelope in store.db.execute(f"SELECT key, envelope FROM local{where}", args):
+        yield "local", local_row(key, envelope), None, None
+    for log, seq, key, envelope in store.db.execute(
+        f"SELECT log, seq, key, envelope FROM journal{where}", args
+    ).fetchall():
+        yield "journal", journal_row(key, seq, envelope), None, log
     if scope is None:
         for key, node, hlc, envelope in store.db.execute(
             "SELECT key, node, hlc, envelope FROM history"
         ).fetchall():
-            yield "history", Row(key, node_from_i64(node), hlc, envelope), None
+            yield "history", Row(key, node_from_i64(node), hlc, envelope), None, None
 
 
-def _check_row(core: Core, table: str, row: Row, vector: bytes | None) -> Finding | None:
+def _check_row(core: Core, stored: StoredRow) -> Finding | None:
+    table, row, vector, log = stored
     opener = core.opener_or_raise()
+
+    def finding(damage: Damage, reason: str) -> Finding:
+        return Finding(table, row, damage, reason, log)
+
     try:
         header = parse_header(row.envelope)
     except ProtocolError as exc:
-        return Finding(table, row, "corrupt", f"malformed header: {exc}")
+        return finding("corrupt", f"malformed header: {exc}")
     if (header.key, header.node, header.hlc) != (row.key, row.node, row.hlc):
-        return Finding(table, row, "corrupt", "envelope does not belong to its row")
+        return finding("corrupt", "envelope does not belong to its row")
     if vector is not None and vector != header.vector_bytes:
-        return Finding(table, row, "corrupt", "the row's vector column differs from its header")
+        return finding("corrupt", "the row's vector column differs from its header")
     try:
-        opener.open(row.envelope, header)
+        opened = opener.open(row.envelope, header)
     except EnvelopeError as exc:
-        return Finding(table, row, "undecryptable", str(exc))
+        return finding("undecryptable", str(exc))
     except UnknownEpochError as exc:
-        return Finding(table, row, "corrupt", str(exc))
+        return finding("corrupt", str(exc))
+    if log is not None and opened.identity != entry_identity(opened.identity.profile, log, row.hlc):
+        return finding("corrupt", "the entry was sealed for another journal or place")
     return None
 
 
@@ -120,9 +137,9 @@ def diagnose(core: Core, scope: bytes | None = None) -> Diagnosis:
     core.refuse_stale_keys()
     count = 0
     findings = []
-    for table, row, vector in _stored_rows(core, scope):
+    for stored in _stored_rows(core, scope):
         count += 1
-        finding = _check_row(core, table, row, vector)
+        finding = _check_row(core, stored)
         if finding is not None:
             findings.append(finding)
     return Diagnosis(count, tuple(findings), core.store.count_degraded())
@@ -226,11 +243,8 @@ def _quarantine_row(core: Core, finding: Finding, now: int) -> None:
     store, row = core.store, finding.row
     reason = f"{finding.damage}: {finding.reason}"
     store.quarantine(finding.table, row.key, row.envelope, reason, now, (row.node, row.hlc))
-    if finding.table == "journal":
-        for log, seq in store.db.execute(
-            "SELECT log, seq FROM journal WHERE key = ?", (row.key,)
-        ).fetchall():
-            store.journal_remove(log, seq)
+    if finding.journal is not None:
+        store.journal_remove(finding.journal, row.hlc)
     elif finding.table == "local":
         store.db.execute("DELETE FROM local WHERE key = ?", (row.key,))
     else:

@@ -20,6 +20,8 @@ REGISTER_ID = "value"
 """The one record id of a register collection (one value per profile)."""
 PROFILES_COLLECTION = "sealsync.profiles"
 """Internal lww collection, in the default profile, that lists the account's profiles."""
+JOURNAL_COLLECTION = "sealsync.journal"
+"""The collection journal entries are sealed under (replica/journal.py): no record's."""
 DEFAULT_PROFILE = "default"
 MAX_HISTORY = 10_000
 
@@ -100,8 +102,9 @@ class Schema:
         names = [c.name for c in self.collections]
         if len(set(names)) != len(names):
             raise InvalidArgumentError(f"schema declares a collection twice: {sorted(names)}")
-        if PROFILES_COLLECTION in names:
-            raise InvalidArgumentError(f"{PROFILES_COLLECTION!r} is reserved for sealsync")
+        for reserved in (PROFILES_COLLECTION, JOURNAL_COLLECTION):
+            if reserved in names:
+                raise InvalidArgumentError(f"{reserved!r} is reserved for sealsync")
         object.__setattr__(self, "_by_name", {c.name: c for c in self.collections})
 
     def get(self, name: str) -> Collection | None:

@@ -70,7 +70,8 @@ class Store(AsideTables):
         self.closed = False
         self._depth = 0
         self.transactions = 0
-        """Write transactions begun on this connection: tells one transaction from the next."""
+        """Counts write transactions begun, and rollbacks of any part of one, on this
+        connection: what was done "once in this transaction" is undone when it changes."""
         self._meta: dict[str, bytes | int | str | None] = {}
         """Meta values read or written in the open write transaction (no other connection
         writes meanwhile); emptied when it ends and when a savepoint rolls back."""
@@ -158,6 +159,7 @@ class Store(AsideTables):
         except BaseException as exc:
             self._depth -= 1
             self._meta.clear()
+            self.transactions += 1
             self._roll_back(rollback, commit, exc)
             raise
         self._depth -= 1

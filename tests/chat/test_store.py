@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from msgspec import structs
 
 from chat import (
     COLLECTIONS,
@@ -23,7 +24,14 @@ from chat import (
 )
 from chat.ids import IdClock, check_id, id_time_ms, new_id
 from chat.schema import MESSAGES, THREADS
-from replica import DegradedError, InvalidArgumentError, LeaseBusyError, Replica
+from replica import (
+    Collection,
+    DegradedError,
+    InvalidArgumentError,
+    LeaseBusyError,
+    Replica,
+    Schema,
+)
 from tests.conftest import SCHEMA, ReplicaFactory
 
 
@@ -210,6 +218,24 @@ def test_the_store_needs_its_collections_declared(make_replica: ReplicaFactory) 
     declared = with_chat(SCHEMA)
     assert with_chat(declared) == declared
     assert {c.name for c in COLLECTIONS} <= {c.name for c in declared.collections}
+
+
+def test_a_replica_declared_by_the_first_chat_store_works_and_is_brought_up_to_date(
+    make_replica: ReplicaFactory,
+) -> None:
+    """The first release declared threads and messages without `unique_ids`."""
+    first = tuple(structs.replace(c, unique_ids=False) for c in COLLECTIONS)
+    replica = make_replica()
+    replica.declare(Schema((*SCHEMA.collections, *first)))
+    store = ChatStore(replica)
+    thread = store.new_chat("declared before unique_ids")
+    store.append(thread, "user", "still works")
+    replica.declare(with_chat(replica.schema))
+    assert all(replica.schema.get(c.name) == c for c in COLLECTIONS)
+    assert [v.message.content for v in store.messages(thread).messages] == ["still works"]
+    other = Collection("chat.messages", "lww", index="thread")
+    with pytest.raises(InvalidArgumentError, match="declared otherwise"):
+        with_chat(Schema((*SCHEMA.collections, other)))
 
 
 def test_ids_sort_by_time_and_never_repeat_within_a_millisecond() -> None:

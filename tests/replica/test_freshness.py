@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from replica import ChangeEvent, Collection, InvalidArgumentError, Record, Schema
+from replica import (
+    ChangeEvent,
+    Collection,
+    InvalidArgumentError,
+    Record,
+    Replica,
+    Schema,
+    StaleContextError,
+)
 from replica.clock import hlc_ms
 from tests.conftest import FakeClock, ReplicaFactory
 from tests.replica.helpers import apply, dirty_envelopes
@@ -185,3 +193,42 @@ def test_unique_ids_are_refused_where_ids_are_not_the_writers() -> None:
     for policy in ("register", "local"):
         with pytest.raises(InvalidArgumentError, match="unique_ids needs policy lww or per_item"):
             Collection("c", policy, unique_ids=True)
+
+
+def held_then_due(make_replica: ReplicaFactory, clock: FakeClock) -> Replica:
+    """A replica holding another device's version of notes/n under a 5 s record lock."""
+    a = make_replica("a", wall_clock_ms=clock, freshness_window_s=0)
+    b = make_replica("b", wall_clock_ms=clock, freshness_window_s=0)
+    a.put("notes", "x", {"v": 0})
+    a.lock_scope(collection="notes", id="n", duration_s=5)
+    b.put("notes", "n", {"v": "remote"})
+    apply(a, dirty_envelopes(b))
+    assert a.status().held_for_lock == 1
+    return a
+
+
+def test_a_batch_releases_what_is_due_again_after_a_write_in_it_rolled_back(
+    make_replica: ReplicaFactory,
+) -> None:
+    """A batch releases due holds once, at its first read or write; a write whose savepoint
+    rolls back takes that release with it, so the next read releases again."""
+    clock = FakeClock()
+    a = held_then_due(make_replica, clock)
+    clock.advance(6000)
+    with a.batch():
+        with pytest.raises(StaleContextError):
+            a.put("notes", "x", {"v": 1}, context=frozenset(), if_unchanged=True)
+        assert a.get("notes", "n") is not None
+    assert a.status().held_for_lock == 0
+
+
+def test_release_due_inside_a_batch_releases_what_came_due_since_its_first_read(
+    make_replica: ReplicaFactory,
+) -> None:
+    clock = FakeClock()
+    a = held_then_due(make_replica, clock)
+    with a.batch():
+        assert a.get("notes", "n") is None  # held: the lock is on
+        clock.advance(6000)
+        a.release_due()
+        assert a.get("notes", "n") is not None

@@ -11,13 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replica import (
+    Collection,
     DegradedError,
     InvalidArgumentError,
     Replica,
     ReplicaLockedError,
+    Schema,
     backup_replica_file,
 )
-from replica.journal import MAX_NAME_CHARS
+from replica.limits import MAX_ID_CHARS
 from tests.conftest import ReplicaFactory
 
 
@@ -98,7 +100,7 @@ def test_entries_are_sealed_and_never_sync_or_reach_the_feed(
         (lambda r: r.journal_push("drafts", "log", 1, keep=0), "keep must be"),
         (lambda r: r.journal_push("drafts", "log", 1, keep=True), "keep must be"),
         (lambda r: r.journal_push("drafts", "", 1, keep=5), "journal name"),
-        (lambda r: r.journal_push("drafts", "x" * (MAX_NAME_CHARS + 1), 1, keep=5), "bound"),
+        (lambda r: r.journal_push("drafts", "x" * (MAX_ID_CHARS + 1), 1, keep=5), "bounds"),
         (lambda r: r.journal_push("drafts", "log", 1, keep=5, profile="ghost"), "ghost"),
         (lambda r: r.journal_pop("versioned", "log"), "local collections"),
         (lambda r: r.journal_push("drafts", ["log"], 1, keep=5), "journal name"),
@@ -169,6 +171,86 @@ def test_a_repair_keeps_the_journal_within_its_bound(make_replica: ReplicaFactor
     assert replica.repair().quarantined == 1
     assert replica.journal_count("drafts", "log") == 2
     assert entries(replica) == [4, 3]
+
+
+def test_a_push_after_a_repair_took_the_newest_rows_is_kept(
+    make_replica: ReplicaFactory,
+) -> None:
+    """A repair that takes the newest rows leaves a floor above the head: the next entry goes
+    at the floor, not below it, where it would be out of the journal."""
+    replica = make_replica()
+    for i in range(1, 7):
+        replica.journal_push("drafts", "log", i, keep=1)
+    with sqlite3.connect(replica.path) as db:
+        db.execute("UPDATE journal SET envelope = substr(envelope, 1, 40) WHERE seq >= 4")
+    assert replica.repair().quarantined == 3
+    replica.journal_push("drafts", "log", "new", keep=1)
+    assert replica.journal_count("drafts", "log") == 1
+    assert entries(replica) == ["new"]
+
+
+def test_an_entry_moved_with_its_key_is_found_and_quarantined(
+    make_replica: ReplicaFactory,
+) -> None:
+    replica = make_replica()
+    for i in range(3):
+        replica.journal_push("drafts", "log", i, keep=5)
+    with sqlite3.connect(replica.path) as db:
+        (a, key_a, env_a), (b, key_b, env_b) = db.execute(
+            "SELECT seq, key, envelope FROM journal ORDER BY seq DESC LIMIT 2"
+        ).fetchall()
+        db.execute("UPDATE journal SET key = ?, envelope = ? WHERE seq = ?", (key_b, env_b, a))
+        db.execute("UPDATE journal SET key = ?, envelope = ? WHERE seq = ?", (key_a, env_a, b))
+    with pytest.raises(DegradedError):
+        replica.journal_pop("drafts", "log")
+    assert {f.table for f in replica.diagnose().findings} == {"journal"}
+    assert replica.repair().quarantined == 2
+    assert entries(replica) == [0]
+
+
+def test_an_entry_moved_with_its_key_to_another_journal_is_found(
+    make_replica: ReplicaFactory,
+) -> None:
+    """Same place, another journal: only the id the entry was sealed under tells."""
+    replica = make_replica()
+    for name in ("a", "b"):
+        replica.journal_push("drafts", name, name, keep=5)
+    with sqlite3.connect(replica.path) as db:
+        rows = db.execute("SELECT log, key, envelope FROM journal").fetchall()
+        for (log, _, _), (_, key, envelope) in zip(rows, reversed(rows), strict=True):
+            db.execute(
+                "UPDATE journal SET key = ?, envelope = ? WHERE log = ?", (key, envelope, log)
+            )
+    assert len(replica.diagnose().findings) == 2
+    assert replica.repair().quarantined == 2
+    assert entries(replica, "a") == entries(replica, "b") == []
+
+
+def test_a_records_envelope_never_passes_for_an_entry(make_replica: ReplicaFactory) -> None:
+    replica = make_replica()
+    replica.journal_push("drafts", "log", {"op": "real"}, keep=5)
+    for id in ("log/1", "x"):
+        replica.put("drafts", id, {"op": "planted"})
+    with sqlite3.connect(replica.path) as db:
+        (planted,) = db.execute("SELECT envelope FROM local LIMIT 1").fetchone()
+        db.execute("UPDATE journal SET envelope = ?", (planted,))
+    assert not replica.diagnose().healthy
+    with pytest.raises(DegradedError):
+        replica.journal_pop("drafts", "log")
+
+
+def test_a_journal_follows_a_declare_that_changes_its_collection(
+    make_replica: ReplicaFactory,
+) -> None:
+    replica = make_replica()
+    replica.declare(Schema((*replica.schema.collections, Collection("undo", "local"))))
+    replica.journal_push("undo", "log", 1, keep=5)
+    others = tuple(c for c in replica.schema.collections if c.name != "undo")
+    replica.declare(Schema((*others, Collection("undo", "lww"))))
+    with pytest.raises(InvalidArgumentError, match="local collections"):
+        replica.journal_push("undo", "log", 2, keep=5)
+    with pytest.raises(InvalidArgumentError, match="reserved"):
+        Schema((Collection("sealsync.journal", "local"),))
 
 
 def test_a_backup_leaves_journals_out(make_replica: ReplicaFactory, tmp_path: Path) -> None:

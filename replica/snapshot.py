@@ -1,12 +1,14 @@
 """Snapshots of a replica file: one consistent copy, as ciphertext, with no key needed.
 
-A copy is taken through SQLite's online backup API, so it is whole even while another
-process writes, and it works on a locked replica (the file holds only sealed envelopes and the
-passphrase-wrapped key bundle). A *backup* leaves out what belongs to this device alone —
-records of `local` collections such as drafts, journals, and their quarantined or degraded
-rows — so a backup restored elsewhere never carries one device's private state to another.
-Deleted rows are overwritten (`secure_delete`), not merely unlinked. The copy is left in
-rollback-journal mode: one self-contained file.
+A copy is taken through SQLite's online backup API inside one read transaction on the
+source, so it is one snapshot and finishes while another process writes (stepwise, without
+it, the copy restarted at every commit and never ended under a steady writer). It works on a
+locked replica (the file holds only sealed envelopes and the passphrase-wrapped key bundle).
+A *backup* leaves out what belongs to this device alone — records of `local` collections such
+as drafts, journals, leases, and their quarantined or degraded rows — so a backup restored
+elsewhere never carries one device's private state to another. Deleted rows are overwritten
+(`secure_delete`), not merely unlinked. The copy is left in rollback-journal mode: one
+self-contained file.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ _DROP_DEVICE_LOCAL = """
     DELETE FROM quarantine WHERE source IN ('local', 'journal');
     DELETE FROM local;
     DELETE FROM journal;
+    DELETE FROM leases;
 """
 
 
@@ -47,10 +50,17 @@ def copy_replica_file(
 
     try:
         with (
-            closing(sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)) as src,
+            closing(
+                sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            ) as src,
             closing(sqlite3.connect(target, isolation_level=None)) as dst,
         ):
+            # One read transaction for the whole copy: every step reads the same snapshot
+            # (WAL), so a writer meanwhile neither restarts the copy nor tears it.
+            src.execute("BEGIN")
+            src.execute("SELECT count(*) FROM sqlite_schema").fetchone()
             src.backup(dst, pages=PAGES_PER_STEP, progress=report)
+            src.execute("COMMIT")
             dst.execute("PRAGMA journal_mode=DELETE")
     except sqlite3.DatabaseError as exc:
         raise StoreError(

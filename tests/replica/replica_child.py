@@ -12,6 +12,8 @@ Argon2id), then, by MODE:
 - `writer WHO COUNT INCREMENTS`: waits for `go` on stdin, then puts COUNT distinct records
   `WHO-n` and bumps the shared counter with `update` INCREMENTS times, interleaved.
 - `batch-writer BATCHES`: waits for `go`, then writes BATCHES batches of BATCH_RECORDS records.
+- `steady-writer SECONDS`: waits for `go`, then puts `steady-n` one per transaction, 250 a
+  second, printing `committed n` as each returns.
 - `reader TOTAL`: waits for `go`, then scans and reads until it sees TOTAL records, checking
   that every scan sees exactly the first b whole batches with their exact content (a
   consistent snapshot), never fewer than the previous scan, and that `get` agrees with it.
@@ -40,6 +42,7 @@ BATCH_RECORDS = 5
 COUNTER_ID = "counter"
 LAST_BATCH_ID = "last-batch"
 MAX_ROUNDS = 10_000
+STEADY_PER_S = 250
 READER_TIMEOUT_S = 60.0
 CHILD_SCRIPT = Path(__file__).resolve()
 PROJECT_ROOT = CHILD_SCRIPT.parents[2]
@@ -153,6 +156,20 @@ def run_batch_writer(replica: Replica, batches: int) -> dict[str, Any]:
     return {"started": started, "ended": time.time()}
 
 
+def run_steady_writer(replica: Replica, seconds: float) -> dict[str, Any]:
+    """Put `steady-n` one per transaction at STEADY_PER_S for `seconds`, printing
+    `committed n` (flushed) as each put returns: what the parent may count as acknowledged."""
+    wait_for_go()
+    started = time.monotonic()
+    n = 0
+    while (elapsed := time.monotonic() - started) < seconds:
+        replica.put("notes", f"steady-{n}", {"n": n})
+        say(f"committed {n}")
+        n += 1
+        time.sleep(max(0.0, n / STEADY_PER_S - elapsed - 0.0005))
+    return {"commits": n, "seconds": time.monotonic() - started}
+
+
 def run_reader(replica: Replica, total: int) -> dict[str, Any]:
     wait_for_go()
     started = time.time()
@@ -200,6 +217,8 @@ def main(argv: list[str]) -> None:
             say("result " + json.dumps(run_writer(replica, rest[0], int(rest[1]), int(rest[2]))))
         elif mode == "batch-writer":
             say("result " + json.dumps(run_batch_writer(replica, int(rest[0]))))
+        elif mode == "steady-writer":
+            say("result " + json.dumps(run_steady_writer(replica, float(rest[0]))))
         elif mode == "reader":
             say("result " + json.dumps(run_reader(replica, int(rest[0]))))
         else:

@@ -253,13 +253,18 @@ def test_a_journal_follows_a_declare_that_changes_its_collection(
         Schema((Collection("sealsync.journal", "local"),))
 
 
-def test_a_backup_leaves_journals_out(make_replica: ReplicaFactory, tmp_path: Path) -> None:
+def test_a_backup_leaves_journals_and_leases_out(
+    make_replica: ReplicaFactory, tmp_path: Path
+) -> None:
     replica = make_replica()
     replica.journal_push("drafts", "log", 1, keep=5)
     replica.put("notes", "n", {"shared": True})
-    backup_replica_file(Path(replica.path), tmp_path / "backup.db")
+    with replica.lease("job"):
+        backup_replica_file(Path(replica.path), tmp_path / "backup.db")
     with sqlite3.connect(tmp_path / "backup.db") as db:
         assert db.execute("SELECT count(*) FROM journal").fetchone() == (0,)
+        assert db.execute("SELECT count(*) FROM leases").fetchone() == (0,)
+        assert db.execute("SELECT count(*) FROM versions").fetchone() == (1,)
     assert replica.journal_count("drafts", "log") == 1
 
 

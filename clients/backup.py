@@ -7,7 +7,8 @@ folder and rename it into place, so a crash never leaves a partial file under th
 A restored replica takes a new node id: the device it came from may still be writing as the
 old one, and two files writing as one node would give different versions one identity.
 Device-local records (the `local` policy, such as drafts) are left out of a backup
-(`replica.snapshot`).
+(`replica.snapshot`). Each backup has a manifest beside it (`clients/manifest.py`), and a
+backup that does not verify (`clients/verify.py`) is restored only when forced.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from clients.device import FILE_MODE, fsync_folder
+from clients.manifest import describe, manifest_path, read_manifest, write_manifest
+from clients.verify import verify_backup
 from replica import Replica, backup_replica_file, copy_replica_file
 from replica.errors import StoreError
 
@@ -43,24 +47,55 @@ def temp_beside(target: Path) -> Iterator[Path]:
             Path(name + suffix).unlink(missing_ok=True)
 
 
-def backup_name(replica_path: Path, now: datetime.datetime) -> str:
-    return f"{replica_path.stem}-{now:%Y%m%dT%H%M%S%fZ}.db"
+def backup_name(replica_path: Path, now: datetime.datetime, node: int) -> str:
+    """What a backup is called: the replica, what it holds (all profiles), when, and the node."""
+    return f"{replica_path.stem}-all-{now:%Y%m%dT%H%M%S%fZ}-{node:016x}.db"
 
 
 def backup_replica(
     replica_path: Path, folder: Path, now: datetime.datetime, progress: OnCopied | None = None
 ) -> Path:
-    """Snapshot the replica into `folder` under a new timestamped name; returns its path."""
-    Replica.open(replica_path).close()  # a replica, or a clear error before anything is made
+    """Snapshot the replica into `folder` under a new name, with its manifest (written last:
+    a backup without one was cut short); returns the backup's path."""
+    with Replica.open(replica_path) as source:  # a replica, or a clear error before anything
+        node = source.node
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    target = folder / backup_name(replica_path, now)
+    target = folder / backup_name(replica_path, now, node)
     if target.exists():
         raise StoreError(f"{target} already exists", hint="run `sealsync backup` again")
     with temp_beside(target) as temp:
         backup_replica_file(replica_path, temp, progress=progress)
+        manifest = describe(temp, target.name, node, now)
         os.replace(temp, target)
     fsync_folder(folder)
+    write_manifest(manifest, manifest_path(target))
     return target
+
+
+@dataclass(frozen=True)
+class ListedBackup:
+    name: str
+    bytes: int
+    taken_ms: int
+    """From the manifest; the file's time when it has none."""
+    manifest: bool
+
+
+def list_backups(folder: Path) -> list[ListedBackup]:
+    """The backups in `folder`, oldest first (`verify` says whether they are good)."""
+    if not folder.is_dir():
+        raise StoreError(f"no folder {folder}", hint="give the folder given to `backup --to`")
+    listed = []
+    for path in folder.glob("*.db"):
+        stat = path.stat()
+        taken_ms = stat.st_mtime_ns // 1_000_000
+        try:
+            taken = datetime.datetime.fromisoformat(read_manifest(manifest_path(path)).taken_at)
+            taken_ms, has_manifest = int(taken.timestamp() * 1000), True
+        except (OSError, StoreError, ValueError):
+            has_manifest = False
+        listed.append(ListedBackup(path.name, stat.st_size, taken_ms, has_manifest))
+    return sorted(listed, key=lambda b: (b.taken_ms, b.name))
 
 
 def restore_replica(
@@ -69,6 +104,13 @@ def restore_replica(
     """Copy `backup` to `replica_path` with a new node id; returns that id."""
     if not backup.is_file():
         raise StoreError(f"no backup at {backup}", hint="give the path `sealsync backup` printed")
+    verdict = verify_backup(backup)
+    if verdict.state != "ok" and not force:
+        raise StoreError(
+            f"{backup} is {verdict.state}: {'; '.join(verdict.problems)}",
+            hint="restore another backup (`sealsync backup verify FOLDER`), or give --force "
+            "to restore this one as it is",
+        )
     if replica_path.exists() and not force:
         raise StoreError(
             f"{replica_path} already exists",

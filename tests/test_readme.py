@@ -151,4 +151,4 @@ def test_the_readme_tour_runs_as_written(tmp_path: Path) -> None:
     resolved = {"title": "Rome, then Lisbon", "message_count": 3}  # by the phone; on the laptop
     assert listed == [{"id": "t1", "doc": resolved}], result.stdout
     assert "Lisbon" in result.stdout and "Rome" in result.stdout  # `conflicts` showed a sibling
-    assert len(list((tmp_path / "backups").iterdir())) == 1
+    assert len(list((tmp_path / "backups").glob("*.db"))) == 1  # and its manifest

@@ -4,30 +4,89 @@
 from __future__ import annotations
 
 import datetime
+import sys
+import time
+from dataclasses import asdict
 from pathlib import Path
 
 import click
+from rich.markup import escape
+from rich.table import Table
 
-from clients.backup import backup_replica, restore_replica
-from clients.cli.console import copy_progress, out, user_errors
+from clients.backup import backup_replica, list_backups, restore_replica
+from clients.cli.chat import when
+from clients.cli.console import ExitCode, copy_progress, out, user_errors
+from clients.cli.records import json_option, print_json
 from clients.cli.settings import CliSettings
+from clients.verify import Verdict, verify_backup, verify_folder
 
 
-@click.command("backup")
+@click.group("backup", invoke_without_command=True)
 @click.option(
     "--to",
     "folder",
-    required=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="Folder to write the snapshot into.",
+    help="Folder to write the snapshot and its manifest into.",
 )
-@click.pass_obj
-def backup(settings: CliSettings, folder: Path) -> None:
-    """Snapshot the replica file (ciphertext; no passphrase needed)."""
+@click.pass_context
+def backup(context: click.Context, folder: Path | None) -> None:
+    """Snapshot the replica file (ciphertext; no passphrase needed); `ls` and `verify`."""
+    if context.invoked_subcommand is not None:
+        return
+    if folder is None:
+        raise click.UsageError("give --to FOLDER, or a subcommand (ls, verify)")
+    settings: CliSettings = context.obj
     with user_errors(), copy_progress("backing up") as progress:
         now = datetime.datetime.now(datetime.UTC)
         target = backup_replica(settings.replica_path, folder, now, progress)
     out.print(f"backup written: {target}")
+
+
+@backup.command("ls")
+@click.argument("folder", type=click.Path(file_okay=False, path_type=Path))
+@json_option
+def backup_ls(folder: Path, as_json: bool) -> None:
+    """The backups in FOLDER, newest last: size, when taken, and whether their manifest is
+    there (`verify` checks them)."""
+    with user_errors():
+        listed = list_backups(folder)
+    if as_json:
+        print_json([asdict(b) for b in listed])
+        return
+    table = Table("backup", "size", "taken", "manifest")
+    now_ms = time.time_ns() // 1_000_000
+    for b in listed:
+        table.add_row(
+            b.name, f"{b.bytes:,}", when(b.taken_ms, now_ms), "yes" if b.manifest else "NO"
+        )
+    out.print(table)
+
+
+@backup.command("verify")
+@click.argument("path", type=click.Path(path_type=Path))
+@json_option
+def backup_verify(path: Path, as_json: bool) -> None:
+    """Check a backup, or every backup in a folder, without the passphrase; exit 3 when one
+    is damaged, 1 when one cannot be read (specs/cli.md §2)."""
+    with user_errors():
+        verdicts = verify_folder(path) if path.is_dir() else [verify_backup(path)]
+    if as_json:
+        print_json(
+            [
+                {"backup": str(v.backup), "state": v.state, "problems": list(v.problems)}
+                for v in verdicts
+            ]
+        )
+    else:
+        for v in verdicts:
+            out.print(f"{v.state}: {v.backup}")
+            for problem in v.problems:
+                out.print(f"  {escape(problem)}")
+    states = {v.state for v in verdicts}
+    if "damaged" in states:
+        sys.exit(ExitCode.DAMAGED)
+    if "unreadable" in states:
+        sys.exit(ExitCode.ERROR)
 
 
 @click.command("restore")
@@ -39,6 +98,14 @@ def restore(settings: CliSettings, file: Path, force: bool) -> None:
     with user_errors(), copy_progress("restoring") as progress:
         node = restore_replica(file, settings.replica_path, force=force, progress=progress)
     out.print(f"restored {file} to {settings.replica_path} (node {node:016x})")
+
+
+def verdict_json(verdict: Verdict) -> dict[str, object]:
+    return {
+        "backup": str(verdict.backup),
+        "state": verdict.state,
+        "problems": list(verdict.problems),
+    }
 
 
 BACKUP_COMMANDS = (backup, restore)

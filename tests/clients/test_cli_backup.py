@@ -32,12 +32,16 @@ def test_a_backup_taken_while_locked_restores_as_a_new_node_that_syncs(
     folder = tmp_path / "backups"
     made = cli(a, "backup", "--to", str(folder), passphrase="")  # never asks for it
     assert made.exit_code == 0, made.output
-    (copy,) = folder.iterdir()
+    (copy,) = folder.glob("*.db")
+    assert sorted(p.name for p in folder.iterdir()) == [copy.name, copy.with_suffix(".json").name]
     assert str(copy) in made.stdout.replace("\n", "")
-    assert copy.stat().st_mode & 0o777 == 0o600
+    assert copy.stat().st_mode & 0o777 == copy.with_suffix(".json").stat().st_mode & 0o777 == 0o600
     with sqlite3.connect(copy) as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-    assert not any(p.name.endswith(".tmp") for p in folder.iterdir())
+    (listed,) = cli.json_objects(a, "backup", "ls", str(folder))
+    assert (listed["name"], listed["manifest"]) == (copy.name, True)
+    (verdict,) = cli.json_objects(a, "backup", "verify", str(folder))
+    assert (verdict["state"], verdict["problems"]) == ("ok", [])
 
     restored = cli(b, "restore", str(copy), passphrase="")
     assert restored.exit_code == 0, restored.output

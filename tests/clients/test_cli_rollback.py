@@ -162,7 +162,7 @@ def test_a_relay_restored_from_an_older_copy_is_found_reseeded_and_followed(
         cli.ok(a, "sync")
         synced = assert_all_equal(a, b)
         backup = cli.ok(b, "backup", "--to", str(tmp_path / "backups"))
-        (backup_file,) = (tmp_path / "backups").iterdir()
+        (backup_file,) = (tmp_path / "backups").glob("*.db")
         assert str(backup_file) in backup.stdout.replace("\n", "")
 
         relay.stop()

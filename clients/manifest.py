@@ -1,0 +1,110 @@
+"""The manifest beside each backup: what the backup file holds, so that it can be checked
+without the passphrase (`clients/verify.py`).
+
+A backup is `NAME.db` with `NAME.json` beside it. The manifest names its file, the file's
+size and SHA-256, the replica format, the node it was taken from, when, and how many rows
+each table of shared data holds; its own SHA-256 (over the other fields) catches a changed
+manifest. It is written after the backup file is in place, so a backup without one was cut
+short.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import sqlite3
+from contextlib import closing
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from clients.device import write_atomically
+from replica.errors import StoreError
+
+MANIFEST_FORMAT = 1
+COUNTED_TABLES = ("versions", "history", "held", "quarantine")
+"""The tables of shared data a backup keeps (device-local ones are left out of it)."""
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Manifest:
+    file: str
+    bytes: int
+    sha256: str
+    replica_format: int
+    node: str
+    """The source replica's node id (16 hex digits): a restore takes a new one."""
+    taken_at: str
+    """ISO 8601, UTC."""
+    rows: dict[str, int]
+
+
+def manifest_path(backup: Path) -> Path:
+    return backup.with_suffix(".json")
+
+
+def describe(backup: Path, name: str, node: int, taken_at: datetime.datetime) -> Manifest:
+    """The manifest of the backup file at `backup` (to be named `name`), as it is now."""
+    size, digest = file_digest(backup)
+    with closing(sqlite3.connect(f"file:{backup}?mode=ro", uri=True)) as db:
+        replica_format = int(db.execute("PRAGMA user_version").fetchone()[0])
+        rows = {
+            t: int(db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]) for t in COUNTED_TABLES
+        }
+    stamp = taken_at.astimezone(datetime.UTC).isoformat(timespec="microseconds")
+    return Manifest(name, size, digest, replica_format, f"{node:016x}", stamp, rows)
+
+
+def file_digest(path: Path) -> tuple[int, str]:
+    """(size, SHA-256 hex) of a file, read in 1 MiB pieces."""
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as file:
+        while piece := file.read(_CHUNK):
+            digest.update(piece)
+            size += len(piece)
+    return size, digest.hexdigest()
+
+
+def write_manifest(manifest: Manifest, path: Path) -> None:
+    fields = asdict(manifest)
+    document = {"sealsync_backup": MANIFEST_FORMAT, **fields, "self_sha256": _seal(fields)}
+    write_atomically(path, json.dumps(document, indent=2, sort_keys=True).encode() + b"\n")
+
+
+def read_manifest(path: Path) -> Manifest:
+    """The manifest at `path`; `StoreError` naming what is wrong with it (a damaged one is
+    never taken for what it says)."""
+    try:
+        document = json.loads(path.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StoreError(f"{path} is not a manifest: {exc}") from None
+    if not isinstance(document, dict) or document.get("sealsync_backup") != MANIFEST_FORMAT:
+        raise StoreError(f"{path} is not a sealsync backup manifest of format {MANIFEST_FORMAT}")
+    fields = {k: v for k, v in document.items() if k not in ("sealsync_backup", "self_sha256")}
+    if document.get("self_sha256") != _seal(fields):
+        raise StoreError(f"{path} was changed after it was written (its own SHA-256 differs)")
+    try:
+        manifest = Manifest(**fields)
+    except TypeError as exc:
+        raise StoreError(f"{path} has other fields than a manifest: {exc}") from None
+    _check_types(manifest, path)
+    return manifest
+
+
+def _seal(fields: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def _check_types(manifest: Manifest, path: Path) -> None:
+    rows: Any = manifest.rows
+    ints = (
+        manifest.bytes,
+        manifest.replica_format,
+        *(rows.values() if isinstance(rows, dict) else [None]),
+    )
+    strings = (manifest.file, manifest.sha256, manifest.node, manifest.taken_at)
+    if not (all(type(v) is int for v in ints) and all(isinstance(v, str) for v in strings)):
+        raise StoreError(f"{path} holds a field of the wrong type")

@@ -1,0 +1,118 @@
+"""Backup sets checked without the passphrase (clients/verify.py): every kind of damage to a
+folder of backups is found and named, and a damaged backup is restored only when forced."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import random
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from clients.backup import backup_replica, restore_replica
+from clients.verify import verify_folder
+from replica.errors import StoreError
+from tests.clients.test_cli import Cli
+from tests.conftest import ReplicaFactory
+
+TRIALS = int(os.environ.get("SEALSYNC_DAMAGE_TRIALS", "25"))
+"""Trials of each random kind of damage (issue 14 asks 100: set it)."""
+Damage = Callable[[Path, random.Random], None]
+
+
+@pytest.fixture
+def pristine(make_replica: ReplicaFactory, tmp_path: Path) -> Path:
+    """A folder of two good backups of a replica with some records."""
+    replica = make_replica()
+    for n in range(300):
+        replica.put("threads", f"t{n}", {"title": f"thread {n}", "message_count": n})
+    folder = tmp_path / "pristine"
+    start = datetime.datetime(2026, 12, 2, tzinfo=datetime.UTC)
+    for hours in (0, 1):
+        replica.put("threads", f"at-{hours}", {"title": "differs from one backup to the next"})
+        backup_replica(replica.path, folder, start + datetime.timedelta(hours=hours))
+    replica.close()
+    return folder
+
+
+def backups(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.db"))
+
+
+def flip_a_byte(path: Path, rng: random.Random) -> None:
+    data = bytearray(path.read_bytes())
+    data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+    path.write_bytes(bytes(data))
+
+
+def truncate(path: Path, rng: random.Random) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: rng.randrange(len(data))])
+
+
+def in_backup(damage: Damage) -> Damage:
+    return lambda folder, rng: damage(rng.choice(backups(folder)), rng)
+
+
+def in_manifest(damage: Damage) -> Damage:
+    return lambda folder, rng: damage(rng.choice(backups(folder)).with_suffix(".json"), rng)
+
+
+def swap(first: Path, second: Path) -> None:
+    temp = first.with_name("swapping")
+    first.rename(temp)
+    second.rename(first)
+    temp.rename(second)
+
+
+DAMAGE: dict[str, Damage] = {
+    "flipped byte": in_backup(flip_a_byte),
+    "flipped byte in a manifest": in_manifest(flip_a_byte),
+    "truncation": in_backup(truncate),
+    "missing backup": lambda folder, rng: rng.choice(backups(folder)).unlink(),
+    "missing manifest": lambda folder, rng: (
+        rng.choice(backups(folder)).with_suffix(".json").unlink()
+    ),
+    "extra file": lambda folder, rng: (folder / f"stray-{rng.randrange(1000)}.txt").touch(),
+    "swapped backups": lambda folder, rng: swap(*backups(folder)),
+    "swapped manifests": lambda folder, rng: swap(
+        *(b.with_suffix(".json") for b in backups(folder))
+    ),
+}
+RANDOM = ("flipped byte", "flipped byte in a manifest", "truncation")
+
+
+@pytest.mark.parametrize("kind", sorted(DAMAGE))
+def test_every_kind_of_damage_to_a_set_is_found_and_named(
+    pristine: Path, tmp_path: Path, kind: str
+) -> None:
+    assert [v.state for v in verify_folder(pristine)] == ["ok", "ok"]
+    for trial in range(TRIALS if kind in RANDOM else 1):
+        folder = tmp_path / f"trial-{trial}"
+        shutil.copytree(pristine, folder)
+        DAMAGE[kind](folder, random.Random(trial))
+        damaged = [v for v in verify_folder(folder) if v.state != "ok"]
+        assert damaged, f"{kind}, trial {trial}: not found"
+        assert all(v.state == "damaged" and v.problems for v in damaged)
+        shutil.rmtree(folder)
+
+
+def test_a_damaged_backup_is_restored_only_when_forced(pristine: Path, tmp_path: Path) -> None:
+    backup = backups(pristine)[0]
+    flip_a_byte(backup, random.Random(1))
+    target = tmp_path / "restored.db"
+    with pytest.raises(StoreError, match=r"damaged.*not what was written"):
+        restore_replica(backup, target, force=False)
+    assert not target.exists()
+
+
+def test_verify_exits_3_and_names_the_damage(cli: Cli, pristine: Path, tmp_path: Path) -> None:
+    replica = tmp_path / "any.db"  # verify needs no replica
+    assert cli(replica, "backup", "verify", str(pristine)).exit_code == 0
+    backups(pristine)[1].with_suffix(".json").unlink()
+    result = cli(replica, "backup", "verify", str(pristine))
+    assert result.exit_code == 3, result.output
+    assert "no manifest" in result.stdout

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from clients.device import FILE_MODE, fsync_folder
 from clients.manifest import describe, manifest_path, read_manifest, write_manifest
-from clients.verify import verify_backup
+from clients.verify import Verdict, verify_backup
 from replica import Replica, backup_replica_file, copy_replica_file
 from replica.errors import StoreError
 
@@ -48,15 +48,18 @@ def temp_beside(target: Path) -> Iterator[Path]:
 
 
 def backup_name(replica_path: Path, now: datetime.datetime, node: int) -> str:
-    """What a backup is called: the replica, what it holds (all profiles), when, and the node."""
-    return f"{replica_path.stem}-all-{now:%Y%m%dT%H%M%S%fZ}-{node:016x}.db"
+    """What a backup is called: the replica (never hidden: names that begin with a dot are
+    copies in progress), what it holds (all profiles), when, and the node."""
+    stem = replica_path.stem.lstrip(".") or "replica"
+    return f"{stem}-all-{now:%Y%m%dT%H%M%S%fZ}-{node:016x}.db"
 
 
 def backup_replica(
     replica_path: Path, folder: Path, now: datetime.datetime, progress: OnCopied | None = None
 ) -> Path:
-    """Snapshot the replica into `folder` under a new name, with its manifest (written last:
-    a backup without one was cut short); returns the backup's path."""
+    """Snapshot the replica into `folder` under a new name, its manifest written first (a
+    crash leaves a manifest without its backup, never a backup that looks cut short);
+    returns the backup's path."""
     with Replica.open(replica_path) as source:  # a replica, or a clear error before anything
         node = source.node
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -65,10 +68,14 @@ def backup_replica(
         raise StoreError(f"{target} already exists", hint="run `sealsync backup` again")
     with temp_beside(target) as temp:
         backup_replica_file(replica_path, temp, progress=progress)
-        manifest = describe(temp, target.name, node, now)
-        os.replace(temp, target)
+        write_manifest(describe(temp, target.name, node, now), manifest_path(target))
+        try:
+            os.link(temp, target)  # never over another backup of the same name
+        except FileExistsError:
+            raise StoreError(
+                f"{target} already exists", hint="run `sealsync backup` again"
+            ) from None
     fsync_folder(folder)
-    write_manifest(manifest, manifest_path(target))
     return target
 
 
@@ -99,23 +106,30 @@ def list_backups(folder: Path) -> list[ListedBackup]:
 
 
 def restore_replica(
-    backup: Path, replica_path: Path, *, force: bool, progress: OnCopied | None = None
-) -> int:
-    """Copy `backup` to `replica_path` with a new node id; returns that id."""
+    backup: Path,
+    replica_path: Path,
+    *,
+    force: bool,
+    unverified: bool = False,
+    progress: OnCopied | None = None,
+) -> tuple[int, Verdict]:
+    """Copy `backup` to `replica_path` with a new node id: the id, and what verifying the
+    backup found. A backup that does not verify is restored only `unverified`; an existing
+    replica is replaced only with `force`."""
     if not backup.is_file():
         raise StoreError(f"no backup at {backup}", hint="give the path `sealsync backup` printed")
-    verdict = verify_backup(backup)
-    if verdict.state != "ok" and not force:
-        raise StoreError(
-            f"{backup} is {verdict.state}: {'; '.join(verdict.problems)}",
-            hint="restore another backup (`sealsync backup verify FOLDER`), or give --force "
-            "to restore this one as it is",
-        )
     if replica_path.exists() and not force:
         raise StoreError(
             f"{replica_path} already exists",
             hint="give --force to replace it (changes not synced yet are lost), or another "
             "--replica path",
+        )
+    verdict = verify_backup(backup)
+    if verdict.state != "ok" and not unverified:
+        raise StoreError(
+            f"{backup} is {verdict.state}: {'; '.join(verdict.problems)}",
+            hint="restore another backup (`sealsync backup verify FOLDER`), or give "
+            "--unverified to restore this one as it is",
         )
     replica_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with temp_beside(replica_path) as temp:
@@ -126,4 +140,4 @@ def restore_replica(
             replica_path.with_name(replica_path.name + suffix).unlink(missing_ok=True)
         os.replace(temp, replica_path)
     fsync_folder(replica_path.parent)
-    return node
+    return node, verdict

@@ -3,9 +3,10 @@ without the passphrase (`clients/verify.py`).
 
 A backup is `NAME.db` with `NAME.json` beside it. The manifest names its file, the file's
 size and SHA-256, the replica format, the node it was taken from, when, and how many rows
-each table of shared data holds; its own SHA-256 (over the other fields) catches a changed
-manifest. It is written after the backup file is in place, so a backup without one was cut
-short.
+each table of shared data holds; its own SHA-256 (over the other fields) catches a manifest
+changed by accident (anyone can compute it again: it is no defence against a forger). It
+is written before the backup file takes its name, so a crash leaves a manifest without its
+backup, never a backup that looks cut short.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from clients.device import write_atomically
 from replica.errors import StoreError
+from replica.snapshot import read_only_uri
 
 MANIFEST_FORMAT = 1
 COUNTED_TABLES = ("versions", "history", "held", "quarantine")
@@ -48,7 +50,7 @@ def manifest_path(backup: Path) -> Path:
 def describe(backup: Path, name: str, node: int, taken_at: datetime.datetime) -> Manifest:
     """The manifest of the backup file at `backup` (to be named `name`), as it is now."""
     size, digest = file_digest(backup)
-    with closing(sqlite3.connect(f"file:{backup}?mode=ro", uri=True)) as db:
+    with closing(sqlite3.connect(read_only_uri(backup), uri=True)) as db:
         replica_format = int(db.execute("PRAGMA user_version").fetchone()[0])
         rows = {
             t: int(db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]) for t in COUNTED_TABLES

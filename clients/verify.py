@@ -20,6 +20,7 @@ from typing import Literal
 from clients.manifest import COUNTED_TABLES, file_digest, manifest_path, read_manifest
 from replica.errors import ProtocolError, StoreError
 from replica.migrations import APPLICATION_ID
+from replica.snapshot import read_only_uri
 from replica.wire import node_from_i64, parse_header
 
 State = Literal["ok", "damaged", "unreadable"]
@@ -40,8 +41,8 @@ def verify_folder(folder: Path) -> list[Verdict]:
         raise StoreError(f"no folder {folder}", hint="give the folder given to `backup --to`")
     verdicts = []
     for path in sorted(folder.iterdir()):
-        if path.name.startswith("."):
-            continue  # a copy in progress (temporary names start with a dot)
+        if path.name.startswith(".") or path.is_dir():
+            continue  # a copy in progress (temporary names begin with a dot), or a folder
         if path.suffix == ".db":
             verdicts.append(verify_backup(path))
         elif path.suffix == ".json" and not path.with_suffix(".db").exists():
@@ -56,8 +57,10 @@ def verify_folder(folder: Path) -> list[Verdict]:
 def verify_backup(backup: Path) -> Verdict:
     try:
         problems = list(_problems(backup))
-    except PermissionError as exc:
+    except OSError as exc:
         return Verdict(backup, "unreadable", (str(exc),))
+    except (ValueError, TypeError, RecursionError) as exc:  # what damaged JSON or rows raise
+        return Verdict(backup, "damaged", (f"could not be checked: {exc}",))
     return Verdict(backup, "damaged" if problems else "ok", tuple(problems))
 
 
@@ -84,7 +87,7 @@ def _problems(backup: Path) -> Iterator[str]:
 
 def _database_problems(backup: Path, replica_format: int, rows: dict[str, int]) -> Iterator[str]:
     try:
-        with closing(sqlite3.connect(f"file:{backup}?mode=ro&immutable=1", uri=True)) as db:
+        with closing(sqlite3.connect(read_only_uri(backup) + "&immutable=1", uri=True)) as db:
             check = [r[0] for r in db.execute("PRAGMA integrity_check(20)")]
             if check != ["ok"]:
                 yield f"integrity_check: {'; '.join(check)}"
@@ -108,15 +111,24 @@ def _header_problems(db: sqlite3.Connection) -> Iterator[str]:
     named = damaged = 0
     for table in ("versions", "history"):
         for key, node, hlc, envelope in db.execute(f"SELECT key, node, hlc, envelope FROM {table}"):
-            try:
-                header = parse_header(envelope)
-                fits = (header.key, header.node, header.hlc) == (key, node_from_i64(node), hlc)
-            except ProtocolError:
-                fits = False
-            if not fits:
+            if not _fits(key, node, hlc, envelope):
                 damaged += 1
                 if named < MAX_NAMED:
                     named += 1
-                    yield f"{table} row {bytes(key).hex()} {node_from_i64(node):016x}:{hlc} is damaged"
+                    shown = bytes(key).hex() if isinstance(key, bytes) else repr(key)
+                    yield f"{table} row {shown} {node!r}:{hlc!r} is damaged"
     if damaged > named:
         yield f"and {damaged - named} more damaged rows"
+
+
+def _fits(key: object, node: object, hlc: object, envelope: object) -> bool:
+    """The row's columns have their types, and its envelope's header parses and names them."""
+    if not (isinstance(key, bytes) and isinstance(envelope, bytes)):
+        return False
+    if type(node) is not int or type(hlc) is not int:
+        return False
+    try:
+        header = parse_header(envelope)
+    except ProtocolError:
+        return False
+    return (header.key, header.node, header.hlc) == (key, node_from_i64(node), hlc)

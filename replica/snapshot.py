@@ -38,11 +38,17 @@ _DROP_DEVICE_LOCAL = """
 """
 
 
+def read_only_uri(path: Path) -> str:
+    """An SQLite URI that opens `path` read-only, whatever characters its name holds (a `#`
+    or `?` in a plain `file:` URI cuts the path short)."""
+    return Path(path).resolve().as_uri() + "?mode=ro"
+
+
 def copy_replica_file(
     source: Path, target: Path, *, read_only: bool = False, progress: Progress | None = None
 ) -> None:
     """Copy `source` whole into the empty file `target` and fsync it."""
-    uri = f"file:{source}?mode=ro" if read_only else f"file:{source}"
+    uri = read_only_uri(source) if read_only else Path(source).resolve().as_uri()
 
     def report(_status: int, remaining: int, total: int) -> None:
         if progress is not None:

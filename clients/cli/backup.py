@@ -15,10 +15,11 @@ from rich.table import Table
 
 from clients.backup import backup_replica, list_backups, restore_replica
 from clients.cli.chat import when
-from clients.cli.console import ExitCode, copy_progress, out, user_errors
+from clients.cli.console import ExitCode, copy_progress, err, out, user_errors
 from clients.cli.records import json_option, print_json
 from clients.cli.settings import CliSettings
 from clients.verify import Verdict, verify_backup, verify_folder
+from replica.errors import StoreError
 
 
 @click.group("backup", invoke_without_command=True)
@@ -32,6 +33,8 @@ from clients.verify import Verdict, verify_backup, verify_folder
 def backup(context: click.Context, folder: Path | None) -> None:
     """Snapshot the replica file (ciphertext; no passphrase needed); `ls` and `verify`."""
     if context.invoked_subcommand is not None:
+        if folder is not None:
+            raise click.UsageError("--to takes a backup: give it without a subcommand")
         return
     if folder is None:
         raise click.UsageError("give --to FOLDER, or a subcommand (ls, verify)")
@@ -69,14 +72,13 @@ def backup_verify(path: Path, as_json: bool) -> None:
     """Check a backup, or every backup in a folder, without the passphrase; exit 3 when one
     is damaged, 1 when one cannot be read (specs/cli.md §2)."""
     with user_errors():
+        if not path.exists():
+            raise StoreError(f"no backup or folder at {path}", hint="give a path `backup` wrote")
         verdicts = verify_folder(path) if path.is_dir() else [verify_backup(path)]
+        if not verdicts:
+            raise StoreError(f"no backups in {path}", hint="give the folder given to `backup --to`")
     if as_json:
-        print_json(
-            [
-                {"backup": str(v.backup), "state": v.state, "problems": list(v.problems)}
-                for v in verdicts
-            ]
-        )
+        print_json([verdict_json(v) for v in verdicts])
     else:
         for v in verdicts:
             out.print(f"{v.state}: {v.backup}")
@@ -92,11 +94,16 @@ def backup_verify(path: Path, as_json: bool) -> None:
 @click.command("restore")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--force", is_flag=True, help="Replace an existing replica at --replica.")
+@click.option("--unverified", is_flag=True, help="Restore a backup that does not verify, as it is.")
 @click.pass_obj
-def restore(settings: CliSettings, file: Path, force: bool) -> None:
+def restore(settings: CliSettings, file: Path, force: bool, unverified: bool) -> None:
     """Put a backup in place as this device's replica, writing under a new node id."""
     with user_errors(), copy_progress("restoring") as progress:
-        node = restore_replica(file, settings.replica_path, force=force, progress=progress)
+        node, verdict = restore_replica(
+            file, settings.replica_path, force=force, unverified=unverified, progress=progress
+        )
+    for problem in verdict.problems:
+        err.print(f"[yellow]warning:[/yellow] restored as it is: {escape(problem)}", markup=True)
     out.print(f"restored {file} to {settings.replica_path} (node {node:016x})")
 
 

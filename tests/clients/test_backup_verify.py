@@ -7,6 +7,7 @@ import datetime
 import os
 import random
 import shutil
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
@@ -100,13 +101,63 @@ def test_every_kind_of_damage_to_a_set_is_found_and_named(
         shutil.rmtree(folder)
 
 
-def test_a_damaged_backup_is_restored_only_when_forced(pristine: Path, tmp_path: Path) -> None:
+def test_a_damaged_backup_is_restored_only_when_forced(
+    cli: Cli, pristine: Path, tmp_path: Path
+) -> None:
     backup = backups(pristine)[0]
     flip_a_byte(backup, random.Random(1))
     target = tmp_path / "restored.db"
     with pytest.raises(StoreError, match=r"damaged.*not what was written"):
-        restore_replica(backup, target, force=False)
+        restore_replica(backup, target, force=True)  # --force replaces; it does not vouch
     assert not target.exists()
+    restored = cli(target, "restore", str(backup), "--unverified")
+    if restored.exit_code == 0:  # the flipped bit left a replica SQLite still opens
+        assert "warning: restored as it is: the file is not what was written" in restored.stderr
+    else:
+        assert "error:" in restored.stderr and "Traceback" not in restored.output
+
+
+def test_rows_of_the_wrong_type_are_damage_not_a_crash(pristine: Path) -> None:
+    backup = backups(pristine)[0]
+    with sqlite3.connect(backup) as db:
+        db.execute("UPDATE versions SET node = 1.5 WHERE id = (SELECT min(id) FROM versions)")
+    (verdict,) = [v for v in verify_folder(pristine) if v.backup == backup]
+    assert verdict.state == "damaged"
+    assert any("is damaged" in p for p in verdict.problems), verdict.problems
+
+
+@pytest.mark.parametrize("folder_name", ["b#1", "b?x", "b%41", "with space"])
+def test_folders_with_uri_characters_hold_good_backups(
+    make_replica: ReplicaFactory, tmp_path: Path, folder_name: str
+) -> None:
+    replica = make_replica()
+    replica.put("threads", "t", {"title": "kept"})
+    folder = tmp_path / folder_name
+    backup = backup_replica(replica.path, folder, datetime.datetime.now(datetime.UTC))
+    assert [v.state for v in verify_folder(folder)] == ["ok"]
+    target = tmp_path / "restored" / "r.db"
+    restore_replica(backup, target, force=False)
+    made = {p.name for p in tmp_path.iterdir() if not p.name.startswith(replica.path.name)}
+    assert made == {folder_name, "restored"}  # nothing at a path cut short at "#" or "?"
+
+
+def test_a_hidden_replicas_backups_are_named_plainly_and_checked(
+    cli: Cli, make_replica: ReplicaFactory, tmp_path: Path
+) -> None:
+    replica = make_replica()
+    hidden = tmp_path / ".notes.db"
+    replica.close()
+    replica.path.rename(hidden)
+    folder = tmp_path / "backups"
+    backup = backup_replica(hidden, folder, datetime.datetime.now(datetime.UTC))
+    assert backup.name.startswith("notes-all-")
+    (folder / "old").mkdir()  # a folder in the set is no damage
+    assert [v.state for v in verify_folder(folder)] == ["ok"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for path in (empty, tmp_path / "no-such-backup.db"):
+        result = cli(hidden, "backup", "verify", str(path))
+        assert result.exit_code == 1 and "error:" in result.stderr, result.output
 
 
 def test_verify_exits_3_and_names_the_damage(cli: Cli, pristine: Path, tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from clients.device import FILE_MODE, fsync_folder
 from clients.manifest import describe, manifest_path, read_manifest, write_manifest
+from clients.retention import KeepPolicy, kept
 from clients.verify import Verdict, verify_backup
 from replica import Replica, backup_replica_file, copy_replica_file
 from replica.errors import StoreError
@@ -103,6 +104,44 @@ def list_backups(folder: Path) -> list[ListedBackup]:
             has_manifest = False
         listed.append(ListedBackup(path.name, stat.st_size, taken_ms, has_manifest))
     return sorted(listed, key=lambda b: (b.taken_ms, b.name))
+
+
+@dataclass(frozen=True)
+class Forgotten:
+    """What `forget_backups` kept and removed, and the backups it left alone (they do not
+    verify: they neither count as kept nor are removed)."""
+
+    kept: list[str]
+    removed: list[str]
+    left_alone: list[str]
+
+
+def forget_backups(folder: Path, policy: KeepPolicy, *, dry_run: bool) -> Forgotten:
+    """Remove the backups in `folder` that `policy` does not keep (clients/retention.py),
+    among those that verify; a backup that does not is never counted, so a failed backup
+    can never push a good one out."""
+    if policy.empty:
+        raise StoreError(
+            "forget needs a rule, or it would keep everything",
+            hint="give --keep-last, --keep-daily, --keep-weekly or --keep-monthly",
+        )
+    good: list[tuple[Path, datetime.datetime]] = []
+    left_alone = []
+    for path in sorted(folder.glob("*.db")):
+        if verify_backup(path).state == "ok":
+            taken = datetime.datetime.fromisoformat(read_manifest(manifest_path(path)).taken_at)
+            good.append((path, taken))
+        else:
+            left_alone.append(path.name)
+    keep = kept([taken for _, taken in good], policy)
+    removed = [path for (path, _), k in zip(good, keep, strict=True) if not k]
+    if not dry_run:
+        for path in removed:  # the backup first: a crash leaves its manifest, which verify names
+            path.unlink()
+            manifest_path(path).unlink(missing_ok=True)
+        fsync_folder(folder)
+    kept_names = [path.name for (path, _), k in zip(good, keep, strict=True) if k]
+    return Forgotten(kept_names, [path.name for path in removed], left_alone)
 
 
 def restore_replica(

@@ -13,11 +13,12 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from clients.backup import backup_replica, list_backups, restore_replica
+from clients.backup import backup_replica, forget_backups, list_backups, restore_replica
 from clients.cli.chat import when
 from clients.cli.console import ExitCode, copy_progress, err, out, user_errors
 from clients.cli.records import json_option, print_json
 from clients.cli.settings import CliSettings
+from clients.retention import KeepPolicy
 from clients.verify import Verdict, verify_backup, verify_folder
 from replica.errors import StoreError
 
@@ -89,6 +90,41 @@ def backup_verify(path: Path, as_json: bool) -> None:
         sys.exit(ExitCode.DAMAGED)
     if "unreadable" in states:
         sys.exit(ExitCode.ERROR)
+
+
+@backup.command("forget")
+@click.argument("folder", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--keep-last", type=click.IntRange(min=0), default=0, help="The newest N.")
+@click.option("--keep-daily", type=click.IntRange(min=0), default=0, help="One a day, N days.")
+@click.option("--keep-weekly", type=click.IntRange(min=0), default=0, help="One a week, N weeks.")
+@click.option("--keep-monthly", type=click.IntRange(min=0), default=0, help="One a month, N.")
+@click.option("--dry-run", is_flag=True, help="Say what would go; remove nothing.")
+@json_option
+def backup_forget(
+    folder: Path,
+    keep_last: int,
+    keep_daily: int,
+    keep_weekly: int,
+    keep_monthly: int,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Remove the backups in FOLDER that no --keep-* rule keeps (restic's rules); backups
+    that do not verify are left alone and never counted."""
+    policy = KeepPolicy(keep_last, keep_daily, keep_weekly, keep_monthly)
+    with user_errors():
+        if not folder.is_dir():
+            raise StoreError(f"no folder {folder}", hint="give the folder given to `backup --to`")
+        done = forget_backups(folder, policy, dry_run=dry_run)
+    if as_json:
+        print_json(asdict(done))
+        return
+    verb = "would remove" if dry_run else "removed"
+    for name in done.removed:
+        out.print(f"{verb}: {name}")
+    for name in done.left_alone:
+        err.print(f"[yellow]warning:[/yellow] left alone (does not verify): {name}", markup=True)
+    out.print(f"kept {len(done.kept)}, {verb} {len(done.removed)}")
 
 
 @click.command("restore")

@@ -167,3 +167,31 @@ def test_verify_exits_3_and_names_the_damage(cli: Cli, pristine: Path, tmp_path:
     result = cli(replica, "backup", "verify", str(pristine))
     assert result.exit_code == 3, result.output
     assert "no manifest" in result.stdout
+
+
+def test_forget_removes_what_no_rule_keeps_and_never_counts_a_bad_backup(
+    cli: Cli, make_replica: ReplicaFactory, tmp_path: Path
+) -> None:
+    replica = make_replica()
+    folder = tmp_path / "set"
+    start = datetime.datetime(2026, 11, 1, 12, tzinfo=datetime.UTC)
+    made = []
+    for day in range(5):
+        replica.put("threads", f"t{day}", {"title": f"day {day}"})
+        made.append(backup_replica(replica.path, folder, start + datetime.timedelta(days=day)))
+    newest_bad = made[-1]
+    flip_a_byte(newest_bad, random.Random(3))  # the newest backup failed: it must not count
+    dry = cli(replica.path, "backup", "forget", str(folder), "--keep-last", "2", "--dry-run")
+    assert dry.exit_code == 0 and "would remove" in dry.stdout, dry.output
+    assert len(list(folder.glob("*.db"))) == 5
+    done = cli.json_object(
+        replica.path, "backup", "forget", str(folder), "--keep-last", "2", "--json"
+    )
+    assert done["kept"] == [made[2].name, made[3].name]
+    assert done["removed"] == [made[0].name, made[1].name]
+    assert done["left_alone"] == [newest_bad.name]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        n for b in (made[2], made[3], newest_bad) for n in (b.name, b.with_suffix(".json").name)
+    )
+    nothing = cli(replica.path, "backup", "forget", str(folder))
+    assert nothing.exit_code == 1 and "needs a rule" in nothing.stderr

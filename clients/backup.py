@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clients.device import FILE_MODE, fsync_folder
-from clients.manifest import describe, manifest_path, read_manifest, write_manifest
+from clients.manifest import describe, manifest_path, read_manifest, taken_at, write_manifest
 from clients.retention import KeepPolicy, kept
 from clients.verify import Verdict, verify_backup
 from replica import Replica, backup_replica_file, copy_replica_file
@@ -98,9 +98,9 @@ def list_backups(folder: Path) -> list[ListedBackup]:
         stat = path.stat()
         taken_ms = stat.st_mtime_ns // 1_000_000
         try:
-            taken = datetime.datetime.fromisoformat(read_manifest(manifest_path(path)).taken_at)
+            taken = taken_at(read_manifest(manifest_path(path)), manifest_path(path))
             taken_ms, has_manifest = int(taken.timestamp() * 1000), True
-        except (OSError, StoreError, ValueError):
+        except (OSError, StoreError):
             has_manifest = False
         listed.append(ListedBackup(path.name, stat.st_size, taken_ms, has_manifest))
     return sorted(listed, key=lambda b: (b.taken_ms, b.name))
@@ -117,31 +117,37 @@ class Forgotten:
 
 
 def forget_backups(folder: Path, policy: KeepPolicy, *, dry_run: bool) -> Forgotten:
-    """Remove the backups in `folder` that `policy` does not keep (clients/retention.py),
-    among those that verify; a backup that does not is never counted, so a failed backup
-    can never push a good one out."""
+    """Remove the backups in `folder` that `policy` does not keep (clients/retention.py), the
+    rules applied to each node's backups apart (restic's groups by host: one replica's
+    backups never push another's out), among those that verify: a backup that does not is
+    never counted, so a failed backup can never push a good one out."""
     if policy.empty:
         raise StoreError(
             "forget needs a rule, or it would keep everything",
             hint="give --keep-last, --keep-daily, --keep-weekly or --keep-monthly",
         )
-    good: list[tuple[Path, datetime.datetime]] = []
+    groups: dict[str, list[tuple[Path, datetime.datetime]]] = {}
     left_alone = []
     for path in sorted(folder.glob("*.db")):
-        if verify_backup(path).state == "ok":
-            taken = datetime.datetime.fromisoformat(read_manifest(manifest_path(path)).taken_at)
-            good.append((path, taken))
-        else:
+        if verify_backup(path).state != "ok":
             left_alone.append(path.name)
-    keep = kept([taken for _, taken in good], policy)
-    removed = [path for (path, _), k in zip(good, keep, strict=True) if not k]
+            continue
+        manifest = read_manifest(manifest_path(path))
+        groups.setdefault(manifest.node, []).append((path, taken_at(manifest, path)))
+    kept_paths: list[Path] = []
+    removed: list[Path] = []
+    for backups in groups.values():
+        keep = kept([taken for _, taken in backups], policy)
+        for (path, _), k in zip(backups, keep, strict=True):
+            (kept_paths if k else removed).append(path)
     if not dry_run:
         for path in removed:  # the backup first: a crash leaves its manifest, which verify names
-            path.unlink()
+            path.unlink(missing_ok=True)  # another forget may have been first
             manifest_path(path).unlink(missing_ok=True)
         fsync_folder(folder)
-    kept_names = [path.name for (path, _), k in zip(good, keep, strict=True) if k]
-    return Forgotten(kept_names, [path.name for path in removed], left_alone)
+    return Forgotten(
+        sorted(p.name for p in kept_paths), sorted(p.name for p in removed), left_alone
+    )
 
 
 def restore_replica(

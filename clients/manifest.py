@@ -110,3 +110,16 @@ def _check_types(manifest: Manifest, path: Path) -> None:
     strings = (manifest.file, manifest.sha256, manifest.node, manifest.taken_at)
     if not (all(type(v) is int for v in ints) and all(isinstance(v, str) for v in strings)):
         raise StoreError(f"{path} holds a field of the wrong type")
+    taken_at(manifest, path)
+
+
+def taken_at(manifest: Manifest, path: Path) -> datetime.datetime:
+    """When the backup was taken; `StoreError` unless the manifest (at `path`) says it as an
+    ISO 8601 time with its UTC offset (a time without one would be read as this machine's)."""
+    try:
+        taken = datetime.datetime.fromisoformat(manifest.taken_at)
+    except ValueError:
+        taken = None
+    if taken is None or taken.utcoffset() is None:
+        raise StoreError(f"{path}: taken_at {manifest.taken_at!r} is not a time with its zone")
+    return taken

@@ -38,7 +38,7 @@ def backup(context: click.Context, folder: Path | None) -> None:
             raise click.UsageError("--to takes a backup: give it without a subcommand")
         return
     if folder is None:
-        raise click.UsageError("give --to FOLDER, or a subcommand (ls, verify)")
+        raise click.UsageError("give --to FOLDER, or a subcommand (ls, verify, forget)")
     settings: CliSettings = context.obj
     with user_errors(), copy_progress("backing up") as progress:
         now = datetime.datetime.now(datetime.UTC)

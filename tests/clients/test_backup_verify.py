@@ -9,11 +9,14 @@ import random
 import shutil
 import sqlite3
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from clients.backup import backup_replica, restore_replica
+from clients.backup import backup_replica, forget_backups, restore_replica
+from clients.manifest import read_manifest, write_manifest
+from clients.retention import KeepPolicy
 from clients.verify import verify_folder
 from replica.errors import StoreError
 from tests.clients.test_cli import Cli
@@ -195,3 +198,29 @@ def test_forget_removes_what_no_rule_keeps_and_never_counts_a_bad_backup(
     )
     nothing = cli(replica.path, "backup", "forget", str(folder))
     assert nothing.exit_code == 1 and "needs a rule" in nothing.stderr
+
+
+def test_forget_keeps_each_replicas_backups_apart(
+    make_replica: ReplicaFactory, tmp_path: Path
+) -> None:
+    folder = tmp_path / "shared"
+    start = datetime.datetime(2026, 11, 1, tzinfo=datetime.UTC)
+    work, home = make_replica("work"), make_replica("home")
+    made = [
+        backup_replica(r.path, folder, start + datetime.timedelta(hours=h))
+        for h, r in enumerate((work, home, work))
+    ]
+    done = forget_backups(folder, KeepPolicy(last=1), dry_run=False)
+    assert done.kept == sorted([made[1].name, made[2].name])  # home's only backup stays
+    assert done.removed == [made[0].name]
+
+
+def test_a_manifest_whose_time_has_no_zone_is_damage(pristine: Path) -> None:
+    backup = backups(pristine)[0]
+    path = backup.with_suffix(".json")
+    manifest = read_manifest(path)
+    write_manifest(replace(manifest, taken_at="2026-12-02T00:00:00"), path)
+    (verdict,) = [v for v in verify_folder(pristine) if v.backup == backup]
+    assert verdict.state == "damaged" and "not a time with its zone" in verdict.problems[0]
+    done = forget_backups(pristine, KeepPolicy(last=1), dry_run=True)
+    assert done.left_alone == [backup.name]

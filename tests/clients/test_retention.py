@@ -20,11 +20,12 @@ def model(times: list[datetime.datetime], policy: KeepPolicy) -> set[int]:
     """Written apart from the code: bucket first, then pick."""
     if policy.empty:
         return set(range(len(times)))
+    utc = [t.astimezone(datetime.UTC) for t in times]
     keys: dict[str, Callable[[int], object]] = {
         "last": lambda i: i,
-        "daily": lambda i: times[i].date(),
-        "weekly": lambda i: tuple(times[i].isocalendar())[:2],
-        "monthly": lambda i: (times[i].year, times[i].month),
+        "daily": lambda i: (utc[i].year, utc[i].month, utc[i].day),
+        "weekly": lambda i: (utc[i].isocalendar().year, utc[i].isocalendar().week),
+        "monthly": lambda i: (utc[i].year, utc[i].month),
     }
     oldest = min(range(len(times)), key=lambda i: (times[i], -i))
     chosen: set[int] = set()
@@ -41,11 +42,15 @@ def model(times: list[datetime.datetime], policy: KeepPolicy) -> set[int]:
     return chosen
 
 
-calendars = st.lists(
-    st.integers(0, 60 * 24 * 3).map(lambda hours: START + datetime.timedelta(hours=hours)),
+ZONES = [datetime.timezone(datetime.timedelta(hours=h)) for h in (-7, 0, 5, 13)]
+calendars = st.lists(  # ties, several zones, and the ISO week that straddles a new year
+    st.builds(
+        lambda hours, zone: (START + datetime.timedelta(hours=hours)).astimezone(zone),
+        st.integers(0, 24 * 70),
+        st.sampled_from(ZONES),
+    ),
     min_size=1,
     max_size=40,
-    unique=True,
 )
 policies = st.builds(
     KeepPolicy,

@@ -29,7 +29,7 @@ from replica import (  # noqa: E402
 )
 
 RATE_UNITS = frozenset(
-    {"rows/s", "ops/s", "envelopes/s", "requests/s", "records/s", "opens/s", "messages/s"}
+    {"rows/s", "ops/s", "envelopes/s", "requests/s", "records/s", "opens/s", "messages/s", "MB/s"}
 )
 SCHEMA = Schema((Collection("notes", "lww"),))
 COLLECTION = "notes"

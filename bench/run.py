@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness and benchmarks beside this file
 
+import backup_bench  # noqa: F401  (registers the backup benchmarks)
 import chat_bench  # noqa: F401  (registers the chat store's benchmarks)
 import engine  # noqa: F401  (registers the replica's benchmarks, and the baselines)
 import relay_http  # noqa: F401  (registers the relay's HTTP benchmarks and their baseline)

@@ -6,7 +6,7 @@ from functools import partial
 from pathlib import Path
 
 import engine
-from harness import COLLECTION, SCHEMA, Bench, Line, benchmark, best_seconds, check_equal
+from harness import SCHEMA, Bench, Line, benchmark, best_seconds, check_equal
 
 from chat import ChatStore, Message, with_chat
 from chat.models import build, to_document
@@ -24,11 +24,6 @@ def chat_store(bench: Bench) -> tuple[ChatStore, str, Path]:
 def append_each(store: ChatStore, thread: str, numbers: range) -> None:
     for i in numbers:
         store.append(thread, "user" if i % 2 == 0 else "assistant", f"message {i} " + "x" * 300)
-
-
-def put_each(replica: Replica, numbers: range) -> None:
-    for i in numbers:
-        replica.put(COLLECTION, engine.record_id(i), engine.document(i))
 
 
 def verify(store: ChatStore, thread: str, n: int) -> None:
@@ -59,7 +54,7 @@ def bench_chat_append(bench: Bench) -> list[Line]:
         put_s = append_s = 0.0
         for start in range(0, n, CHUNK):
             numbers = range(start, min(start + CHUNK, n))
-            put_s += bench.seconds(partial(put_each, replica, numbers))
+            put_s += bench.seconds(partial(engine.put_each, replica, numbers))
             append_s += bench.seconds(partial(append_each, store, thread, numbers))
         put, append = min(put, put_s), min(append, append_s)
         engine.close_and_count(replica, path, n, "chat.append.put_single rows")

@@ -102,8 +102,9 @@ def bench_replica_put(bench: Bench) -> list[Line]:
     ]
 
 
-def put_each(replica: Replica, n: int) -> None:
-    for i in range(n):
+def put_each(replica: Replica, numbers: range) -> None:
+    """Replica.put of records `numbers`, one transaction each."""
+    for i in numbers:
         replica.put(COLLECTION, record_id(i), document(i))
 
 
@@ -116,7 +117,7 @@ def bench_replica_put_single(bench: Bench) -> list[Line]:
         bench,
         bench.sizes.repeats,
         lambda: bench.replica("put-single"),
-        lambda state: put_each(state[0], n),
+        lambda state: put_each(state[0], range(n)),
         lambda state: close_and_count(*state, n, "replica.put_single rows"),
     )
     return [

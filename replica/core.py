@@ -46,7 +46,8 @@ DegradedMark = tuple[bytes, bytes | None, str]
 RESEALED_FOR = "resealed_for"
 """Meta: the key generation whose retired epochs this file's pending writes were re-sealed
 from (specs/replica.md §7.1)."""
-MAX_BLIND_MEMO = 4096
+MAX_MEMO_ENTRIES = 4096
+"""Past this many, a per-handle memo of derived keys is emptied (it only saves HMACs)."""
 T = TypeVar("T")
 
 
@@ -244,8 +245,8 @@ class Core:
 
     def blind_memo(self) -> BlindMemo:
         """The value keys this handle computed (replica/blind.py), while its keys are held;
-        emptied past `MAX_BLIND_MEMO` entries."""
-        if len(self._blind_memo) > MAX_BLIND_MEMO:
+        emptied past `MAX_MEMO_ENTRIES` entries."""
+        if len(self._blind_memo) > MAX_MEMO_ENTRIES:
             self._blind_memo.clear()
         return self._blind_memo
 
@@ -253,7 +254,7 @@ class Core:
         """What `derive` makes of the keys for `names` (a lease's key, a journal's), computed
         once while the keys are held: the HMACs of a chat operation add up."""
         if names not in self._derived:
-            if len(self._derived) > MAX_BLIND_MEMO:
+            if len(self._derived) > MAX_MEMO_ENTRIES:
                 self._derived.clear()
             self._derived[names] = derive()
         value: T = self._derived[names]

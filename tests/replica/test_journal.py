@@ -133,13 +133,16 @@ def test_a_locked_replica_neither_pushes_nor_pops(make_replica: ReplicaFactory) 
         replica.journal_pop("drafts", "log")
 
 
-def _swap_newest_two(path: Path) -> None:
+def _swap_newest_two(path: Path, *, with_key: bool = False) -> None:
+    """Swap the envelopes (and, `with_key`, the key columns) of a journal's newest rows."""
     with sqlite3.connect(path) as db:
-        (a, ea), (b, eb) = db.execute(
-            "SELECT seq, envelope FROM journal ORDER BY seq DESC LIMIT 2"
+        (a, key_a, env_a), (b, key_b, env_b) = db.execute(
+            "SELECT seq, key, envelope FROM journal ORDER BY seq DESC LIMIT 2"
         ).fetchall()
-        db.execute("UPDATE journal SET envelope = ? WHERE seq = ?", (eb, a))
-        db.execute("UPDATE journal SET envelope = ? WHERE seq = ?", (ea, b))
+        if not with_key:
+            key_a, key_b = key_b, key_a  # each row keeps its own key
+        db.execute("UPDATE journal SET key = ?, envelope = ? WHERE seq = ?", (key_b, env_b, a))
+        db.execute("UPDATE journal SET key = ?, envelope = ? WHERE seq = ?", (key_a, env_a, b))
 
 
 def test_an_entry_moved_to_another_place_fails_closed_until_repair_quarantines_it(
@@ -195,12 +198,7 @@ def test_an_entry_moved_with_its_key_is_found_and_quarantined(
     replica = make_replica()
     for i in range(3):
         replica.journal_push("drafts", "log", i, keep=5)
-    with sqlite3.connect(replica.path) as db:
-        (a, key_a, env_a), (b, key_b, env_b) = db.execute(
-            "SELECT seq, key, envelope FROM journal ORDER BY seq DESC LIMIT 2"
-        ).fetchall()
-        db.execute("UPDATE journal SET key = ?, envelope = ? WHERE seq = ?", (key_b, env_b, a))
-        db.execute("UPDATE journal SET key = ?, envelope = ? WHERE seq = ?", (key_a, env_a, b))
+    _swap_newest_two(Path(replica.path), with_key=True)
     with pytest.raises(DegradedError):
         replica.journal_pop("drafts", "log")
     assert {f.table for f in replica.diagnose().findings} == {"journal"}

@@ -2,11 +2,12 @@
 without the passphrase (`clients/verify.py`).
 
 A backup is `NAME.db` with `NAME.json` beside it. The manifest names its file, the file's
-size and SHA-256, the replica format, the node it was taken from, when, and how many rows
-each table of shared data holds; its own SHA-256 (over the other fields) catches a manifest
-changed by accident (anyone can compute it again: it is no defence against a forger). It
-is written before the backup file takes its name, so a crash leaves a manifest without its
-backup, never a backup that looks cut short.
+size and SHA-256, the replica format, the node it was taken from, when, how many rows each
+table of shared data holds, and the SHA-256 of every envelope in `versions` and `history`
+(so that a damaged file names the records it damaged); its own SHA-256 (over the other
+fields) catches a manifest changed by accident (anyone can compute it again: it is no
+defence against a forger). It is written before the backup file takes its name, so a crash
+leaves a manifest without its backup, never a backup that looks cut short.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from replica.snapshot import read_only_uri
 MANIFEST_FORMAT = 1
 COUNTED_TABLES = ("versions", "history", "held", "quarantine")
 """The tables of shared data a backup keeps (device-local ones are left out of it)."""
+DIGESTED_TABLES = ("versions", "history")
+"""The tables whose envelopes are the records' data; each envelope's SHA-256 is kept."""
 _CHUNK = 1 << 20
 
 
@@ -41,6 +44,19 @@ class Manifest:
     taken_at: str
     """ISO 8601, UTC."""
     rows: dict[str, int]
+    envelopes: dict[str, dict[str, str]]
+    """Per table of `DIGESTED_TABLES`: each row's `row_name` and its envelope's SHA-256."""
+
+
+def row_name(key: bytes, node: int, hlc: int) -> str:
+    """How a manifest and `verify` name a row: its key, node (as stored) and hlc."""
+    return f"{key.hex()}/{node & 0xFFFF_FFFF_FFFF_FFFF:016x}/{hlc}"
+
+
+def envelope_digests(db: sqlite3.Connection, table: str) -> dict[str, str]:
+    """`row_name` → SHA-256 of its envelope, for a table of well-typed rows."""
+    rows = db.execute(f"SELECT key, node, hlc, envelope FROM {table}")
+    return {row_name(k, n, h): hashlib.sha256(e).hexdigest() for k, n, h, e in rows}
 
 
 def manifest_path(backup: Path) -> Path:
@@ -55,8 +71,9 @@ def describe(backup: Path, name: str, node: int, taken_at: datetime.datetime) ->
         rows = {
             t: int(db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]) for t in COUNTED_TABLES
         }
+        envelopes = {t: envelope_digests(db, t) for t in DIGESTED_TABLES}
     stamp = taken_at.astimezone(datetime.UTC).isoformat(timespec="microseconds")
-    return Manifest(name, size, digest, replica_format, f"{node:016x}", stamp, rows)
+    return Manifest(name, size, digest, replica_format, f"{node:016x}", stamp, rows, envelopes)
 
 
 def file_digest(path: Path) -> tuple[int, str]:
@@ -110,7 +127,21 @@ def _check_types(manifest: Manifest, path: Path) -> None:
     strings = (manifest.file, manifest.sha256, manifest.node, manifest.taken_at)
     if not (all(type(v) is int for v in ints) and all(isinstance(v, str) for v in strings)):
         raise StoreError(f"{path} holds a field of the wrong type")
+    if not _are_digests(manifest.envelopes):
+        raise StoreError(f"{path} holds envelope digests of the wrong shape")
     taken_at(manifest, path)
+
+
+def _are_digests(envelopes: Any) -> bool:
+    return (
+        isinstance(envelopes, dict)
+        and set(envelopes) == set(DIGESTED_TABLES)
+        and all(
+            isinstance(table, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in table.items())
+            for table in envelopes.values()
+        )
+    )
 
 
 def taken_at(manifest: Manifest, path: Path) -> datetime.datetime:

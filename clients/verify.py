@@ -1,29 +1,41 @@
-"""Checking backups without the passphrase (`sealsync backup verify`).
+"""Checking backups: without the passphrase, and with it (`sealsync backup verify [--read-data]`).
 
 A backup is good when its manifest reads back whole, names its file, and the file has the
 size and SHA-256 the manifest says, passes SQLite's `integrity_check`, is a replica of the
-format the manifest says, holds the rows it says, and every envelope's header parses and
-belongs to its row. Anything else is damage, named; a file that cannot be read at all (no
-permission) is unreadable. In a folder, a backup file without its manifest, a manifest
-without its file, and any other file are damage too: a set that was cut short or changed.
+format the manifest says, holds the rows it says, and every envelope's header parses,
+belongs to its row, and has the SHA-256 the manifest says (so damage is named by row).
+Anything else is damage, named; a file that cannot be read at all (no permission) is
+unreadable. In a folder, a backup file without its manifest, a manifest without its file,
+and any other file are damage too: a set that was cut short or changed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from clients.manifest import COUNTED_TABLES, file_digest, manifest_path, read_manifest
-from replica.errors import ProtocolError, StoreError
+from clients.manifest import (
+    COUNTED_TABLES,
+    DIGESTED_TABLES,
+    Manifest,
+    file_digest,
+    manifest_path,
+    read_manifest,
+    row_name,
+)
+from replica import Replica, copy_replica_file
+from replica.errors import ProtocolError, StoreError, WrongKeyError
 from replica.migrations import APPLICATION_ID
 from replica.snapshot import read_only_uri
 from replica.wire import node_from_i64, parse_header
 
-State = Literal["ok", "damaged", "unreadable"]
+State = Literal["ok", "damaged", "wrong_key", "unreadable"]
 MAX_NAMED = 20
 """Damaged rows named one by one; past that, counted."""
 
@@ -35,8 +47,10 @@ class Verdict:
     problems: tuple[str, ...]
 
 
-def verify_folder(folder: Path) -> list[Verdict]:
-    """A verdict for each backup in `folder`, and one for each file that is no part of one."""
+def verify_folder(folder: Path, check: Callable[[Path], Verdict] | None = None) -> list[Verdict]:
+    """A verdict for each backup in `folder` (by `check`, else `verify_backup`), and one for
+    each file that is no part of one."""
+    check = check or verify_backup
     if not folder.is_dir():
         raise StoreError(f"no folder {folder}", hint="give the folder given to `backup --to`")
     verdicts = []
@@ -44,7 +58,7 @@ def verify_folder(folder: Path) -> list[Verdict]:
         if path.name.startswith(".") or path.is_dir():
             continue  # a copy in progress (temporary names begin with a dot), or a folder
         if path.suffix == ".db":
-            verdicts.append(verify_backup(path))
+            verdicts.append(check(path))
         elif path.suffix == ".json" and not path.with_suffix(".db").exists():
             verdicts.append(
                 Verdict(path, "damaged", ("the backup file of this manifest is missing",))
@@ -61,6 +75,32 @@ def verify_backup(backup: Path) -> Verdict:
         return Verdict(backup, "unreadable", (str(exc),))
     except (ValueError, TypeError, RecursionError) as exc:  # what damaged JSON or rows raise
         return Verdict(backup, "damaged", (f"could not be checked: {exc}",))
+    return Verdict(backup, "damaged" if problems else "ok", tuple(problems))
+
+
+def verify_with_key(backup: Path, passphrase: Callable[[], str]) -> Verdict:
+    """`verify_backup`, then, for a backup that passes it, every envelope opened with the
+    account's keys (`Replica.diagnose`), in a temporary copy: opening a file as a replica
+    writes to it, and a backup must stay as it was written. `passphrase()` is asked once a
+    backup has passed the check without it; `wrong_key` when it does not open the backup."""
+    verdict = verify_backup(backup)
+    if verdict.state != "ok":
+        return verdict
+    with tempfile.TemporaryDirectory(prefix="sealsync-verify-") as folder:
+        copy = Path(folder) / backup.name
+        copy_replica_file(backup, copy, read_only=True)
+        with Replica.open(copy) as replica:
+            try:
+                replica.unlock(passphrase())
+            except WrongKeyError as exc:
+                return Verdict(backup, "wrong_key", (str(exc),))
+            diagnosis = replica.diagnose()
+    problems = [
+        f"{f.table} row {row_name(f.row.key, f.row.node, f.row.hlc)} is {f.damage}: {f.reason}"
+        for f in diagnosis.findings
+    ]
+    if len(problems) > MAX_NAMED:
+        problems[MAX_NAMED:] = [f"and {len(problems) - MAX_NAMED} more damaged rows"]
     return Verdict(backup, "damaged" if problems else "ok", tuple(problems))
 
 
@@ -82,10 +122,10 @@ def _problems(backup: Path) -> Iterator[str]:
     size, digest = file_digest(backup)
     if (size, digest) != (manifest.bytes, manifest.sha256):
         yield f"the file is not what was written ({size} bytes, SHA-256 {digest[:16]}…)"
-    yield from _database_problems(backup, manifest.replica_format, manifest.rows)
+    yield from _database_problems(backup, manifest)
 
 
-def _database_problems(backup: Path, replica_format: int, rows: dict[str, int]) -> Iterator[str]:
+def _database_problems(backup: Path, manifest: Manifest) -> Iterator[str]:
     try:
         with closing(sqlite3.connect(read_only_uri(backup) + "&immutable=1", uri=True)) as db:
             check = [r[0] for r in db.execute("PRAGMA integrity_check(20)")]
@@ -95,30 +135,39 @@ def _database_problems(backup: Path, replica_format: int, rows: dict[str, int]) 
             if db.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
                 yield "not a sealsync replica"
                 return
-            if (found := db.execute("PRAGMA user_version").fetchone()[0]) != replica_format:
-                yield f"replica format {found}, the manifest says {replica_format}"
+            found = db.execute("PRAGMA user_version").fetchone()[0]
+            if found != manifest.replica_format:
+                yield f"replica format {found}, the manifest says {manifest.replica_format}"
             for table in COUNTED_TABLES:
                 count = db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-                if count != rows.get(table):
-                    yield f"{table} holds {count} rows, the manifest says {rows.get(table)}"
-            yield from _header_problems(db)
+                if count != (said := manifest.rows.get(table)):
+                    yield f"{table} holds {count} rows, the manifest says {said}"
+            yield from _row_problems(db, manifest.envelopes)
     except sqlite3.DatabaseError as exc:
         yield f"not a readable SQLite file: {exc}"
 
 
-def _header_problems(db: sqlite3.Connection) -> Iterator[str]:
-    """Every envelope's header parses and names its row (key, node, hlc)."""
-    named = damaged = 0
-    for table in ("versions", "history"):
+def _row_problems(db: sqlite3.Connection, digests: dict[str, dict[str, str]]) -> Iterator[str]:
+    """Every envelope's header parses and names its row (key, node, hlc), and every row is
+    the one the manifest names, with the envelope it had: what differs is named, by row."""
+    damaged: list[str] = []
+    for table in DIGESTED_TABLES:
+        expected = dict(digests[table])
         for key, node, hlc, envelope in db.execute(f"SELECT key, node, hlc, envelope FROM {table}"):
             if not _fits(key, node, hlc, envelope):
-                damaged += 1
-                if named < MAX_NAMED:
-                    named += 1
-                    shown = bytes(key).hex() if isinstance(key, bytes) else repr(key)
-                    yield f"{table} row {shown} {node!r}:{hlc!r} is damaged"
-    if damaged > named:
-        yield f"and {damaged - named} more damaged rows"
+                shown = bytes(key).hex() if isinstance(key, bytes) else repr(key)
+                damaged.append(f"{table} row {shown} {node!r}:{hlc!r} is damaged")
+                continue
+            name = row_name(key, node, hlc)
+            digest = expected.pop(name, None)
+            if digest is None:
+                damaged.append(f"{table} row {name} was not in the backup when it was taken")
+            elif digest != hashlib.sha256(envelope).hexdigest():
+                damaged.append(f"{table} row {name}: its envelope changed since the backup")
+        damaged.extend(f"{table} row {name} is missing" for name in sorted(expected))
+    yield from damaged[:MAX_NAMED]
+    if len(damaged) > MAX_NAMED:
+        yield f"and {len(damaged) - MAX_NAMED} more damaged rows"
 
 
 def _fits(key: object, node: object, hlc: object, envelope: object) -> bool:

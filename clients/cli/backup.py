@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import sys
 import time
 from dataclasses import asdict
@@ -19,7 +20,7 @@ from clients.cli.console import ExitCode, copy_progress, err, out, user_errors
 from clients.cli.records import json_option, print_json
 from clients.cli.settings import CliSettings
 from clients.retention import KeepPolicy
-from clients.verify import Verdict, verify_backup, verify_folder
+from clients.verify import Verdict, verify_backup, verify_folder, verify_with_key
 from replica.errors import StoreError
 
 
@@ -68,14 +69,19 @@ def backup_ls(folder: Path, as_json: bool) -> None:
 
 @backup.command("verify")
 @click.argument("path", type=click.Path(path_type=Path))
+@click.option("--read-data", is_flag=True, help="Also open every envelope with the passphrase.")
 @json_option
-def backup_verify(path: Path, as_json: bool) -> None:
-    """Check a backup, or every backup in a folder, without the passphrase; exit 3 when one
-    is damaged, 1 when one cannot be read (specs/cli.md §2)."""
+@click.pass_obj
+def backup_verify(settings: CliSettings, path: Path, read_data: bool, as_json: bool) -> None:
+    """Check a backup, or every backup in a folder, without the passphrase (with it, given
+    --read-data); exit 3 when one is damaged, 4 when the passphrase does not open one, 1
+    when one cannot be read (specs/cli.md §2)."""
+    passphrase = functools.cache(settings.passphrase)
+    check = functools.partial(verify_with_key, passphrase=passphrase) if read_data else None
     with user_errors():
         if not path.exists():
             raise StoreError(f"no backup or folder at {path}", hint="give a path `backup` wrote")
-        verdicts = verify_folder(path) if path.is_dir() else [verify_backup(path)]
+        verdicts = verify_folder(path, check) if path.is_dir() else [(check or verify_backup)(path)]
         if not verdicts:
             raise StoreError(f"no backups in {path}", hint="give the folder given to `backup --to`")
     if as_json:
@@ -88,6 +94,8 @@ def backup_verify(path: Path, as_json: bool) -> None:
     states = {v.state for v in verdicts}
     if "damaged" in states:
         sys.exit(ExitCode.DAMAGED)
+    if "wrong_key" in states:
+        sys.exit(ExitCode.WRONG_KEY)
     if "unreadable" in states:
         sys.exit(ExitCode.ERROR)
 

@@ -47,6 +47,8 @@ class ExitCode(enum.IntEnum):
     """The command line itself is wrong (click's own code for usage errors)."""
     DAMAGED = 3
     """Done, but data that cannot be opened was found (and kept, in quarantine)."""
+    WRONG_KEY = 4
+    """`backup verify --read-data`: the passphrase does not open a backup."""
 
 
 def fail(message: str, hint: str | None = None, code: int = ExitCode.ERROR) -> NoReturn:

@@ -4,18 +4,20 @@ folder of backups is found and named, and a damaged backup is restored only when
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import random
 import shutil
 import sqlite3
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from clients.backup import backup_replica, forget_backups, restore_replica
-from clients.manifest import read_manifest, write_manifest
+from clients.manifest import describe, read_manifest, row_name, taken_at, write_manifest
 from clients.retention import KeepPolicy
 from clients.verify import verify_folder
 from replica.errors import StoreError
@@ -224,3 +226,46 @@ def test_a_manifest_whose_time_has_no_zone_is_damage(pristine: Path) -> None:
     assert verdict.state == "damaged" and "not a time with its zone" in verdict.problems[0]
     done = forget_backups(pristine, KeepPolicy(last=1), dry_run=True)
     assert done.left_alone == [backup.name]
+
+
+def _change_an_envelope(backup: Path) -> str:
+    """Flip the last byte of one envelope (its tag) in `backup`; the row's manifest name."""
+    with closing(sqlite3.connect(backup)) as db, db:
+        key, node, hlc, envelope = db.execute(
+            "SELECT key, node, hlc, envelope FROM versions ORDER BY id LIMIT 1 OFFSET 7"
+        ).fetchone()
+        changed = envelope[:-1] + bytes([envelope[-1] ^ 1])
+        db.execute("UPDATE versions SET envelope = ? WHERE key = ?", (changed, key))
+    return row_name(key, node, hlc)
+
+
+def test_a_changed_envelope_is_named_by_its_row(pristine: Path) -> None:
+    backup = backups(pristine)[0]
+    name = _change_an_envelope(backup)
+    (verdict,) = [v for v in verify_folder(pristine) if v.backup == backup]
+    assert verdict.state == "damaged"
+    assert f"versions row {name}: its envelope changed since the backup" in verdict.problems
+
+
+def test_read_data_opens_every_envelope_and_tells_a_wrong_key(
+    cli: Cli, pristine: Path, tmp_path: Path
+) -> None:
+    """A backup whose manifest was written again to match a changed envelope passes the
+    check without the key; with it, the envelope does not authenticate, and is named."""
+    replica = tmp_path / "any.db"
+    verify = ("backup", "verify", str(pristine), "--read-data")
+    assert cli(replica, *verify).exit_code == 0
+    wrong = cli(replica, *verify, passphrase="not the passphrase")
+    assert wrong.exit_code == 4 and wrong.stdout.count("wrong_key:") == 2, wrong.output
+    backup = backups(pristine)[0]
+    name = _change_an_envelope(backup)
+    manifest = read_manifest(backup.with_suffix(".json"))
+    again = describe(backup, backup.name, int(manifest.node, 16), taken_at(manifest, backup))
+    write_manifest(again, backup.with_suffix(".json"))
+    assert [v.state for v in verify_folder(pristine)] == ["ok", "ok"]
+    result = cli(replica, *verify, "--json")
+    assert result.exit_code == 3, result.output
+    damaged = [v for v in json.loads(result.stdout) if v["state"] == "damaged"]
+    assert [v["backup"] for v in damaged] == [str(backup)]
+    assert damaged[0]["problems"][0].startswith(f"versions row {name} is undecryptable")
+    assert replica.exists() is False  # verify needs no replica, and makes none

@@ -25,7 +25,7 @@ from clients.device import FILE_MODE, fsync_folder
 from clients.manifest import describe, manifest_path, read_manifest, taken_at, write_manifest
 from clients.retention import KeepPolicy, kept
 from clients.verify import Verdict, verify_backup
-from replica import Replica, backup_replica_file, copy_replica_file
+from replica import BackupMerge, Replica, backup_replica_file, copy_replica_file
 from replica.errors import StoreError
 
 SIDE_FILES = ("-wal", "-shm", "-journal")
@@ -161,20 +161,12 @@ def restore_replica(
     """Copy `backup` to `replica_path` with a new node id: the id, and what verifying the
     backup found. A backup that does not verify is restored only `unverified`; an existing
     replica is replaced only with `force`."""
-    if not backup.is_file():
-        raise StoreError(f"no backup at {backup}", hint="give the path `sealsync backup` printed")
+    verdict = _verified(backup, unverified)
     if replica_path.exists() and not force:
         raise StoreError(
             f"{replica_path} already exists",
-            hint="give --force to replace it (changes not synced yet are lost), or another "
-            "--replica path",
-        )
-    verdict = verify_backup(backup)
-    if verdict.state != "ok" and not unverified:
-        raise StoreError(
-            f"{backup} is {verdict.state}: {'; '.join(verdict.problems)}",
-            hint="restore another backup (`sealsync backup verify FOLDER`), or give "
-            "--unverified to restore this one as it is",
+            hint="give --merge to merge the backup into it, --force to replace it (changes "
+            "not synced yet are lost), or another --replica path",
         )
     replica_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with temp_beside(replica_path) as temp:
@@ -186,3 +178,34 @@ def restore_replica(
         os.replace(temp, replica_path)
     fsync_folder(replica_path.parent)
     return node, verdict
+
+
+def merge_backup_into(
+    replica: Replica,
+    backup: Path,
+    *,
+    profile: str | None = None,
+    collection: str | None = None,
+    unverified: bool = False,
+    progress: OnCopied | None = None,
+) -> tuple[BackupMerge, Verdict]:
+    """Merge `backup` into the unlocked `replica` as if pulled (`Replica.merge_backup`): what
+    it did, and what verifying the backup found; one that does not verify only `unverified`."""
+    verdict = _verified(backup, unverified)
+    merged = replica.merge_backup(backup, profile=profile, collection=collection, progress=progress)
+    return merged, verdict
+
+
+def _verified(backup: Path, unverified: bool) -> Verdict:
+    """What `verify_backup` says of `backup`; `StoreError` for a backup that does not verify,
+    unless `unverified`, and for no backup at all."""
+    if not backup.is_file():
+        raise StoreError(f"no backup at {backup}", hint="give the path `sealsync backup` printed")
+    verdict = verify_backup(backup)
+    if verdict.state != "ok" and not unverified:
+        raise StoreError(
+            f"{backup} is {verdict.state}: {'; '.join(verdict.problems)}",
+            hint="restore another backup (`sealsync backup verify FOLDER`), or give "
+            "--unverified to restore this one as it is",
+        )
+    return verdict

@@ -23,7 +23,7 @@ from typing import Any
 
 from clients.device import write_atomically
 from replica.errors import StoreError
-from replica.snapshot import read_only_uri
+from replica.files import read_only_uri
 
 MANIFEST_FORMAT = 1
 COUNTED_TABLES = ("versions", "history", "held", "quarantine")

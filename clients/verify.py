@@ -31,8 +31,8 @@ from clients.manifest import (
 )
 from replica import Replica, copy_replica_file
 from replica.errors import ProtocolError, StoreError, WrongKeyError
+from replica.files import read_only_uri
 from replica.migrations import APPLICATION_ID
-from replica.snapshot import read_only_uri
 from replica.wire import node_from_i64, parse_header
 
 State = Literal["ok", "damaged", "wrong_key", "unreadable"]

@@ -34,6 +34,7 @@ from replica.options import ReplicaOptions
 from replica.record import Context, Record, Version
 from replica.repair import Diagnosis, Finding, RepairReport
 from replica.replica import Replica
+from replica.restore import BackupMerge
 from replica.schema import DEFAULT_PROFILE, REGISTER_ID, Collection, Schema
 from replica.snapshot import backup_replica_file, copy_replica_file
 from replica.status import Status
@@ -62,6 +63,7 @@ __all__ = [
     "REGISTER_ID",
     "Acknowledged",
     "Applied",
+    "BackupMerge",
     "Change",
     "ChangeEvent",
     "ChangePage",

@@ -1,4 +1,4 @@
-"""The replica file on disk, as made: its owner's alone.
+"""The replica file on disk, as made: its owner's alone; and opened read-only.
 
 A new replica is created owner-only before SQLite opens it, so the WAL and shared-memory files
 SQLite makes beside it, with the same mode, are too.
@@ -22,3 +22,9 @@ def create_private_file(path: Path) -> None:
         os.fchmod(descriptor, PRIVATE_FILE_MODE)
     finally:
         os.close(descriptor)
+
+
+def read_only_uri(path: Path) -> str:
+    """An SQLite URI that opens `path` read-only, whatever characters its name holds (a `#`
+    or `?` in a plain `file:` URI cuts the path short)."""
+    return Path(path).resolve().as_uri() + "?mode=ro"

@@ -42,6 +42,7 @@ from replica.limits import check_document, check_name
 from replica.options import ReplicaOptions
 from replica.record import Context, Record, Version, record_from_siblings
 from replica.repair import Diagnosis, RepairReport
+from replica.restore import BackupMerge, merge_backup
 from replica.schema import (
     DEFAULT_PROFILE,
     PROFILES_COLLECTION,
@@ -525,6 +526,30 @@ class Replica(KeyOperations, Coordination):
                 yield
             finally:
                 self._batching.depth -= 1
+
+    def merge_backup(
+        self,
+        backup: str | Path,
+        *,
+        profile: str | None = None,
+        collection: str | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> BackupMerge:
+        """Merge the versions of a backup file as if pulled: nothing here is overwritten by
+        anything older, concurrent versions become siblings (replica/restore.py). Only one
+        profile's, or one declared collection's (in every profile, or in `profile`), when
+        given. Refuses (`StoreError`) the backup of another account, before writing."""
+        core = self._core
+        with core.mutex:
+            core.check_open()
+            scopes = None
+            if profile is not None or collection is not None:
+                names = [collection] if collection else [c.name for c in core.schema.collections]
+                if collection is not None and core.schema.get(collection) is None:
+                    raise InvalidArgumentError(f"collection {collection!r} is not declared")
+                profiles = [profile] if profile is not None else self.profiles()
+                scopes = frozenset(core.scope(p, n) for p in profiles for n in names)
+        return merge_backup(core, Path(backup), scopes, progress)
 
     # -- fail closed: diagnose, repair, clear ----------------------------------------------------
 

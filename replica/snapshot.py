@@ -20,6 +20,7 @@ from contextlib import closing
 from pathlib import Path
 
 from replica.errors import StoreError
+from replica.files import read_only_uri
 from replica.replica import Replica
 
 PAGES_PER_STEP = 1024
@@ -36,12 +37,6 @@ _DROP_DEVICE_LOCAL = """
     DELETE FROM journal;
     DELETE FROM leases;
 """
-
-
-def read_only_uri(path: Path) -> str:
-    """An SQLite URI that opens `path` read-only, whatever characters its name holds (a `#`
-    or `?` in a plain `file:` URI cuts the path short)."""
-    return Path(path).resolve().as_uri() + "?mode=ro"
 
 
 def copy_replica_file(

@@ -14,11 +14,18 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from clients.backup import backup_replica, forget_backups, list_backups, restore_replica
-from clients.cli.chat import when
-from clients.cli.console import ExitCode, copy_progress, err, out, user_errors
+from clients.backup import (
+    backup_replica,
+    forget_backups,
+    list_backups,
+    merge_backup_into,
+    restore_replica,
+)
+from clients.cli.chat import reconcile_chats, when
+from clients.cli.console import ExitCode, copy_progress, err, fail, out, user_errors
 from clients.cli.records import json_option, print_json
 from clients.cli.settings import CliSettings
+from clients.device import opened_replica
 from clients.retention import KeepPolicy
 from clients.verify import Verdict, verify_backup, verify_folder, verify_with_key
 from replica.errors import StoreError
@@ -139,16 +146,74 @@ def backup_forget(
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--force", is_flag=True, help="Replace an existing replica at --replica.")
 @click.option("--unverified", is_flag=True, help="Restore a backup that does not verify, as it is.")
+@click.option(
+    "--merge", is_flag=True, help="Merge the backup into the replica (nothing newer is replaced)."
+)
+@click.option("--profile", default=None, help="With --merge: only this profile's records.")
+@click.option("--collection", default=None, help="With --merge: only this collection's records.")
 @click.pass_obj
-def restore(settings: CliSettings, file: Path, force: bool, unverified: bool) -> None:
-    """Put a backup in place as this device's replica, writing under a new node id."""
+def restore(
+    settings: CliSettings,
+    file: Path,
+    force: bool,
+    unverified: bool,
+    merge: bool,
+    profile: str | None,
+    collection: str | None,
+) -> None:
+    """Put a backup in place as this device's replica, writing under a new node id; or,
+    with --merge, merge its versions into this replica as if pulled."""
+    if merge and force:
+        raise click.UsageError("--merge never replaces the replica: give --force without it")
+    if not merge and (profile is not None or collection is not None):
+        raise click.UsageError("--profile and --collection choose what --merge merges")
+    if merge:
+        merge_into_replica(settings, file, unverified, profile, collection)
+        return
     with user_errors(), copy_progress("restoring") as progress:
         node, verdict = restore_replica(
             file, settings.replica_path, force=force, unverified=unverified, progress=progress
         )
+    warn_unverified(verdict)
+    out.print(f"restored {file} to {settings.replica_path} (node {node:016x})")
+
+
+def merge_into_replica(
+    settings: CliSettings, file: Path, unverified: bool, profile: str | None, collection: str | None
+) -> None:
+    """`restore --merge`: exit 3 when versions of the backup were quarantined or refused."""
+    with (
+        user_errors(),
+        opened_replica(settings.replica_path, settings.passphrase) as replica,
+        copy_progress("merging") as progress,
+    ):
+        merged, verdict = merge_backup_into(
+            replica,
+            file,
+            profile=profile,
+            collection=collection,
+            unverified=unverified,
+            progress=progress,
+        )
+        reconcile_chats(replica)
+    warn_unverified(verdict)
+    held = sum(merged.held.values())
+    out.print(
+        f"merged {file}: {merged.read} versions read, {merged.merged} merged, "
+        f"{merged.superseded} already here or older, {held} held, "
+        f"{merged.quarantined} quarantined, {merged.untrusted} untrusted"
+    )
+    if merged.quarantined or merged.untrusted:
+        fail(
+            "versions of the backup could not be opened or were refused",
+            "`sealsync diagnose` names them; they are kept in quarantine",
+            code=ExitCode.DAMAGED,
+        )
+
+
+def warn_unverified(verdict: Verdict) -> None:
     for problem in verdict.problems:
         err.print(f"[yellow]warning:[/yellow] restored as it is: {escape(problem)}", markup=True)
-    out.print(f"restored {file} to {settings.replica_path} (node {node:016x})")
 
 
 def verdict_json(verdict: Verdict) -> dict[str, object]:

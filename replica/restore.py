@@ -1,0 +1,147 @@
+"""A backup merged into a live replica, as if its versions had been pulled.
+
+Each version goes through the merge pulled pages go through (specs/merge.md §9): nothing
+newer is overwritten, concurrent versions become siblings, and every rule a device applies
+to what arrives from elsewhere applies here too (retired key epochs, freshness locks, drift,
+holds, quarantine): a planted backup is a write path like any other. Versions the backup's
+device had not pushed yet stay marked for pushing here.
+
+The backup file is only read. Before anything is written, a sample of its envelopes must
+authenticate under this account's keys: each envelope is bound to its account's id, so the
+backup of another account opens none of them, and is refused. Versions merge a page per
+transaction: a merge cut short merges the rest when run again, and nothing twice.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from replica.core import Core
+from replica.envelope import open_envelope
+from replica.errors import EnvelopeError, ProtocolError, StoreError, UnknownEpochError
+from replica.files import read_only_uri
+from replica.wire import node_from_i64, parse_header
+
+PAGE_ROWS = 1000
+"""Versions merged per transaction."""
+SAMPLE_ROWS = 32
+"""Envelopes opened to tell this account's backup from another's."""
+
+Progress = Callable[[int, int], None]
+"""Called with (versions read, versions in all) after each page."""
+_Row = tuple[bytes, int, int, bytes, bool]
+"""key, node (as stored), hlc, envelope, and whether it was still to be pushed."""
+
+
+@dataclass
+class BackupMerge:
+    """What merging a backup did: versions read, and what became of them."""
+
+    read: int = 0
+    merged: int = 0
+    superseded: int = 0
+    """Already here, or older than what is here."""
+    held: Counter[str] = field(default_factory=Counter)
+    quarantined: int = 0
+    untrusted: int = 0
+
+
+def merge_backup(
+    core: Core, backup: Path, scopes: frozenset[bytes] | None, progress: Progress | None
+) -> BackupMerge:
+    """Merge the versions of `backup` (those of `scopes` only, when given) into the replica
+    of `core`, which must be unlocked."""
+    core.keys()  # ReplicaLockedError before anything is read
+    report = BackupMerge()
+    try:
+        with closing(sqlite3.connect(read_only_uri(backup), uri=True)) as db:
+            db.execute("BEGIN")  # one snapshot, should anything write to the file meanwhile
+            _check_account(core, backup, db)
+            total = _count(db, scopes)
+            for page in _pages(db, scopes):
+                _merge_page(core, page, report)
+                if progress is not None:
+                    progress(report.read, total)
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(
+            f"{backup} could not be read: {exc}", hint="check it with `sealsync backup verify`"
+        ) from exc
+    return report
+
+
+def _check_account(core: Core, backup: Path, db: sqlite3.Connection) -> None:
+    """Refuse a backup none of whose sampled envelopes opens with this account's keys."""
+    sample = [
+        bytes(row[0])
+        for row in db.execute(
+            "SELECT envelope FROM versions ORDER BY random() LIMIT ?", (SAMPLE_ROWS,)
+        )
+    ]
+    keys = core.keys()
+    unknown = 0
+    for envelope in sample:
+        try:
+            open_envelope(keys, envelope, parse_header(envelope))
+            return
+        except UnknownEpochError:
+            unknown += 1
+        except (EnvelopeError, ProtocolError):
+            pass
+    if sample and unknown == len(sample):
+        raise StoreError(
+            f"{backup} is sealed under keys this replica does not have yet",
+            hint="sync first: another device changed the account's keys after this backup",
+        )
+    if sample:
+        raise StoreError(
+            f"{backup} is another account's backup: none of {len(sample)} envelopes tried "
+            "opens with this account's keys",
+            hint="nothing was merged; `sealsync backup verify --read-data` checks it with a "
+            "passphrase",
+        )
+
+
+def _count(db: sqlite3.Connection, scopes: frozenset[bytes] | None) -> int:
+    if scopes is None:
+        query = "SELECT (SELECT count(*) FROM versions) + (SELECT count(*) FROM held)"
+        return int(db.execute(query).fetchone()[0])
+    query = f"SELECT count(*) FROM versions WHERE scope IN ({','.join('?' * len(scopes))})"
+    return int(db.execute(query, tuple(scopes)).fetchone()[0])
+
+
+def _pages(db: sqlite3.Connection, scopes: frozenset[bytes] | None) -> Iterator[list[_Row]]:
+    """The backup's versions and held versions, a page at a time; only the versions of
+    `scopes` when given (a held version of an unverified scope is not among them)."""
+    queries = ["SELECT key, node, hlc, envelope, dirty, scope FROM versions ORDER BY id"]
+    if scopes is None:
+        queries.append("SELECT key, node, hlc, envelope, repush, scope FROM held")
+    for query in queries:
+        cursor = db.execute(query)
+        while rows := cursor.fetchmany(PAGE_ROWS):
+            page = [
+                (bytes(key), node, hlc, bytes(envelope), bool(dirty))
+                for key, node, hlc, envelope, dirty, scope in rows
+                if scopes is None or scope in scopes
+            ]
+            if page:
+                yield page
+
+
+def _merge_page(core: Core, page: Sequence[_Row], report: BackupMerge) -> None:
+    to_push = frozenset(
+        (key, node_from_i64(node), hlc) for key, node, hlc, _, dirty in page if dirty
+    )
+    with core.mutex, core.write_transaction():
+        result = core.merge([row[3] for row in page], now_ms=None, source="backup", to_push=to_push)
+        core.publish(result.events)
+    report.read += len(page)
+    report.merged += result.merged
+    report.superseded += result.superseded
+    report.held.update(result.held)
+    report.quarantined += result.quarantined
+    report.untrusted += result.untrusted

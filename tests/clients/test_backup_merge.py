@@ -1,0 +1,122 @@
+"""A backup merged into a live replica (`restore --merge`, replica/restore.py): as if pulled,
+so nothing newer is replaced, concurrent edits become siblings, a second merge changes
+nothing, what the backup's device had not pushed is pushed from here, a damaged envelope is
+quarantined as a pulled one would be, and another account's backup is refused unwritten."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+import pytest
+
+from clients.backup import backup_replica, merge_backup_into
+from clients.manifest import describe, read_manifest, taken_at, write_manifest
+from replica import Replica
+from replica.errors import InvalidArgumentError, StoreError
+from tests.clients.test_backup_verify import _change_an_envelope
+from tests.clients.test_cli import Cli, dump
+from tests.conftest import SCHEMA, FakeClock, ReplicaFactory
+
+
+def backup_of(replica: Replica, folder: Path) -> Path:
+    return backup_replica(replica.path, folder, datetime.datetime.now(datetime.UTC))
+
+
+def test_a_merge_keeps_what_is_newer_and_makes_concurrent_edits_siblings(
+    make_replica: ReplicaFactory, tmp_path: Path
+) -> None:
+    clock = FakeClock()
+    source, live = make_replica("source"), make_replica("live", wall_clock_ms=clock)
+    for n in range(30):
+        source.put("notes", f"n{n}", {"text": f"from the backup {n}"})
+    source.put("drafts", "d", {"text": "this device's alone"})
+    backup = backup_of(source, tmp_path / "set")
+    live.put("notes", "n1", {"text": "written here, never synced"})  # concurrent with n1
+    merged, verdict = merge_backup_into(live, backup)
+    assert verdict.state == "ok" and merged.read == 30 and merged.merged == 29
+    assert merged.held == {"lock": 1}  # n1 was just edited here: its freshness lock holds
+    assert live.get("notes", "n7").document == {"text": "from the backup 7"}  # type: ignore[union-attr]
+    assert live.get("notes", "n1").document == {"text": "written here, never synced"}  # type: ignore[union-attr]
+    assert live.get("drafts", "d") is None  # a backup carries no device-local record
+    assert live.status().dirty == 30  # the backup's device never pushed them: this one will
+    clock.advance(11_000)  # past the freshness window (10 s)
+    live.release_due()
+    assert len(live.conflicts("notes", "n1")) == 1  # concurrent edits: both kept
+    live.put("notes", "n2", {"text": "edited after the merge"})
+    again, _ = merge_backup_into(live, backup)
+    assert (again.merged, again.superseded) == (0, 30)  # nothing twice
+    assert live.get("notes", "n2").document == {"text": "edited after the merge"}  # type: ignore[union-attr]
+
+
+def test_a_merge_takes_only_the_profile_or_collection_asked(
+    make_replica: ReplicaFactory, tmp_path: Path
+) -> None:
+    source, live = make_replica("source"), make_replica("live")
+    source.create_profile("work")
+    live.create_profile("work")  # without a profile, a collection is merged in those known here
+    for profile in ("default", "work"):
+        source.put("notes", "n", {"text": profile}, profile=profile)
+        source.put("threads", "t", {"title": profile}, profile=profile)
+    backup = backup_of(source, tmp_path / "set")
+    merged, _ = merge_backup_into(live, backup, profile="work", collection="notes")
+    assert merged.merged == 1
+    assert live.get("notes", "n", profile="work").document == {"text": "work"}  # type: ignore[union-attr]
+    assert live.get("notes", "n") is None and live.get("threads", "t", profile="work") is None
+    merged, _ = merge_backup_into(live, backup, collection="threads")  # every profile's
+    assert merged.merged == 2
+    with pytest.raises(InvalidArgumentError, match="not declared"):
+        merge_backup_into(live, backup, collection="no such collection")
+
+
+def test_another_accounts_backup_is_refused_and_nothing_is_written(
+    make_replica: ReplicaFactory, tmp_path: Path
+) -> None:
+    other, _ = Replica.create(tmp_path / "other.db", SCHEMA, "another account's passphrase")
+    other.put("notes", "n", {"text": "not yours"})
+    backup = backup_of(other, tmp_path / "set")
+    other.close()
+    live = make_replica("live")
+    live.put("notes", "mine", {"text": "kept"})
+    before = dump(live.path)
+    with pytest.raises(StoreError, match="another account's backup"):
+        merge_backup_into(live, backup)
+    assert dump(live.path) == before
+
+
+def test_a_planted_envelope_is_quarantined_like_a_pulled_one(
+    cli: Cli, make_replica: ReplicaFactory, tmp_path: Path
+) -> None:
+    """A backup whose manifest was written again to pass `verify` still goes through every
+    check a pulled version does: the changed envelope is quarantined, the rest merged."""
+    source, live = make_replica("source"), make_replica("live")
+    for n in range(10):
+        source.put("notes", f"n{n}", {"text": f"{n}"})
+    backup = backup_of(source, tmp_path / "set")
+    source.close()
+    _change_an_envelope(backup)
+    manifest = read_manifest(backup.with_suffix(".json"))
+    again = describe(backup, backup.name, int(manifest.node, 16), taken_at(manifest, backup))
+    write_manifest(again, backup.with_suffix(".json"))
+    live.close()
+    result = cli(live.path, "restore", str(backup), "--merge")
+    assert result.exit_code == 3, result.output
+    assert "10 versions read, 9 merged" in result.stdout and "1 quarantined" in result.stdout
+    assert "sealsync diagnose" in result.stderr
+
+
+def test_restore_merge_on_the_command_line(
+    cli: Cli, make_replica: ReplicaFactory, tmp_path: Path
+) -> None:
+    source, live = make_replica("source"), make_replica("live")
+    source.put("notes", "n", {"text": "from the backup"})
+    backup = backup_of(source, tmp_path / "set")
+    live.close()
+    merged = cli.ok(live.path, "restore", str(backup), "--merge", "--collection", "notes")
+    assert "1 versions read, 1 merged" in merged.stdout
+    assert cli.json_object(live.path, "get", "notes", "n")["doc"] == {"text": "from the backup"}
+    for wrong in (("--merge", "--force"), ("--profile", "work")):
+        result = cli(live.path, "restore", str(backup), *wrong)
+        assert result.exit_code == 2, result.output
+    exists = cli(live.path, "restore", str(backup))
+    assert exists.exit_code == 1 and "--merge" in exists.stderr

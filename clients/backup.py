@@ -22,7 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clients.device import FILE_MODE, fsync_folder
-from clients.manifest import describe, manifest_path, read_manifest, taken_at, write_manifest
+from clients.manifest import (
+    Manifest,
+    describe,
+    manifest_path,
+    read_manifest,
+    taken_at,
+    write_manifest,
+)
 from clients.retention import KeepPolicy, kept
 from clients.verify import Verdict, verify_backup
 from replica import BackupMerge, Replica, backup_replica_file, copy_replica_file
@@ -61,6 +68,25 @@ def backup_replica(
     """Snapshot the replica into `folder` under a new name, its manifest written first (a
     crash leaves a manifest without its backup, never a backup that looks cut short);
     returns the backup's path."""
+    written = _backup(replica_path, folder, now, progress, skip_unchanged=False)
+    assert written is not None, "only a backup that may be skipped is"
+    return written
+
+
+def backup_if_changed(replica_path: Path, folder: Path, now: datetime.datetime) -> Path | None:
+    """`backup_replica`, unless the replica's node has a good backup in `folder` holding the
+    same rows and key bundle: then nothing is written, and None returned."""
+    return _backup(replica_path, folder, now, None, skip_unchanged=True)
+
+
+def _backup(
+    replica_path: Path,
+    folder: Path,
+    now: datetime.datetime,
+    progress: OnCopied | None,
+    *,
+    skip_unchanged: bool,
+) -> Path | None:
     with Replica.open(replica_path) as source:  # a replica, or a clear error before anything
         node = source.node
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -69,7 +95,11 @@ def backup_replica(
         raise StoreError(f"{target} already exists", hint="run `sealsync backup` again")
     with temp_beside(target) as temp:
         backup_replica_file(replica_path, temp, progress=progress)
-        write_manifest(describe(temp, target.name, node, now), manifest_path(target))
+        manifest = describe(temp, target.name, node, now)
+        newest = newest_good_manifest(folder, manifest.node) if skip_unchanged else None
+        if newest is not None and newest.same_content(manifest):
+            return None
+        write_manifest(manifest, manifest_path(target))
         try:
             os.link(temp, target)  # never over another backup of the same name
         except FileExistsError:
@@ -78,6 +108,21 @@ def backup_replica(
             ) from None
     fsync_folder(folder)
     return target
+
+
+def newest_good_manifest(folder: Path, node: str) -> Manifest | None:
+    """The manifest of the newest backup of `node` in `folder`, if that backup verifies."""
+    taken = []
+    for path in folder.glob(f"*-{node}.db"):
+        try:
+            manifest = read_manifest(manifest_path(path))
+            taken.append((taken_at(manifest, path), path, manifest))
+        except (OSError, StoreError):
+            continue
+    if not taken:
+        return None
+    _, path, manifest = max(taken, key=lambda t: (t[0], t[1].name))
+    return manifest if verify_backup(path).state == "ok" else None
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,14 @@ class Manifest:
     rows: dict[str, int]
     envelopes: dict[str, dict[str, str]]
     """Per table of `DIGESTED_TABLES`: each row's `row_name` and its envelope's SHA-256."""
+    bundle_sha256: str
+    """Of the key bundle the backup holds: a backup with the same rows but another bundle
+    (the passphrase changed, or the keys rotated) is another backup."""
+
+    def same_content(self, other: Manifest) -> bool:
+        """Whether both backups hold the same rows and key bundle (whenever, whatever node)."""
+        mine = (self.replica_format, self.rows, self.envelopes, self.bundle_sha256)
+        return mine == (other.replica_format, other.rows, other.envelopes, other.bundle_sha256)
 
 
 def row_name(key: bytes, node: int, hlc: int) -> str:
@@ -72,8 +80,13 @@ def describe(backup: Path, name: str, node: int, taken_at: datetime.datetime) ->
             t: int(db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]) for t in COUNTED_TABLES
         }
         envelopes = {t: envelope_digests(db, t) for t in DIGESTED_TABLES}
+        bundle = db.execute("SELECT value FROM meta WHERE name = 'bundle'").fetchone() or (b"",)
     stamp = taken_at.astimezone(datetime.UTC).isoformat(timespec="microseconds")
-    return Manifest(name, size, digest, replica_format, f"{node:016x}", stamp, rows, envelopes)
+    bundle_sha256 = hashlib.sha256(bundle[0]).hexdigest()
+    node_hex = f"{node:016x}"
+    return Manifest(
+        name, size, digest, replica_format, node_hex, stamp, rows, envelopes, bundle_sha256
+    )
 
 
 def file_digest(path: Path) -> tuple[int, str]:
@@ -124,7 +137,13 @@ def _check_types(manifest: Manifest, path: Path) -> None:
         manifest.replica_format,
         *(rows.values() if isinstance(rows, dict) else [None]),
     )
-    strings = (manifest.file, manifest.sha256, manifest.node, manifest.taken_at)
+    strings = (
+        manifest.file,
+        manifest.sha256,
+        manifest.node,
+        manifest.taken_at,
+        manifest.bundle_sha256,
+    )
     if not (all(type(v) is int for v in ints) and all(isinstance(v, str) for v in strings)):
         raise StoreError(f"{path} holds a field of the wrong type")
     if not _are_digests(manifest.envelopes):

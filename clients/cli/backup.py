@@ -6,7 +6,9 @@ from __future__ import annotations
 import datetime
 import functools
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
+from clients.autobackup import BackupOutcome, Schedule, record_outcome, watch_backups
 from clients.backup import (
     backup_replica,
     forget_backups,
@@ -22,13 +25,45 @@ from clients.backup import (
     restore_replica,
 )
 from clients.cli.chat import reconcile_chats, when
-from clients.cli.console import ExitCode, copy_progress, err, fail, out, user_errors
+from clients.cli.console import (
+    ExitCode,
+    copy_progress,
+    err,
+    fail,
+    out,
+    stopped_by_signals,
+    user_errors,
+)
+from clients.cli.duration import DURATION
 from clients.cli.records import json_option, print_json
 from clients.cli.settings import CliSettings
 from clients.device import opened_replica
 from clients.retention import KeepPolicy
 from clients.verify import Verdict, verify_backup, verify_folder, verify_with_key
-from replica.errors import StoreError
+from replica import Replica
+from replica.errors import SealsyncError, StoreError
+
+
+def keep_options(command: Callable[..., None]) -> Callable[..., None]:
+    """restic's --keep-* rules (clients/retention.py), as `keep_last` … `keep_monthly`."""
+    for rule, help_text in reversed(KEEP_RULES):
+        option = click.option(
+            f"--keep-{rule}", f"keep_{rule}", type=click.IntRange(min=0), default=0, help=help_text
+        )
+        command = option(command)
+    return command
+
+
+def keep_policy(keep: dict[str, int]) -> KeepPolicy:
+    return KeepPolicy(**{name.removeprefix("keep_"): count for name, count in keep.items()})
+
+
+KEEP_RULES = (
+    ("last", "The newest N."),
+    ("daily", "One a day, N days."),
+    ("weekly", "One a week, N weeks."),
+    ("monthly", "One a month, N months."),
+)
 
 
 @click.group("backup", invoke_without_command=True)
@@ -48,10 +83,62 @@ def backup(context: click.Context, folder: Path | None) -> None:
     if folder is None:
         raise click.UsageError("give --to FOLDER, or a subcommand (ls, verify, forget)")
     settings: CliSettings = context.obj
+    path = settings.replica_path
     with user_errors(), copy_progress("backing up") as progress:
         now = datetime.datetime.now(datetime.UTC)
-        target = backup_replica(settings.replica_path, folder, now, progress)
+        at_ms = int(now.timestamp() * 1000)
+        try:
+            target = backup_replica(path, folder, now, progress)
+        except (SealsyncError, OSError) as exc:
+            record_outcome(path, BackupOutcome(at_ms, False, None, str(exc)))
+            raise
+        record_outcome(path, BackupOutcome(at_ms, True, str(target), "written"))
     out.print(f"backup written: {target}")
+
+
+@backup.command("watch")
+@click.option(
+    "--to",
+    "folder",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder to write backups into (made if missing when the watch starts).",
+)
+@click.option(
+    "--every", type=DURATION, default="1h", show_default=True, help="Attempt at least this often."
+)
+@click.option(
+    "--quiet-for",
+    type=DURATION,
+    default="30s",
+    show_default=True,
+    help="Back up once the replica has not changed for this long.",
+)
+@keep_options
+@click.pass_obj
+def backup_watch(
+    settings: CliSettings, /, folder: Path, every: float, quiet_for: float, **keep: int
+) -> None:
+    """Back up whenever the replica has been quiet after a change, and at least --every;
+    rotate with --keep-* after each good backup. Runs until Ctrl-C or SIGTERM."""
+    path = settings.replica_path
+    with user_errors():
+        Replica.open(path).close()  # a replica, or a clear error before watching
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    stop = threading.Event()
+    out.print(f"watching {path}; backups into {folder} (Ctrl-C stops)")
+    with stopped_by_signals(stop):
+        schedule = Schedule(every, quiet_for)
+        watch_backups(path, folder, schedule, keep_policy(keep), stop, report_outcome)
+    out.print("stopped watching")
+
+
+def report_outcome(outcome: BackupOutcome) -> None:
+    """A failed backup is an `error:` line (the watch goes on); one skipped says nothing."""
+    if not outcome.ok:
+        err.print(f"[red]error:[/red] backup failed: {escape(outcome.detail)}", markup=True)
+    elif outcome.backup is not None:
+        out.print(f"backup written: {outcome.backup}")
 
 
 @backup.command("ls")
@@ -109,24 +196,13 @@ def backup_verify(settings: CliSettings, path: Path, read_data: bool, as_json: b
 
 @backup.command("forget")
 @click.argument("folder", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--keep-last", type=click.IntRange(min=0), default=0, help="The newest N.")
-@click.option("--keep-daily", type=click.IntRange(min=0), default=0, help="One a day, N days.")
-@click.option("--keep-weekly", type=click.IntRange(min=0), default=0, help="One a week, N weeks.")
-@click.option("--keep-monthly", type=click.IntRange(min=0), default=0, help="One a month, N.")
+@keep_options
 @click.option("--dry-run", is_flag=True, help="Say what would go; remove nothing.")
 @json_option
-def backup_forget(
-    folder: Path,
-    keep_last: int,
-    keep_daily: int,
-    keep_weekly: int,
-    keep_monthly: int,
-    dry_run: bool,
-    as_json: bool,
-) -> None:
+def backup_forget(folder: Path, dry_run: bool, as_json: bool, **keep: int) -> None:
     """Remove the backups in FOLDER that no --keep-* rule keeps (restic's rules); backups
     that do not verify are left alone and never counted."""
-    policy = KeepPolicy(keep_last, keep_daily, keep_weekly, keep_monthly)
+    policy = keep_policy(keep)
     with user_errors():
         if not folder.is_dir():
             raise StoreError(f"no folder {folder}", hint="give the folder given to `backup --to`")

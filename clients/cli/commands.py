@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import signal
 import socket
 import sys
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import closing
-from types import FrameType
 from typing import Any
 
 import click
@@ -32,7 +30,15 @@ from clients.access import (
 )
 from clients.account import Secret, join_account, register_account
 from clients.cli.chat import reconcile_chats
-from clients.cli.console import ExitCode, err, fail, out, print_error, user_errors
+from clients.cli.console import (
+    ExitCode,
+    err,
+    fail,
+    out,
+    print_error,
+    stopped_by_signals,
+    user_errors,
+)
 from clients.cli.progress import PROGRESS_MODES, ProgressMode, default_mode, shown_progress
 from clients.cli.remembered import forget_remembered, replace_remembered
 from clients.cli.settings import CliSettings
@@ -415,18 +421,12 @@ def watch_live(driver: SyncDriver, replica: Replica, idle_sync_s: float) -> None
         report_round(report)
         reconcile_chats(replica)
 
-    def on_signal(signum: int, _: FrameType | None) -> None:
-        stop.set()
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     out.print("watching for changes (Ctrl-C stops)")
-    try:
-        driver.watch(stop, idle_sync_s=idle_sync_s, on_report=report_and_reconcile)
-    except RollbackError as exc:
-        fail(f"{exc}", ROLLBACK_HINT)
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    with stopped_by_signals(stop):
+        try:
+            driver.watch(stop, idle_sync_s=idle_sync_s, on_report=report_and_reconcile)
+        except RollbackError as exc:
+            fail(f"{exc}", ROLLBACK_HINT)
     out.print("stopped watching")
 
 

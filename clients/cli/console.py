@@ -9,10 +9,13 @@ of API calls, these speak of commands and options.
 from __future__ import annotations
 
 import enum
+import signal
 import sqlite3
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import NoReturn
 
 from rich.console import Console
@@ -97,3 +100,19 @@ def copy_progress(what: str) -> Iterator[Callable[[int, int], None]]:
             bar.update(task, completed=done * PAGE_BYTES, total=total * PAGE_BYTES)
 
         yield update
+
+
+@contextmanager
+def stopped_by_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGINT and SIGTERM set `stop` (a watch then ends cleanly, after the work in hand,
+    so a service manager's stop never cuts it short); the handlers before are put back."""
+
+    def on_signal(signum: int, _: FrameType | None) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

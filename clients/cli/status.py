@@ -1,4 +1,5 @@
-"""`sealsync status`: the replica's health, and where it syncs; works while locked."""
+"""`sealsync status`: the replica's health, where it syncs, and its last backup; works while
+locked."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import json
 from typing import Any
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
+from clients.autobackup import read_last_backup
 from clients.cli.chat import when
 from clients.cli.console import out, user_errors
 from clients.cli.settings import CliSettings
@@ -26,12 +29,14 @@ def status(settings: CliSettings, as_json: bool) -> None:
         with opened_replica(path) as replica:
             fields: dict[str, Any] = dataclasses.asdict(replica.status())
         fields.update(relay_fields(path))
+        last = read_last_backup(path)
+        fields["last_backup"] = None if last is None else dataclasses.asdict(last)
     if as_json:
         click.echo(json.dumps(fields, sort_keys=True))
         return
     table = Table("", "", show_header=False, box=None)
     for name, value in fields.items():
-        table.add_row(name, shown(name, value))
+        table.add_row(name, escape(shown(name, value)))
     out.print(table)
 
 
@@ -55,4 +60,7 @@ def shown(name: str, value: Any) -> str:
         return when(int(value))
     if name == "skew_seen_ms":
         return f"{int(value) / 1000:+.1f} s"
+    if name == "last_backup":
+        state = "ok" if value["ok"] else "FAILED"
+        return f"{when(value['at_ms'])}: {state}, {value['detail']} {value['backup'] or ''}".strip()
     return str(value)

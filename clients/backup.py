@@ -32,7 +32,7 @@ from clients.manifest import (
 )
 from clients.retention import KeepPolicy, kept
 from clients.verify import Verdict, verify_backup
-from replica import BackupMerge, Replica, backup_replica_file, copy_replica_file
+from replica import Merged, Replica, backup_replica_file, copy_replica_file
 from replica.errors import StoreError
 
 SIDE_FILES = ("-wal", "-shm", "-journal")
@@ -233,7 +233,7 @@ def merge_backup_into(
     collection: str | None = None,
     unverified: bool = False,
     progress: OnCopied | None = None,
-) -> tuple[BackupMerge, Verdict]:
+) -> tuple[Merged, Verdict]:
     """Merge `backup` into the unlocked `replica` as if pulled (`Replica.merge_backup`): what
     it did, and what verifying the backup found; one that does not verify only `unverified`."""
     verdict = _verified(backup, unverified)

@@ -26,15 +26,16 @@ from replica.errors import (
 )
 from replica.events import ChangeEvent
 from replica.feed import Change, ChangePage
+from replica.folder import FileBody, FolderSession, Sealed
 from replica.indexed import IndexStats, ScanPage
 from replica.journal import JournalEntry
 from replica.keys import LoginKeys, passphrase_login_keys, recovery_login_keys
 from replica.leases import Lease
 from replica.options import ReplicaOptions
+from replica.outside import Merged
 from replica.record import Context, Record, Version
 from replica.repair import Diagnosis, Finding, RepairReport
 from replica.replica import Replica
-from replica.restore import BackupMerge
 from replica.schema import DEFAULT_PROFILE, REGISTER_ID, Collection, Schema
 from replica.snapshot import backup_replica_file, copy_replica_file
 from replica.status import Status
@@ -63,7 +64,6 @@ __all__ = [
     "REGISTER_ID",
     "Acknowledged",
     "Applied",
-    "BackupMerge",
     "Change",
     "ChangeEvent",
     "ChangePage",
@@ -74,7 +74,9 @@ __all__ = [
     "EnvelopeError",
     "ErrorCode",
     "FeedResetError",
+    "FileBody",
     "Finding",
+    "FolderSession",
     "IndexStats",
     "InvalidArgumentError",
     "ItemLimitError",
@@ -84,6 +86,7 @@ __all__ = [
     "Lease",
     "LeaseBusyError",
     "LoginKeys",
+    "Merged",
     "NewAccount",
     "Page",
     "PageEntry",
@@ -102,6 +105,7 @@ __all__ = [
     "RollbackError",
     "ScanPage",
     "Schema",
+    "Sealed",
     "SealsyncError",
     "StaleContextError",
     "Status",

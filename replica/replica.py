@@ -40,9 +40,10 @@ from replica.keyops import KeyOperations
 from replica.keys import AccountKeys, LoginKeys, passphrase_login_keys
 from replica.limits import check_document, check_name
 from replica.options import ReplicaOptions
+from replica.outside import Merged
 from replica.record import Context, Record, Version, record_from_siblings
 from replica.repair import Diagnosis, RepairReport
-from replica.restore import BackupMerge, merge_backup
+from replica.restore import merge_backup
 from replica.schema import (
     DEFAULT_PROFILE,
     PROFILES_COLLECTION,
@@ -52,14 +53,14 @@ from replica.schema import (
 )
 from replica.status import Status, read_status
 from replica.store import Store
-from replica.sync import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_COUNT, SyncSession
+from replica.transfers import Transfers
 from replica.wire import KdfParams
 
 HELD_RECHECK_ON_UNLOCK = ("sealed", "epoch", "collection")
 """Unlocking gives keys, and reloads the schema another process may have declared."""
 
 
-class Replica(KeyOperations, Coordination):
+class Replica(KeyOperations, Coordination, Transfers):
     """One device's replica file. Make one with `create`, `join` or `open`; then `unlock`."""
 
     def __init__(self, store: Store, options: ReplicaOptions) -> None:
@@ -534,7 +535,7 @@ class Replica(KeyOperations, Coordination):
         profile: str | None = None,
         collection: str | None = None,
         progress: Callable[[int, int], None] | None = None,
-    ) -> BackupMerge:
+    ) -> Merged:
         """Merge the versions of a backup file as if pulled: nothing here is overwritten by
         anything older, concurrent versions become siblings (replica/restore.py). Only one
         profile's, or one declared collection's (in every profile, or in `profile`), when
@@ -581,17 +582,6 @@ class Replica(KeyOperations, Coordination):
             return len(records)
 
     # -- sync and status ------------------------------------------------------------------------
-
-    def sync_session(
-        self,
-        *,
-        max_batch_count: int = DEFAULT_BATCH_COUNT,
-        max_batch_bytes: int = DEFAULT_BATCH_BYTES,
-    ) -> SyncSession:
-        """A sans-I/O sync session over this replica (see replica.sync)."""
-        return SyncSession(
-            self._core, max_batch_count=max_batch_count, max_batch_bytes=max_batch_bytes
-        )
 
     def status(self) -> Status:
         core = self._core

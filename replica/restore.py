@@ -15,16 +15,15 @@ transaction: a merge cut short merges the rest when run again, and nothing twice
 from __future__ import annotations
 
 import sqlite3
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from replica.core import Core
 from replica.envelope import open_envelope
 from replica.errors import EnvelopeError, ProtocolError, StoreError, UnknownEpochError
 from replica.files import read_only_uri
+from replica.outside import Merged, merge_outside
 from replica.wire import node_from_i64, parse_header
 
 PAGE_ROWS = 1000
@@ -38,26 +37,13 @@ _Row = tuple[bytes, int, int, bytes, bool]
 """key, node (as stored), hlc, envelope, and whether it was still to be pushed."""
 
 
-@dataclass
-class BackupMerge:
-    """What merging a backup did: versions read, and what became of them."""
-
-    read: int = 0
-    merged: int = 0
-    superseded: int = 0
-    """Already here, or older than what is here."""
-    held: Counter[str] = field(default_factory=Counter)
-    quarantined: int = 0
-    untrusted: int = 0
-
-
 def merge_backup(
     core: Core, backup: Path, scopes: frozenset[bytes] | None, progress: Progress | None
-) -> BackupMerge:
+) -> Merged:
     """Merge the versions of `backup` (those of `scopes` only, when given) into the replica
     of `core`, which must be unlocked."""
     core.keys()  # ReplicaLockedError before anything is read
-    report = BackupMerge()
+    report = Merged()
     try:
         with closing(sqlite3.connect(read_only_uri(backup), uri=True)) as db:
             db.execute("BEGIN")  # one snapshot, should anything write to the file meanwhile
@@ -132,16 +118,8 @@ def _pages(db: sqlite3.Connection, scopes: frozenset[bytes] | None) -> Iterator[
                 yield page
 
 
-def _merge_page(core: Core, page: Sequence[_Row], report: BackupMerge) -> None:
+def _merge_page(core: Core, page: Sequence[_Row], report: Merged) -> None:
     to_push = frozenset(
         (key, node_from_i64(node), hlc) for key, node, hlc, _, dirty in page if dirty
     )
-    with core.mutex, core.write_transaction():
-        result = core.merge([row[3] for row in page], now_ms=None, source="backup", to_push=to_push)
-        core.publish(result.events)
-    report.read += len(page)
-    report.merged += result.merged
-    report.superseded += result.superseded
-    report.held.update(result.held)
-    report.quarantined += result.quarantined
-    report.untrusted += result.untrusted
+    report.add(merge_outside(core, [row[3] for row in page], "backup", to_push))

@@ -476,6 +476,10 @@ class Store(AsideTables):
         ).fetchall()
         return [(i, Row(k, node_from_i64(n), h, e)) for i, k, n, h, e in rows]
 
+    def all_version_envelopes(self) -> list[bytes]:
+        """The envelope of every current version (a folder snapshot's content)."""
+        return [bytes(e) for (e,) in self.db.execute("SELECT envelope FROM versions ORDER BY id")]
+
     def clear_dirty(self, identities: Iterable[tuple[bytes, int, int]]) -> None:
         """Clear the push marks of acknowledged versions, in `versions` and in `held` (where
         marks exist only after a reseed: the usual batch skips that table's statements)."""

@@ -171,6 +171,16 @@ class SyncSession:
             refused_by_code=refused,
         )
 
+    def acknowledge_written(self, batch: PushBatch) -> None:
+        """A transport with no relay (a folder) holds `batch` durably: its versions stop
+        being dirty. There are no receipts: whatever a reader refuses is its to report."""
+        identities = []
+        for envelope in batch.envelopes:
+            header = parse_header(envelope)
+            identities.append((header.key, header.node, header.hlc))
+        with self._core.mutex, self._store.transaction():
+            self._store.clear_dirty(identities)
+
     def settle_superseded(self) -> int:
         """After a pass's pull: a version the relay called superseded stops being pushed once
         this device holds, authenticated and merged, a version that dominates it (the pull

@@ -1,0 +1,33 @@
+"""The sessions through which a `Replica` syncs: with a relay (replica/sync.py) or through
+a shared folder (replica/folder.py). Both are sans I/O: a driver in clients/ moves the bytes.
+
+A mixin of `Replica` (replica/replica.py), which owns the `Core` these work through.
+"""
+
+from __future__ import annotations
+
+from replica.core import Core
+from replica.folder import FolderSession
+from replica.sync import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_COUNT, SyncSession
+
+
+class Transfers:
+    """The methods of `Replica` that start a sync session."""
+
+    _core: Core
+
+    def sync_session(
+        self,
+        *,
+        max_batch_count: int = DEFAULT_BATCH_COUNT,
+        max_batch_bytes: int = DEFAULT_BATCH_BYTES,
+    ) -> SyncSession:
+        """A sans-I/O sync session over this replica (see replica.sync)."""
+        return SyncSession(
+            self._core, max_batch_count=max_batch_count, max_batch_bytes=max_batch_bytes
+        )
+
+    def folder_session(self, *, max_batch_bytes: int = DEFAULT_BATCH_BYTES) -> FolderSession:
+        """A sans-I/O session to sync through a shared folder (see replica.folder)."""
+        sync = SyncSession(self._core, max_batch_bytes=max_batch_bytes)
+        return FolderSession(self._core, sync)

@@ -26,6 +26,8 @@ from replica.errors import StoreError
 from replica.wire import Session
 
 SIDECAR_SUFFIX = ".relay.json"
+FOLDER_STATE_SUFFIX = ".folder.json"
+"""Beside a replica that syncs through a folder: which, and what of it is merged."""
 CLI_OPTIONS = ReplicaOptions(freshness_window_s=0)
 """A command's write has no screen to protect from an inbound version arriving moments later
 (what freshness locks are for, docs/architecture.md §5): with the window off, `sync` shows a concurrent
@@ -184,7 +186,7 @@ def removed_on_failure(replica_path: Path) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        for suffix in ("", "-wal", "-shm", "-journal", SIDECAR_SUFFIX):
+        for suffix in ("", "-wal", "-shm", "-journal", SIDECAR_SUFFIX, FOLDER_STATE_SUFFIX):
             replica_path.with_name(replica_path.name + suffix).unlink(missing_ok=True)
         raise
 

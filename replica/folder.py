@@ -98,8 +98,8 @@ class FolderSession:
         self._sync.restart()
 
     def snapshot(self, number: int, covers: dict[str, int]) -> bytes:
-        """Every current version this replica holds, as snapshot `number`, saying it covers
-        `covers` (device → the segments merged, in a row from the first)."""
+        """Every version this replica holds (merged or held), as snapshot `number`, saying
+        it covers `covers` (device → the files of it merged, in a row from the first)."""
         with self._core.mutex:
             self._core.check_open()
             envelopes = self._core.store.all_version_envelopes()

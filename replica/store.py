@@ -477,8 +477,10 @@ class Store(AsideTables):
         return [(i, Row(k, node_from_i64(n), h, e)) for i, k, n, h, e in rows]
 
     def all_version_envelopes(self) -> list[bytes]:
-        """The envelope of every current version (a folder snapshot's content)."""
-        return [bytes(e) for (e,) in self.db.execute("SELECT envelope FROM versions ORDER BY id")]
+        """The envelope of every current version, and of every held one (a folder
+        snapshot's content: a reader that skips the files it covers must miss nothing)."""
+        query = "SELECT envelope FROM versions UNION ALL SELECT envelope FROM held"
+        return [bytes(e) for (e,) in self.db.execute(query)]
 
     def clear_dirty(self, identities: Iterable[tuple[bytes, int, int]]) -> None:
         """Clear the push marks of acknowledged versions, in `versions` and in `held` (where

@@ -8,12 +8,11 @@ replica as it was before the step that failed (every step is resumable, docs/arc
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import socket
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import closing
+from pathlib import Path
 from typing import Any
 
 import click
@@ -35,12 +34,20 @@ from clients.cli.console import (
     err,
     fail,
     out,
-    print_error,
     stopped_by_signals,
     user_errors,
 )
+from clients.cli.folder import (
+    folder_of,
+    init_in_folder,
+    join_from_folder,
+    refuse_relay_options,
+    require_relay,
+    sync_through_folder,
+)
 from clients.cli.progress import PROGRESS_MODES, ProgressMode, default_mode, shown_progress
 from clients.cli.remembered import forget_remembered, replace_remembered
+from clients.cli.reports import report_round, report_sync
 from clients.cli.settings import CliSettings
 from clients.device import (
     CLI_OPTIONS,
@@ -95,11 +102,16 @@ def with_options(options: Sequence[Callable[[Any], Any]]) -> Callable[[Any], Any
 
 
 RELAY_OPTIONS = (
-    click.option("--relay", "relay_url", required=True, help="The relay's URL."),
-    click.option("--account", required=True, help="The account's name on the relay."),
+    click.option("--relay", "relay_url", help="The relay's URL."),
+    click.option("--account", help="The account's name on the relay."),
     click.option("--insecure", is_flag=True, help="Allow plain http to a host not loopback."),
     click.option(
         "--device-name", default=default_device_name, help="How the relay lists this device."
+    ),
+    click.option(
+        "--folder",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="Sync through this folder (kept in step by a file-sync tool) instead of a relay.",
     ),
 )
 TRUST_ACCOUNT_HELP = (
@@ -151,13 +163,30 @@ SYNC_OPTIONS = (
 def init(
     settings: CliSettings,
     *,
+    relay_url: str | None,
+    account: str | None,
+    insecure: bool,
+    device_name: str,
+    folder: Path | None,
+    invite: str | None,
+) -> None:
+    """Make a new account and its first device, with the built-in chat schema."""
+    if folder is not None:
+        refuse_relay_options(relay_url, account, invite)
+        init_in_folder(settings, folder)
+    else:
+        relay_url, account = require_relay(relay_url, account)
+        init_on_relay(settings, relay_url, account, insecure, device_name, invite)
+
+
+def init_on_relay(
+    settings: CliSettings,
     relay_url: str,
     account: str,
     insecure: bool,
     device_name: str,
     invite: str | None,
 ) -> None:
-    """Make a new account and its first device, with the built-in chat schema."""
     path = settings.replica_path
     with user_errors():
         refuse_existing(path)
@@ -188,6 +217,27 @@ def init(
 def join(
     settings: CliSettings,
     *,
+    relay_url: str | None,
+    account: str | None,
+    insecure: bool,
+    device_name: str,
+    folder: Path | None,
+    recovery_key: bool,
+    retry_for_s: float,
+) -> None:
+    """Add this device to an existing account, then sync it."""
+    if folder is not None:
+        refuse_relay_options(relay_url, account, None)
+        join_from_folder(settings, folder)
+    else:
+        relay_url, account = require_relay(relay_url, account)
+        join_on_relay(
+            settings, relay_url, account, insecure, device_name, recovery_key, retry_for_s
+        )
+
+
+def join_on_relay(
+    settings: CliSettings,
     relay_url: str,
     account: str,
     insecure: bool,
@@ -195,7 +245,6 @@ def join(
     recovery_key: bool,
     retry_for_s: float,
 ) -> None:
-    """Add this device to an existing account, then sync it."""
     path = settings.replica_path
     with user_errors():
         refuse_existing(path)
@@ -203,12 +252,8 @@ def join(
         relay = RelaySettings(url, account, insecure, device_name=device_name)
         saver = SessionSaver(path, relay)
         with RelayClient(relay.url, insecure=insecure, on_session=saver) as client:
-            client.info()
-            secret = (
-                Secret(settings.recovery_key(), is_recovery_key=True)
-                if recovery_key
-                else Secret(settings.passphrase())
-            )
+            client.info()  # unreachable, or another protocol: said before asking a secret
+            secret = login_secret(settings, recovery_key)
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             with removed_on_failure(path):
                 replica = join_account(client, path, account, secret, device_name, CLI_OPTIONS)
@@ -266,6 +311,11 @@ def login_secret(settings: CliSettings, recovery_key: bool) -> Secret:
 @click.command("sync")
 @with_options(SYNC_OPTIONS)
 @click.option("--trust-account", is_flag=True, help=f"With --reseed: {TRUST_ACCOUNT_HELP}")
+@click.option(
+    "--folder",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Sync through this folder (default: the one `init`/`join --folder` set).",
+)
 @click.pass_obj
 def sync(
     settings: CliSettings,
@@ -277,9 +327,33 @@ def sync(
     idle_sync_s: float,
     retry_for_s: float,
     progress_mode: ProgressMode | None,
+    folder: Path | None,
 ) -> None:
     """Push this device's changes and pull everyone else's."""
     refuse_invite_without_reseed(invite, reseed, trust_account)
+    path = settings.replica_path
+    with user_errors():
+        folder = folder or folder_of(path)
+    if folder is not None:
+        if reseed:
+            raise click.UsageError("--reseed is a relay's: a folder keeps every device's files")
+        sync_through_folder(settings, folder, watch_s=idle_sync_s if watch else None)
+    else:
+        sync_through_relay(
+            settings, reseed, trust_account, invite, retry_for_s, progress_mode,
+            idle_sync_s if watch else None,
+        )  # fmt: skip
+
+
+def sync_through_relay(
+    settings: CliSettings,
+    reseed: bool,
+    trust_account: bool,
+    invite: str | None,
+    retry_for_s: float,
+    progress_mode: ProgressMode | None,
+    watch_s: float | None,
+) -> None:
     path = settings.replica_path
     with user_errors():
         relay = load_settings(path)  # before the passphrase: a device with no relay fails fast
@@ -298,9 +372,9 @@ def sync(
 
         report_sync(with_newer_keys(replica, client, settings, relay.account, once))
         after_sync(replica)
-        if watch:
+        if watch_s is not None:
             backoff = Backoff(max_elapsed_s=retry_for_s)
-            watch_live(SyncDriver(replica, client, backoff=backoff), replica, idle_sync_s)
+            watch_live(SyncDriver(replica, client, backoff=backoff), replica, watch_s)
 
 
 def after_sync(replica: Replica) -> None:
@@ -430,35 +504,6 @@ def watch_live(driver: SyncDriver, replica: Replica, idle_sync_s: float) -> None
     out.print("stopped watching")
 
 
-PAUSED_WARNING = (
-    "needs the new passphrase: the account's keys changed on another device. Pulling only; "
-    "this device's writes are kept and go out once `sealsync sync` (which asks for it) "
-    "takes the new keys; then start the watch again"
-)
-
-
-def report_round(report: SyncReport) -> None:
-    """One line per round, with the time, so a terminal left open shows when it last synced."""
-    moment = datetime.datetime.now().strftime("%H:%M:%S")
-    out.print(
-        f"{moment} synced: {report.pushed} pushed, {report.pulled} pulled, "
-        f"{report.merged} merged" + (f", {report.refused} refused" if report.refused else "")
-    )
-    if report.unconfirmed:
-        err.print(UNCONFIRMED_WARNING.format(n=report.unconfirmed), markup=True)
-    if report.quarantined:
-        err.print(
-            f"[yellow]warning:[/yellow] {report.quarantined} pulled version(s) could not be "
-            f"opened and are in quarantine; {QUARANTINED_HINT}",
-            markup=True,
-        )
-    if report.untrusted:
-        message = UNTRUSTED_MESSAGE.format(n=report.untrusted)
-        err.print(f"[yellow]warning:[/yellow] {message}; {UNTRUSTED_HINT}", markup=True)
-    if report.pushing_paused:
-        err.print(f"[yellow]warning:[/yellow] {PAUSED_WARNING}", markup=True)
-
-
 def run_sync(
     replica: Replica,
     client: RelayClient,
@@ -477,85 +522,6 @@ def run_sync(
             return driver.sync() if reseed_with is None else driver.reseed(reseed_with)
         except RollbackError as exc:
             fail(f"{exc}", ROLLBACK_HINT)
-
-
-REFUSAL_HINTS: dict[ErrorCode, str] = {
-    ErrorCode.CLOCK_AHEAD: "this device's clock is ahead of the relay's: set it right (NTP), "
-    "then sync",
-    ErrorCode.TOO_LARGE: "a record is over the relay's max_envelope_bytes: make it smaller",
-    ErrorCode.IDENTITY_CONFLICT: "another copy of this replica wrote as this device: "
-    "`sealsync restore` a backup (it takes a new node id), or sync from a fresh `sealsync join`",
-    ErrorCode.MALFORMED: "the relay could not read them: report it with `sealsync status --json`",
-}
-
-
-UNCONFIRMED_WARNING = (
-    "[yellow]warning:[/yellow] the relay called {n} version(s) superseded but has not sent "
-    "what supersedes them; they stay to be pushed (a relay that drops writes, or a newer "
-    "version held here)"
-)
-
-
-QUARANTINED_HINT = (
-    "`sealsync diagnose` shows what cannot be opened; `sealsync repair` keeps it in quarantine "
-    "and lets its records be read and written again"
-)
-
-
-UNTRUSTED_MESSAGE = (
-    "{n} pulled version(s) were sealed under key epochs a rotation retired, beyond its "
-    "frontier: made with a revoked device's keys. They were refused and changed no record"
-)
-UNTRUSTED_HINT = (
-    "`sealsync diagnose` lists them (kept in quarantine); whoever could put them on the relay "
-    "holds a revoked device's keys"
-)
-
-
-def report_sync(report: SyncReport) -> None:
-    """The round's line; then, on stderr, what needs the user, and the exit code it earns."""
-    refused = f", {report.refused} refused" if report.refused else ""
-    set_aside = "".join(
-        f", {n} {what}"
-        for n, what in (
-            (report.held, "held"),
-            (report.quarantined, "quarantined"),
-            (report.untrusted, "untrusted"),
-        )
-        if n
-    )
-    out.print(
-        f"synced: {report.pushed} pushed ({report.stored} stored{refused}), "
-        f"{report.pulled} pulled, {report.merged} merged{set_aside}"
-    )
-    if report.unconfirmed:
-        err.print(UNCONFIRMED_WARNING.format(n=report.unconfirmed), markup=True)
-    if report.refused:
-        codes = sorted(report.refused_by_code.items())
-        hints = [REFUSAL_HINTS[code] for code, _ in codes if code in REFUSAL_HINTS]
-        message = (
-            f"the relay refused {report.refused} version(s) "
-            f"({', '.join(f'{n} {code}' for code, n in codes)}); they stay to be pushed again"
-        )
-        hint = "; ".join(hints) or None
-        if not (report.quarantined or report.untrusted):
-            fail(message, hint)
-        print_error(message, hint)  # and exit 3 below
-    report_set_aside(report)
-
-
-def report_set_aside(report: SyncReport) -> None:
-    """What was pulled but could not be merged, and exit 3 if anything was."""
-    if report.untrusted:
-        print_error(UNTRUSTED_MESSAGE.format(n=report.untrusted), UNTRUSTED_HINT)
-    if report.quarantined:
-        print_error(
-            f"{report.quarantined} pulled version(s) could not be opened: kept verbatim in "
-            "quarantine, and their records refuse reads and writes",
-            QUARANTINED_HINT,
-        )
-    if report.untrusted or report.quarantined:
-        sys.exit(ExitCode.DAMAGED)
 
 
 DEVICE_COMMANDS = (init, join, login, sync)

@@ -20,9 +20,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 from clients.cli import main
-from clients.cli.commands import report_sync
 from clients.cli.console import ExitCode, user_errors
 from clients.cli.records import written_at
+from clients.cli.reports import report_sync
 from clients.device import load_settings
 from clients.schema import CHAT_SCHEMA
 from clients.sync import SyncReport

@@ -1,0 +1,158 @@
+"""`init --folder`, `join --folder` and `sync` through a folder (clients/folder.py): the
+command line's side of syncing through a folder a file-sync tool keeps in step."""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import closing
+from pathlib import Path
+
+import click
+from rich.markup import escape
+from watchfiles import watch
+
+from clients.cli.chat import reconcile_chats
+from clients.cli.console import ExitCode, err, fail, out, stopped_by_signals, user_errors
+from clients.cli.remembered import forget_remembered
+from clients.cli.settings import CliSettings
+from clients.device import (
+    CLI_OPTIONS,
+    opened_replica,
+    refuse_existing,
+    removed_on_failure,
+    sidecar_path,
+)
+from clients.folder import (
+    DEVICES,
+    FolderReport,
+    FolderState,
+    FolderSync,
+    load_state,
+    make_folder,
+    read_bundle,
+    save_state,
+)
+from clients.schema import CHAT_SCHEMA
+from replica import Replica
+from replica.errors import StoreError
+
+
+def folder_of(replica_path: Path) -> Path | None:
+    """The folder this device syncs through, if it syncs through one."""
+    state = load_state(replica_path)
+    return None if state is None else Path(state.folder)
+
+
+def require_relay(relay_url: str | None, account: str | None) -> tuple[str, str]:
+    if relay_url is None or account is None:
+        raise click.UsageError("give --relay URL and --account NAME, or --folder DIR")
+    return relay_url, account
+
+
+def refuse_relay_options(relay_url: str | None, account: str | None, invite: str | None) -> None:
+    if relay_url is not None or account is not None:
+        raise click.UsageError("--folder takes the place of --relay and --account")
+    given = click.get_current_context().get_parameter_source("invite")
+    if invite is not None and given is click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("--invite is a relay's: a folder takes no invite")
+
+
+def init_in_folder(settings: CliSettings, folder: Path) -> None:
+    """A new account whose devices sync through `folder` (made a sealsync folder here)."""
+    path = settings.replica_path
+    with user_errors():
+        refuse_existing(path)
+        passphrase = settings.passphrase(confirm=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with removed_on_failure(path):
+            replica, new = Replica.create(path, CHAT_SCHEMA, passphrase, options=CLI_OPTIONS)
+            with closing(replica):
+                make_folder(folder.resolve(), replica.key_bundle(), replica.key_generation)
+                save_state(path, FolderState(str(folder.resolve())))
+    out.print(f"account created in folder {folder}; this device's replica: {path}")
+    out.print("recovery key (shown once; keep it somewhere safe, it unlocks the account):")
+    click.echo(new.recovery_key)
+    forget_remembered(path)
+
+
+def join_from_folder(settings: CliSettings, folder: Path) -> None:
+    """Add this device to the account whose folder `folder` is, then sync it."""
+    path = settings.replica_path
+    folder = folder.resolve()
+    with user_errors():
+        refuse_existing(path)
+        bundle = read_bundle(folder)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with removed_on_failure(path):
+            replica = Replica.join(path, bundle, options=CLI_OPTIONS)
+            with closing(replica):
+                replica.unlock(settings.passphrase())
+                replica.declare(CHAT_SCHEMA)
+                save_state(path, FolderState(str(folder)))
+                out.print(f"joined the account in folder {folder}; replica: {path}")
+                report_folder_round(FolderSync(replica, folder).sync())
+    forget_remembered(path)
+
+
+def sync_through_folder(settings: CliSettings, folder: Path, *, watch_s: float | None) -> None:
+    """A round through `folder` (and, with `watch_s`, a round at every change there or
+    here, and at least every `watch_s`, until a signal)."""
+    path = settings.replica_path
+    with user_errors():
+        if sidecar_path(path).exists():
+            raise StoreError(
+                f"{path} syncs through a relay ({sidecar_path(path)})",
+                hint="an account syncs through one transport at a time",
+            )
+    with user_errors(), opened_replica(path, settings.passphrase) as replica:
+        driver = FolderSync(replica, folder.resolve())
+        report = driver.sync()
+        reconcile_chats(replica)
+        report_folder_round(report)
+        if watch_s is not None:
+            watch_folder(driver, watch_s)
+    if report.merged.quarantined or report.merged.untrusted:
+        fail(
+            "versions in the folder could not be opened or were refused",
+            "`sealsync diagnose` names them; they are kept in quarantine",
+            code=ExitCode.DAMAGED,
+        )
+
+
+def watch_folder(driver: FolderSync, every_s: float) -> None:
+    """A round whenever a file in the folder changes (not a temporary one), and at least
+    every `every_s` (writes by other processes on this replica are noticed then), until
+    SIGINT or SIGTERM."""
+    stop = threading.Event()
+    out.print("watching the folder for changes (Ctrl-C stops)")
+    with stopped_by_signals(stop):
+        while not stop.is_set():
+            deadline = time.monotonic() + every_s
+            for changes in watch(
+                driver.folder / DEVICES,
+                watch_filter=lambda _, changed: not Path(changed).name.startswith("."),
+                stop_event=stop,
+                yield_on_timeout=True,
+                rust_timeout=500,
+            ):
+                if changes or time.monotonic() >= deadline:
+                    break
+            if not stop.is_set():
+                report = driver.sync()
+                reconcile_chats(driver.replica)
+                report_folder_round(report)
+    out.print("stopped watching")
+
+
+def report_folder_round(report: FolderReport) -> None:
+    merged = report.merged
+    held = sum(merged.held.values())
+    out.print(
+        f"synced: {report.pushed} written in {report.segments} segment(s), {report.files} "
+        f"file(s) read, {merged.merged} merged, {held} held, {merged.quarantined} "
+        f"quarantined, {merged.untrusted} untrusted"
+        + (f"; snapshot {report.snapshot}" if report.snapshot else "")
+    )
+    for refused in report.refused:
+        err.print(f"[yellow]warning:[/yellow] not read (yet): {escape(refused)}", markup=True)

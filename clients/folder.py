@@ -1,0 +1,295 @@
+"""`FolderSync`: a replica synced through a folder that a file-sync tool (Syncthing, Dropbox,
+a NAS) keeps in step between devices, in place of a relay (specs/folder.md).
+
+Each device writes only into its own place, `devices/NODE/`, and only whole files: each is
+written under a hidden temporary name, fsynced, and renamed into place, never changed
+again, so no file ever has two writers. A round writes this device's dirty versions as new
+segments, then reads every other device's files it has not merged yet, and every so often
+writes a snapshot of all it holds and removes its own older files (a device added later, or
+one that was away long, catches up from snapshots). A reader merges a file only when it
+opens (replica/folder.py: whole, signed by the account, in its place); one that does not is
+left for the next round, as a file still arriving would be, and named. Conflict copies a
+file-sync tool makes are opened and merged like the files they copy. What has been merged
+is recorded beside the replica after the merge commits: a crash re-merges, which changes
+nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from clients.device import FILE_MODE, FOLDER_STATE_SUFFIX, fsync_folder, write_atomically
+from replica import FileBody, FolderSession, Merged, ProtocolError, Replica
+from replica.errors import StoreError
+
+MARKER = "sealsync-folder.json"
+"""Written once, by `init --folder`: what makes a folder a sealsync folder."""
+FOLDER_FORMAT = 1
+DEVICES = "devices"
+KEYS = "keys"
+SNAPSHOT_EVERY = 32
+"""Own segments after which a round writes a snapshot and removes the files before it."""
+LEASE = "sealsync.folder-sync"
+_FILE = re.compile(r"(segment|snapshot)-([0-9]{12})(.*)\.(seg|snap)")
+_DEVICE = re.compile(r"[0-9a-f]{16}")
+_EXTENSION = {"segment": "seg", "snapshot": "snap"}
+
+
+FileKind = Literal["segment", "snapshot"]
+
+
+@dataclass(frozen=True)
+class FolderFile:
+    path: Path
+    kind: FileKind
+    number: int
+    copy: bool
+    """A conflict copy a file-sync tool made (`NAME.sync-conflict-…`, `NAME (… conflicted
+    copy …)`): opened and merged like the file it copies."""
+
+
+def file_name(kind: FileKind, number: int) -> str:
+    return f"{kind}-{number:012d}.{_EXTENSION[kind]}"
+
+
+def parse_file_name(path: Path) -> FolderFile | None:
+    """The folder file `path` names, or None for any other name (temporary files begin
+    with a dot, and match nothing)."""
+    match = _FILE.fullmatch(path.name)
+    if match is None or _EXTENSION[match[1]] != match[4]:
+        return None
+    kind: FileKind = "segment" if match[1] == "segment" else "snapshot"
+    return FolderFile(path, kind, int(match[2]), copy=match[3] != "")
+
+
+@dataclass
+class FolderState:
+    """What this device has merged of each other device's files: all up to `done[device]`,
+    and the numbers in `above[device]` beyond it; `copies`, the conflict copies merged."""
+
+    folder: str
+    done: dict[str, int] = field(default_factory=dict)
+    above: dict[str, list[int]] = field(default_factory=dict)
+    copies: list[str] = field(default_factory=list)
+
+
+def state_path(replica_path: Path) -> Path:
+    return replica_path.with_name(replica_path.name + FOLDER_STATE_SUFFIX)
+
+
+def load_state(replica_path: Path) -> FolderState | None:
+    path = state_path(replica_path)
+    try:
+        return FolderState(**json.loads(path.read_bytes()))
+    except FileNotFoundError:
+        return None
+    except (ValueError, TypeError) as exc:
+        raise StoreError(
+            f"{path} is not this device's folder state: {exc}",
+            hint="remove it and sync again with --folder: the folder's files are merged again",
+        ) from None
+
+
+def save_state(replica_path: Path, state: FolderState) -> None:
+    write_atomically(state_path(replica_path), json.dumps(asdict(state), sort_keys=True).encode())
+
+
+def check_folder(folder: Path) -> None:
+    """`StoreError` unless `folder` is a sealsync folder (`init --folder` made it)."""
+    try:
+        marker = json.loads((folder / MARKER).read_bytes())
+    except FileNotFoundError:
+        raise StoreError(
+            f"{folder} is not a sealsync folder (no {MARKER})",
+            hint="give the folder `sealsync init --folder` made, once the file-sync tool "
+            "brought it here",
+        ) from None
+    except ValueError as exc:
+        raise StoreError(f"{folder / MARKER} is damaged: {exc}") from None
+    if marker != {"sealsync_folder": FOLDER_FORMAT}:
+        raise StoreError(f"{folder} is a sealsync folder of another format: {marker}")
+
+
+def make_folder(folder: Path, bundle: bytes, generation: int) -> None:
+    """Make `folder` a sealsync folder holding the account's key bundle; refuses a folder
+    that already is one (another account's, perhaps)."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if (folder / MARKER).exists():
+        raise StoreError(
+            f"{folder} is a sealsync folder already",
+            hint="join it with `sealsync join --folder`, or give an empty folder",
+        )
+    (folder / KEYS).mkdir(mode=0o700, exist_ok=True)
+    (folder / DEVICES).mkdir(mode=0o700, exist_ok=True)
+    write_atomically(folder / KEYS / f"bundle-{generation:06d}.bin", bundle)
+    write_atomically(folder / MARKER, json.dumps({"sealsync_folder": FOLDER_FORMAT}).encode())
+    fsync_folder(folder)
+
+
+def read_bundle(folder: Path) -> bytes:
+    """The newest key bundle in `folder` (join's: the passphrase then says if it is this
+    account's)."""
+    check_folder(folder)
+    bundles = sorted((folder / KEYS).glob("bundle-[0-9][0-9][0-9][0-9][0-9][0-9].bin"))
+    if not bundles:
+        raise StoreError(f"{folder} holds no key bundle", hint="is the folder synced here yet?")
+    return bundles[-1].read_bytes()
+
+
+@dataclass
+class FolderReport:
+    """One round: segments written and the versions in them, files merged and what merging
+    them did, files that did not open (named, with why), and the snapshot written."""
+
+    segments: int = 0
+    pushed: int = 0
+    files: int = 0
+    merged: Merged = field(default_factory=Merged)
+    refused: list[str] = field(default_factory=list)
+    snapshot: str | None = None
+
+
+class FolderSync:
+    """Sync one unlocked replica through `folder` (a round: `sync()`)."""
+
+    def __init__(self, replica: Replica, folder: Path) -> None:
+        check_folder(folder)
+        self.replica = replica
+        self.folder = folder
+        self.session: FolderSession = replica.folder_session()
+        self.device = self.session.device
+        self.own = folder / DEVICES / self.device
+        state = load_state(replica.path)
+        self.state = state if state is not None and state.folder == str(folder) else None
+
+    def sync(self) -> FolderReport:
+        """Write this device's changes, then merge the others'; a snapshot when due."""
+        report = FolderReport()
+        with self.replica.lease(LEASE, ttl_s=60.0, wait_s=60.0):
+            state = self.state or FolderState(str(self.folder))
+            self.own.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._remove_own_temporaries()
+            self._write_segments(report)
+            self._merge_others(state, report)
+            self._snapshot_when_due(state, report)
+            save_state(self.replica.path, state)
+            self.state = state
+        return report
+
+    # -- this device's files --------------------------------------------------------------------
+
+    def _own_files(self) -> list[FolderFile]:
+        files = (parse_file_name(p) for p in self.own.iterdir())
+        return sorted((f for f in files if f is not None and not f.copy), key=lambda f: f.number)
+
+    def _remove_own_temporaries(self) -> None:
+        """A write cut short leaves its temporary file: no reader ever opens one."""
+        for path in self.own.glob(".*.tmp"):
+            path.unlink(missing_ok=True)
+
+    def _write_segments(self, report: FolderReport) -> None:
+        own = self._own_files()
+        number = own[-1].number + 1 if own else 1
+        while (sealed := self.session.next_segment(number)) is not None:
+            self._write_file(file_name("segment", number), sealed.data)
+            self.session.written(sealed)
+            report.segments += 1
+            report.pushed += len(sealed.batch.envelopes)
+            number += 1
+
+    def _write_file(self, name: str, data: bytes) -> None:
+        """`data` as `own/name`, whole or not at all; durable before this returns."""
+        descriptor, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.own)
+        try:
+            os.fchmod(descriptor, FILE_MODE)
+            with os.fdopen(descriptor, "wb") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())
+            os.link(temp, self.own / name)  # never over a file already there
+        finally:
+            Path(temp).unlink(missing_ok=True)
+        fsync_folder(self.own)
+
+    def _snapshot_when_due(self, state: FolderState, report: FolderReport) -> None:
+        own = self._own_files()
+        since = [f for f in own if f.kind == "segment" and f.number > _last_snapshot(own)]
+        if len(since) < SNAPSHOT_EVERY:
+            return
+        number = own[-1].number + 1
+        name = file_name("snapshot", number)
+        self._write_file(name, self.session.snapshot(number, dict(state.done)))
+        for path in self.own.iterdir():  # the files before it, and copies of them
+            parsed = parse_file_name(path)
+            if parsed is not None and parsed.number < number:
+                path.unlink(missing_ok=True)
+        fsync_folder(self.own)
+        report.snapshot = name
+
+    # -- the other devices' files ---------------------------------------------------------------
+
+    def _merge_others(self, state: FolderState, report: FolderReport) -> None:
+        devices = self.folder / DEVICES
+        for place in sorted(devices.iterdir()):
+            if place.name != self.device and _DEVICE.fullmatch(place.name) and place.is_dir():
+                self._merge_device(place, state, report)
+        state.copies = [n for n in state.copies if (devices / n).exists()]  # gone: forgotten
+
+    def _merge_device(self, place: Path, state: FolderState, report: FolderReport) -> None:
+        device = place.name
+        files = [f for f in map(parse_file_name, place.iterdir()) if f is not None]
+        done = state.done.get(device, 0)
+        above = set(state.above.get(device, []))
+        snapshots = [f for f in files if f.kind == "snapshot" and not f.copy and f.number > done]
+        newest = max(snapshots, key=lambda f: f.number, default=None)
+        if newest is not None and (body := self._open(newest, device, report)) is not None:
+            self._merge(body, report)
+            done = max(done, newest.number)
+            for other, covered in body.covers.items():
+                if other != self.device:
+                    state.done[other] = max(state.done.get(other, 0), covered)
+        for file in sorted(files, key=lambda f: f.number):
+            name = f"{device}/{file.path.name}"
+            seen = (
+                name in state.copies if file.copy else (file.number <= done or file.number in above)
+            )
+            if seen:
+                continue
+            if (body := self._open(file, device, report)) is None:
+                continue
+            self._merge(body, report)
+            if file.copy:
+                state.copies.append(name)
+            else:
+                above.add(file.number)
+        while done + 1 in above:
+            done += 1
+            above.discard(done)
+        state.done[device] = max(done, state.done.get(device, 0))
+        state.above[device] = sorted(n for n in above if n > state.done[device])
+
+    def _open(self, file: FolderFile, device: str, report: FolderReport) -> FileBody | None:
+        """The file's body, or None (named in the report) when it does not open yet."""
+        try:
+            data = file.path.read_bytes()
+        except FileNotFoundError:  # removed meanwhile: a snapshot covers it now
+            return None
+        try:
+            return self.session.open(data, device, file.number, file.kind)
+        except ProtocolError as exc:
+            report.refused.append(f"{DEVICES}/{device}/{file.path.name}: {exc}")
+            return None
+
+    def _merge(self, body: FileBody, report: FolderReport) -> None:
+        report.merged.add(self.session.merge(body))
+        report.files += 1
+
+
+def _last_snapshot(own: list[FolderFile]) -> int:
+    return max((f.number for f in own if f.kind == "snapshot"), default=0)

@@ -1,0 +1,73 @@
+"""Syncing through a folder on the command line (`init`/`join --folder`, `sync`): two
+devices converge through one folder, `sync` needs no flag once set, a forged file is named
+and refused, a device with a relay is not moved silently, and bad combinations are usage
+errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from clients.folder import DEVICES, file_name
+from replica import Replica
+from tests.clients.test_cli import Cli
+from tests.conftest import SCHEMA
+
+
+def test_two_devices_converge_through_a_folder(cli: Cli, tmp_path: Path) -> None:
+    folder, a, b = tmp_path / "Sync" / "notes", tmp_path / "a.db", tmp_path / "b.db"
+    made = cli.ok(a, "init", "--folder", str(folder))
+    assert "recovery key" in made.stdout and (folder / "sealsync-folder.json").is_file()
+    cli.ok(a, "put", "threads", "t1", '{"title": "from a", "message_count": 1}')
+    assert "1 written in 1 segment(s)" in cli.ok(a, "sync").stdout  # no flag: the folder is set
+    joined = cli.ok(b, "join", "--folder", str(folder))
+    assert "1 merged" in joined.stdout
+    assert cli.json_object(b, "get", "threads", "t1")["doc"] == {
+        "title": "from a",
+        "message_count": 1,
+    }
+    cli.ok(b, "put", "threads", "t2", '{"title": "from b", "message_count": 2}')
+    cli.ok(b, "sync")
+    cli.ok(a, "sync")
+    assert cli.json_object(a, "get", "threads", "t2")["doc"] == {
+        "title": "from b",
+        "message_count": 2,
+    }
+    assert len(list((folder / DEVICES).iterdir())) == 2  # each device writes its own place
+
+
+def test_a_forged_file_is_named_and_nothing_of_it_merged(cli: Cli, tmp_path: Path) -> None:
+    folder, a = tmp_path / "shared", tmp_path / "a.db"
+    cli.ok(a, "init", "--folder", str(folder))
+    other, _ = Replica.create(tmp_path / "other.db", SCHEMA, "another account's passphrase")
+    with other:
+        other.put("threads", "t", {"title": "planted"})
+        forged = other.folder_session().next_segment(1)
+        assert forged is not None
+        place = folder / DEVICES / other.folder_session().device
+    place.mkdir(parents=True)
+    (place / file_name("segment", 1)).write_bytes(forged.data)
+    result = cli.ok(a, "sync")
+    assert (
+        "warning: not read (yet)" in result.stderr and "signature does not verify" in result.stderr
+    )
+    assert cli(a, "get", "threads", "t").exit_code == 1
+
+
+def test_folder_and_relay_options_do_not_mix(cli: Cli, tmp_path: Path) -> None:
+    folder, a = tmp_path / "shared", tmp_path / "a.db"
+    for args in (
+        ("init", "--folder", str(folder), "--relay", "http://127.0.0.1:1", "--account", "x"),
+        ("init",),
+        ("join", "--account", "x"),
+    ):
+        result = cli(a, *args)
+        assert result.exit_code == 2, result.output
+    assert not a.exists() and not folder.exists()
+    cli.ok(a, "init", "--folder", str(folder))
+    assert cli(tmp_path / "b.db", "init", "--folder", str(folder)).exit_code == 1  # one account
+    assert cli(a, "sync", "--reseed").exit_code == 2
+    wrong = cli(tmp_path / "d.db", "join", "--folder", str(folder), passphrase="not it at all")
+    assert wrong.exit_code == 1 and "error:" in wrong.stderr and not (tmp_path / "d.db").exists()
+    no_folder = cli(tmp_path / "c.db", "join", "--folder", str(tmp_path / "empty"))
+    assert no_folder.exit_code == 1 and "not a sealsync folder" in no_folder.stderr
+    assert not (tmp_path / "c.db").exists()

@@ -28,6 +28,8 @@ from replica.wire import Session
 SIDECAR_SUFFIX = ".relay.json"
 FOLDER_STATE_SUFFIX = ".folder.json"
 """Beside a replica that syncs through a folder: which, and what of it is merged."""
+FOLDER_LOCK_SUFFIX = ".folder.lock"
+"""Beside it too: the OS lock that keeps two rounds on one replica from overlapping."""
 CLI_OPTIONS = ReplicaOptions(freshness_window_s=0)
 """A command's write has no screen to protect from an inbound version arriving moments later
 (what freshness locks are for, docs/architecture.md §5): with the window off, `sync` shows a concurrent
@@ -186,7 +188,8 @@ def removed_on_failure(replica_path: Path) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        for suffix in ("", "-wal", "-shm", "-journal", SIDECAR_SUFFIX, FOLDER_STATE_SUFFIX):
+        sidecars = (SIDECAR_SUFFIX, FOLDER_STATE_SUFFIX, FOLDER_LOCK_SUFFIX)
+        for suffix in ("", "-wal", "-shm", "-journal", *sidecars):
             replica_path.with_name(replica_path.name + suffix).unlink(missing_ok=True)
         raise
 

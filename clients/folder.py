@@ -16,16 +16,32 @@ nothing.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from clients.device import FILE_MODE, FOLDER_STATE_SUFFIX, fsync_folder, write_atomically
-from replica import FileBody, FolderSession, Merged, ProtocolError, Replica
+from clients.device import (
+    FILE_MODE,
+    FOLDER_LOCK_SUFFIX,
+    FOLDER_STATE_SUFFIX,
+    fsync_folder,
+    write_atomically,
+)
+from replica import (
+    DEFAULT_BATCH_BYTES,
+    FileBody,
+    FolderSession,
+    Merged,
+    ProtocolError,
+    Replica,
+)
 from replica.errors import StoreError
 
 MARKER = "sealsync-folder.json"
@@ -35,7 +51,6 @@ DEVICES = "devices"
 KEYS = "keys"
 SNAPSHOT_EVERY = 32
 """Own segments after which a round writes a snapshot and removes the files before it."""
-LEASE = "sealsync.folder-sync"
 _FILE = re.compile(r"(segment|snapshot)-([0-9]{12})(.*)\.(seg|snap)")
 _DEVICE = re.compile(r"[0-9a-f]{16}")
 _EXTENSION = {"segment": "seg", "snapshot": "snap"}
@@ -158,11 +173,19 @@ class FolderReport:
 class FolderSync:
     """Sync one unlocked replica through `folder` (a round: `sync()`)."""
 
-    def __init__(self, replica: Replica, folder: Path) -> None:
+    def __init__(
+        self,
+        replica: Replica,
+        folder: Path,
+        *,
+        snapshot_every: int = SNAPSHOT_EVERY,
+        max_batch_bytes: int = DEFAULT_BATCH_BYTES,
+    ) -> None:
         check_folder(folder)
         self.replica = replica
         self.folder = folder
-        self.session: FolderSession = replica.folder_session()
+        self.snapshot_every = snapshot_every
+        self.session: FolderSession = replica.folder_session(max_batch_bytes=max_batch_bytes)
         self.device = self.session.device
         self.own = folder / DEVICES / self.device
         state = load_state(replica.path)
@@ -171,7 +194,7 @@ class FolderSync:
     def sync(self) -> FolderReport:
         """Write this device's changes, then merge the others'; a snapshot when due."""
         report = FolderReport()
-        with self.replica.lease(LEASE, ttl_s=60.0, wait_s=60.0):
+        with one_round_at_a_time(self.replica.path):
             state = self.state or FolderState(str(self.folder))
             self.own.mkdir(mode=0o700, parents=True, exist_ok=True)
             self._remove_own_temporaries()
@@ -220,7 +243,7 @@ class FolderSync:
     def _snapshot_when_due(self, state: FolderState, report: FolderReport) -> None:
         own = self._own_files()
         since = [f for f in own if f.kind == "segment" and f.number > _last_snapshot(own)]
-        if len(since) < SNAPSHOT_EVERY:
+        if len(since) < self.snapshot_every:
             return
         number = own[-1].number + 1
         name = file_name("snapshot", number)
@@ -289,6 +312,20 @@ class FolderSync:
     def _merge(self, body: FileBody, report: FolderReport) -> None:
         report.merged.add(self.session.merge(body))
         report.files += 1
+
+
+@contextmanager
+def one_round_at_a_time(replica_path: Path) -> Iterator[None]:
+    """Rounds on one replica file take turns, across processes: an OS lock on a file beside
+    it, which the OS lets go of however its holder ends (a round killed midway never holds
+    the next one back)."""
+    lock = replica_path.with_name(replica_path.name + FOLDER_LOCK_SUFFIX)
+    descriptor = os.open(lock, os.O_CREAT | os.O_RDWR, FILE_MODE)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)
 
 
 def _last_snapshot(own: list[FolderFile]) -> int:

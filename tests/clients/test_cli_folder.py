@@ -5,11 +5,19 @@ errors."""
 
 from __future__ import annotations
 
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from clients.folder import DEVICES, file_name
 from replica import Replica
-from tests.clients.test_cli import Cli
+from tests.clients.test_cli import PASSPHRASE, Cli
+from tests.clients.test_cli_watch import ROOT, TIMEOUT_S, wait_for_line
 from tests.conftest import SCHEMA
 
 
@@ -71,3 +79,50 @@ def test_folder_and_relay_options_do_not_mix(cli: Cli, tmp_path: Path) -> None:
     no_folder = cli(tmp_path / "c.db", "join", "--folder", str(tmp_path / "empty"))
     assert no_folder.exit_code == 1 and "not a sealsync folder" in no_folder.stderr
     assert not (tmp_path / "c.db").exists()
+
+
+def test_a_damaged_envelope_in_a_signed_file_is_quarantined_and_exits_3(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """A device of the account whose own copy of a version is damaged signs it all the
+    same: the readers' merge quarantines it, as a pulled one would be."""
+    folder, a, b = tmp_path / "shared", tmp_path / "a.db", tmp_path / "b.db"
+    cli.ok(a, "init", "--folder", str(folder))
+    cli.ok(b, "join", "--folder", str(folder))
+    cli.ok(a, "put", "threads", "t", '{"title": "fine", "message_count": 1}')
+    with sqlite3.connect(a) as db:
+        (envelope,) = db.execute("SELECT envelope FROM versions WHERE dirty = 1").fetchone()
+        damaged = envelope[:-1] + bytes([envelope[-1] ^ 1])
+        db.execute("UPDATE versions SET envelope = ? WHERE dirty = 1", (damaged,))
+    cli.ok(a, "sync")
+    result = cli(b, "sync")
+    assert result.exit_code == 3, result.output
+    assert "1 quarantined" in result.stdout and "sealsync diagnose" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_watch_through_a_folder_merges_what_another_device_writes(
+    cli: Cli, tmp_path: Path
+) -> None:
+    folder, a, b = tmp_path / "shared", tmp_path / "a.db", tmp_path / "b.db"
+    cli.ok(a, "init", "--folder", str(folder))
+    cli.ok(b, "join", "--folder", str(folder))
+    env = {**os.environ, "SEALSYNC_PASSPHRASE": PASSPHRASE,
+           "XDG_CONFIG_HOME": str(tmp_path / "config")}  # fmt: skip
+    command = [sys.executable, "-m", "clients.cli", "--replica", str(b), "sync", "--watch",
+               "--every", "60"]  # fmt: skip
+    watch = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for_line(watch, "watching the folder")
+        cli.ok(a, "put", "threads", "t", '{"title": "seen live", "message_count": 1}')
+        cli.ok(a, "sync")
+        wait_for_line(watch, "1 merged")  # woken by the file, not by --every
+        watch.send_signal(signal.SIGTERM)
+        stdout, stderr = watch.communicate(timeout=TIMEOUT_S)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.communicate()
+    assert watch.returncode == 0 and "stopped watching" in stdout, stderr

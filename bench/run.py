@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness and benchmar
 import backup_bench  # noqa: F401  (registers the backup benchmarks)
 import chat_bench  # noqa: F401  (registers the chat store's benchmarks)
 import engine  # noqa: F401  (registers the replica's benchmarks, and the baselines)
+import folder_bench  # noqa: F401  (registers the folder sync benchmark)
 import relay_http  # noqa: F401  (registers the relay's HTTP benchmarks and their baseline)
 import sync_http  # noqa: F401  (registers the device-to-device sync benchmarks)
 from harness import (

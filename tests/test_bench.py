@@ -29,6 +29,7 @@ REQUIRED = {
     "sync.e2e_10k",
     "sync.incremental",
     "sync.live",
+    "folder.e2e_10k",
 }
 LOAD_FIELDS = {"p50_ms", "p99_ms", "errors", "lost", "rate_per_s", "generator_lag_p99_ms"}
 
@@ -81,6 +82,7 @@ def test_bench_tiny_run_has_every_required_line_with_its_baseline() -> None:
     assert by_name["replica.merge"]["baseline"] == "raw.upsert_aead"
     assert by_name["replica.put"]["baseline"] == "raw.sqlite_upsert"
     assert by_name["replica.put_single"]["baseline"] == "raw.sqlite_upsert"
+    assert by_name["folder.e2e_10k"]["baseline"] == "sync.e2e_10k"
     assert all("ratio" in by_name[name] for name in ("replica.merge", "replica.put"))
     assert by_name["replica.merge"]["n"] == by_name["raw.upsert_aead"]["n"] == 100
     units = {name: by_name[name]["unit"] for name in ("raw.sqlite_upsert", "raw.aesgcm_open",

@@ -8,9 +8,10 @@ does not know (a newer app's) are kept in `model_extra` and written back unchang
 
 from __future__ import annotations
 
+import base64
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import ConfigDict, ValidationError
+from pydantic import BeforeValidator, ConfigDict, PlainSerializer, ValidationError
 from sqlmodel import Field, SQLModel
 
 from replica import InvalidArgumentError, SealsyncError
@@ -24,7 +25,24 @@ MAX_PERSONA_NAME_CHARS = 80
 MAX_PROMPT_CHARS = 16 * 1024
 MAX_SETTING_NAME_CHARS = 64
 Role = Literal["user", "assistant", "system", "tool"]
-Thumbnail = Annotated[bytes, Field(max_length=MAX_THUMBNAIL_BYTES)]
+
+
+def _from_base64(value: object) -> object:
+    return base64.b64decode(value, validate=True) if isinstance(value, str) else value
+
+
+def _to_base64(value: bytes) -> str:
+    return base64.b64encode(value).decode()
+
+
+Thumbnail = Annotated[
+    bytes,
+    BeforeValidator(_from_base64),
+    PlainSerializer(_to_base64, return_type=str),
+    Field(max_length=MAX_THUMBNAIL_BYTES),
+]
+"""Bytes to the app; base64 in the stored document, which must be JSON (it is the form an
+export carries too)."""
 ROLES: tuple[str, ...] = ("user", "assistant", "system", "tool")
 
 

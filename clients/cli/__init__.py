@@ -20,6 +20,7 @@ from clients.cli.backup import BACKUP_COMMANDS
 from clients.cli.chat import chat
 from clients.cli.commands import DEVICE_COMMANDS
 from clients.cli.demo import demo
+from clients.cli.exchange import EXCHANGE_COMMANDS
 from clients.cli.records import RECORD_COMMANDS
 from clients.cli.remembered import KEYRING_COMMANDS
 from clients.cli.repair import REPAIR_COMMANDS
@@ -96,6 +97,7 @@ for _command in (
     *BACKUP_COMMANDS,
     *REPAIR_COMMANDS,
     *KEYRING_COMMANDS,
+    *EXCHANGE_COMMANDS,
     chat,
     demo,
     relay_commands.relay,

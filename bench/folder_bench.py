@@ -47,4 +47,6 @@ def bench_folder_e2e(bench: Bench) -> list[Line]:
         "folder_bytes": sum(p.stat().st_size for p in folder.rglob("*.seg")),
     }
     label = LABEL_BY_POSITION[0]
-    return [Line(f"folder.e2e_{label}", n / (b_done - start), "records/s", f"sync.e2e_{label}", extra)]
+    return [
+        Line(f"folder.e2e_{label}", n / (b_done - start), "records/s", f"sync.e2e_{label}", extra)
+    ]

@@ -61,8 +61,8 @@ def _check_entry(info: zipfile.ZipInfo, seen: Mapping[str, bytes]) -> None:
         raise refuse(shown, "not a plain file name ending in .json (no folders, no ../)")
     if name in seen:
         raise refuse(shown, "named twice")
-    mode = info.external_attr >> 16
-    if mode and not stat.S_ISREG(mode):
+    kind = stat.S_IFMT(info.external_attr >> 16)  # none at all from some zip writers
+    if kind and kind != stat.S_IFREG:
         raise refuse(shown, "a link or another special file, not a regular file")
     if info.flag_bits & 0x1:
         raise refuse(shown, "encrypted")

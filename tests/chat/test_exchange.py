@@ -6,8 +6,11 @@ twice."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+import jsonschema
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +21,7 @@ from chat.schema import MESSAGES, THREADS
 from tests.chat.conftest import StoreFactory, a_chat
 from tests.clients.test_cli import dump
 
+ROOT = Path(__file__).resolve().parents[2]
 TEXT = st.text(max_size=40)
 SETTING_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53), 2**53) | TEXT,
@@ -140,6 +144,22 @@ def test_thumbnails_are_bytes_to_the_app_and_base64_in_the_file(make_store: Stor
     assert stored is not None and stored.document["thumbnails"] == ["iVBORw0K"]
     exported = json.loads(export_profile(store.replica, "default"))
     assert exported["threads"][0]["messages"][0]["thumbnails"] == ["iVBORw0K"]
+
+
+def test_exports_follow_their_json_schema(make_store: StoreFactory) -> None:
+    store = make_store("r")
+    fill(store, [("a chat", [("user", "hi", [b"png"]), ("assistant", "hello", [])],
+                  {"model": {"name": "small", "t": 0.5}}, False)], ["helper"])  # fmt: skip
+    thread = store.chats()[0].id
+    store.fork(thread, store.messages(thread, limit=10).messages[0].id)
+    schema = json.loads((ROOT / "specs" / "export.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    for scope in (None, thread):
+        exported = json.loads(export_profile(store.replica, "default", thread=scope))
+        jsonschema.validate(exported, schema, cls=jsonschema.Draft202012Validator)
+    broken = exported | {"threads": [exported["threads"][0] | {"title": 5}]}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schema, cls=jsonschema.Draft202012Validator)
 
 
 def test_one_chat_exports_alone(make_store: StoreFactory) -> None:

@@ -41,6 +41,7 @@ from clients.cli.folder import (
     folder_of,
     init_in_folder,
     join_from_folder,
+    move,
     refuse_relay_options,
     require_relay,
     sync_through_folder,
@@ -524,4 +525,4 @@ def run_sync(
             fail(f"{exc}", ROLLBACK_HINT)
 
 
-DEVICE_COMMANDS = (init, join, login, sync)
+DEVICE_COMMANDS = (init, join, login, sync, move)

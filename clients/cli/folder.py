@@ -25,6 +25,7 @@ from clients.device import (
 )
 from clients.folder import (
     DEVICES,
+    MARKER,
     FolderReport,
     FolderState,
     FolderSync,
@@ -118,6 +119,45 @@ def sync_through_folder(settings: CliSettings, folder: Path, *, watch_s: float |
             "`sealsync diagnose` names them; they are kept in quarantine",
             code=ExitCode.DAMAGED,
         )
+
+
+@click.command("move")
+@click.option(
+    "--folder",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The shared folder to sync through from now on (made a sealsync folder if empty).",
+)
+@click.pass_obj
+def move(settings: CliSettings, folder: Path) -> None:
+    """Move this device from its relay to a shared folder: every version it holds is
+    written there (a reseed into the folder), and it syncs through the folder from then
+    on. Move each device; the relay keeps its copy until the account is removed there."""
+    path = settings.replica_path
+    folder = folder.resolve()
+    with user_errors():
+        state = load_state(path)
+        if not sidecar_path(path).exists() and (state is None or state.folder != str(folder)):
+            raise StoreError(
+                f"{path} syncs through no relay", hint="`sealsync sync` syncs it as it is set"
+            )
+    with user_errors(), opened_replica(path, settings.passphrase) as replica:
+        if (folder / MARKER).exists():
+            if read_bundle(folder) != replica.key_bundle():
+                raise StoreError(
+                    f"{folder} holds another key bundle: another account's folder, or one "
+                    "whose keys changed",
+                    hint="move into an empty folder, or one this account's devices made",
+                )
+        else:
+            make_folder(folder, replica.key_bundle(), replica.key_generation)
+        replica.sync_session().reseed()  # every version to write out; the relay forgotten
+        save_state(path, FolderState(str(folder)))
+        report = FolderSync(replica, folder).sync()
+        sidecar_path(path).unlink(missing_ok=True)  # only once the folder holds everything
+        reconcile_chats(replica)
+    report_folder_round(report)
+    out.print(f"moved to folder {folder}: `sealsync sync` syncs through it from now on")
 
 
 def watch_folder(driver: FolderSync, every_s: float) -> None:

@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from replica import Replica
 from tests.clients.test_cli import PASSPHRASE, Cli
 from tests.clients.test_cli_watch import ROOT, TIMEOUT_S, wait_for_line
 from tests.conftest import SCHEMA
+from tests.relay.server import RelayProcess
 
 
 def test_two_devices_converge_through_a_folder(cli: Cli, tmp_path: Path) -> None:
@@ -126,3 +128,32 @@ def test_a_watch_through_a_folder_merges_what_another_device_writes(
             watch.kill()
             watch.communicate()
     assert watch.returncode == 0 and "stopped watching" in stdout, stderr
+
+
+@pytest.mark.slow
+def test_an_account_moves_from_its_relay_to_a_folder_with_one_command(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    relay, folder = start_relay(), tmp_path / "Sync"
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    cli.ok(a, "init", "--relay", relay.url, "--account", "ann")
+    cli.ok(b, "join", "--relay", relay.url, "--account", "ann")
+    cli.ok(a, "put", "threads", "t1", '{"title": "via the relay", "message_count": 1}')
+    cli.ok(a, "sync")
+    cli.ok(b, "sync")
+    cli.ok(b, "put", "threads", "t2", '{"title": "never pushed", "message_count": 1}')
+    moved = cli.ok(a, "move", "--folder", str(folder))
+    assert "moved to folder" in moved.stdout and not (tmp_path / "a.db.relay.json").exists()
+    cli.ok(b, "move", "--folder", str(folder))  # the folder a made: same account, same keys
+    cli.ok(a, "sync")
+    assert cli.json_object(a, "get", "threads", "t2")["doc"] == {
+        "title": "never pushed",
+        "message_count": 1,
+    }
+    again = cli(a, "move", "--folder", str(tmp_path / "elsewhere"))
+    assert again.exit_code == 1 and "syncs through no relay" in again.stderr
+    other = tmp_path / "other"
+    cli.ok(tmp_path / "c.db", "init", "--folder", str(other))
+    cli.ok(tmp_path / "d.db", "init", "--relay", relay.url, "--account", "bob")
+    refused = cli(tmp_path / "d.db", "move", "--folder", str(other))
+    assert refused.exit_code == 1 and "another key bundle" in refused.stderr

@@ -55,20 +55,43 @@ def temp_beside(target: Path) -> Iterator[Path]:
             Path(name + suffix).unlink(missing_ok=True)
 
 
-def backup_name(replica_path: Path, now: datetime.datetime, node: int) -> str:
+@dataclass(frozen=True)
+class BackupScope:
+    """What a backup holds: every profile (`ALL`), or one (`Replica.profile_scopes`)."""
+
+    name: str
+    scopes: frozenset[bytes] | None = None
+
+
+ALL = BackupScope("all")
+
+
+def profile_scope(replica: Replica, profile: str) -> BackupScope:
+    """The scope of a backup of `profile` (the replica unlocked); an error if no such one."""
+    if profile not in replica.profiles():
+        raise StoreError(f"no profile {profile!r}", hint="`sealsync profiles` lists them")
+    tag, scopes = replica.profile_scopes(profile)
+    return BackupScope(f"profile-{tag}", scopes)
+
+
+def backup_name(replica_path: Path, now: datetime.datetime, node: int, scope: str = "all") -> str:
     """What a backup is called: the replica (never hidden: names that begin with a dot are
-    copies in progress), what it holds (all profiles), when, and the node."""
+    copies in progress), what it holds (`all`, or `profile-TAG`), when, and the node."""
     stem = replica_path.stem.lstrip(".") or "replica"
-    return f"{stem}-all-{now:%Y%m%dT%H%M%S%fZ}-{node:016x}.db"
+    return f"{stem}-{scope}-{now:%Y%m%dT%H%M%S%fZ}-{node:016x}.db"
 
 
 def backup_replica(
-    replica_path: Path, folder: Path, now: datetime.datetime, progress: OnCopied | None = None
+    replica_path: Path,
+    folder: Path,
+    now: datetime.datetime,
+    progress: OnCopied | None = None,
+    scope: BackupScope = ALL,
 ) -> Path:
-    """Snapshot the replica into `folder` under a new name, its manifest written first (a
-    crash leaves a manifest without its backup, never a backup that looks cut short);
-    returns the backup's path."""
-    written = _backup(replica_path, folder, now, progress, skip_unchanged=False)
+    """Snapshot the replica (or, by `scope`, one profile of it) into `folder` under a new
+    name, its manifest written first (a crash leaves a manifest without its backup, never a
+    backup that looks cut short); returns the backup's path."""
+    written = _backup(replica_path, folder, now, progress, scope, skip_unchanged=False)
     assert written is not None, "only a backup that may be skipped is"
     return written
 
@@ -76,7 +99,7 @@ def backup_replica(
 def backup_if_changed(replica_path: Path, folder: Path, now: datetime.datetime) -> Path | None:
     """`backup_replica`, unless the replica's node has a good backup in `folder` holding the
     same rows and key bundle: then nothing is written, and None returned."""
-    return _backup(replica_path, folder, now, None, skip_unchanged=True)
+    return _backup(replica_path, folder, now, None, ALL, skip_unchanged=True)
 
 
 def _backup(
@@ -84,19 +107,20 @@ def _backup(
     folder: Path,
     now: datetime.datetime,
     progress: OnCopied | None,
+    scope: BackupScope,
     *,
     skip_unchanged: bool,
 ) -> Path | None:
     with Replica.open(replica_path) as source:  # a replica, or a clear error before anything
         node = source.node
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    target = folder / backup_name(replica_path, now, node)
+    target = folder / backup_name(replica_path, now, node, scope.name)
     if target.exists():
         raise StoreError(f"{target} already exists", hint="run `sealsync backup` again")
     with temp_beside(target) as temp:
-        backup_replica_file(replica_path, temp, progress=progress)
-        manifest = describe(temp, target.name, node, now)
-        newest = newest_good_manifest(folder, manifest.node) if skip_unchanged else None
+        backup_replica_file(replica_path, temp, scopes=scope.scopes, progress=progress)
+        manifest = describe(temp, target.name, node, now, scope.name)
+        newest = newest_good_manifest(folder, manifest.node, scope) if skip_unchanged else None
         if newest is not None and newest.same_content(manifest):
             return None
         write_manifest(manifest, manifest_path(target))
@@ -110,13 +134,15 @@ def _backup(
     return target
 
 
-def newest_good_manifest(folder: Path, node: str) -> Manifest | None:
-    """The manifest of the newest backup of `node` in `folder`, if that backup verifies."""
+def newest_good_manifest(folder: Path, node: str, scope: BackupScope) -> Manifest | None:
+    """The manifest of the newest backup of `node` and `scope` in `folder`, if that backup
+    verifies."""
     taken = []
-    for path in folder.glob(f"*-{node}.db"):
+    for path in folder.glob(f"*-{scope.name}-*-{node}.db"):
         try:
             manifest = read_manifest(manifest_path(path))
-            taken.append((taken_at(manifest, path), path, manifest))
+            if manifest.scope == scope.name:
+                taken.append((taken_at(manifest, path), path, manifest))
         except (OSError, StoreError):
             continue
     if not taken:
@@ -163,22 +189,24 @@ class Forgotten:
 
 def forget_backups(folder: Path, policy: KeepPolicy, *, dry_run: bool) -> Forgotten:
     """Remove the backups in `folder` that `policy` does not keep (clients/retention.py), the
-    rules applied to each node's backups apart (restic's groups by host: one replica's
-    backups never push another's out), among those that verify: a backup that does not is
-    never counted, so a failed backup can never push a good one out."""
+    rules applied to each node's backups of each scope apart (restic's groups by host and
+    paths: one replica's backups, or one profile's, never push another's out), among those
+    that verify: a backup that does not is never counted, so a failed backup can never push
+    a good one out."""
     if policy.empty:
         raise StoreError(
             "forget needs a rule, or it would keep everything",
             hint="give --keep-last, --keep-daily, --keep-weekly or --keep-monthly",
         )
-    groups: dict[str, list[tuple[Path, datetime.datetime]]] = {}
+    groups: dict[tuple[str, str], list[tuple[Path, datetime.datetime]]] = {}
     left_alone = []
     for path in sorted(folder.glob("*.db")):
         if verify_backup(path).state != "ok":
             left_alone.append(path.name)
             continue
         manifest = read_manifest(manifest_path(path))
-        groups.setdefault(manifest.node, []).append((path, taken_at(manifest, path)))
+        group = (manifest.node, manifest.scope)
+        groups.setdefault(group, []).append((path, taken_at(manifest, path)))
     kept_paths: list[Path] = []
     removed: list[Path] = []
     for backups in groups.values():

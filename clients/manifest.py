@@ -49,11 +49,15 @@ class Manifest:
     bundle_sha256: str
     """Of the key bundle the backup holds: a backup with the same rows but another bundle
     (the passphrase changed, or the keys rotated) is another backup."""
+    scope: str
+    """What it holds: `all`, or `profile-TAG`, one profile's records (TAG: 8 hex digits of
+    a local HMAC of its name, which the file never holds in clear)."""
 
     def same_content(self, other: Manifest) -> bool:
         """Whether both backups hold the same rows and key bundle (whenever, whatever node)."""
-        mine = (self.replica_format, self.rows, self.envelopes, self.bundle_sha256)
-        return mine == (other.replica_format, other.rows, other.envelopes, other.bundle_sha256)
+        mine = (self.replica_format, self.rows, self.envelopes, self.bundle_sha256, self.scope)
+        theirs = (other.replica_format, other.rows, other.envelopes, other.bundle_sha256)
+        return mine == (*theirs, other.scope)
 
 
 def row_name(key: bytes, node: int, hlc: int) -> str:
@@ -71,7 +75,9 @@ def manifest_path(backup: Path) -> Path:
     return backup.with_suffix(".json")
 
 
-def describe(backup: Path, name: str, node: int, taken_at: datetime.datetime) -> Manifest:
+def describe(
+    backup: Path, name: str, node: int, taken_at: datetime.datetime, scope: str = "all"
+) -> Manifest:
     """The manifest of the backup file at `backup` (to be named `name`), as it is now."""
     size, digest = file_digest(backup)
     with closing(sqlite3.connect(read_only_uri(backup), uri=True)) as db:
@@ -85,7 +91,7 @@ def describe(backup: Path, name: str, node: int, taken_at: datetime.datetime) ->
     bundle_sha256 = hashlib.sha256(bundle[0]).hexdigest()
     node_hex = f"{node:016x}"
     return Manifest(
-        name, size, digest, replica_format, node_hex, stamp, rows, envelopes, bundle_sha256
+        name, size, digest, replica_format, node_hex, stamp, rows, envelopes, bundle_sha256, scope
     )
 
 
@@ -143,6 +149,7 @@ def _check_types(manifest: Manifest, path: Path) -> None:
         manifest.node,
         manifest.taken_at,
         manifest.bundle_sha256,
+        manifest.scope,
     )
     if not (all(type(v) is int for v in ints) and all(isinstance(v, str) for v in strings)):
         raise StoreError(f"{path} holds a field of the wrong type")

@@ -71,15 +71,46 @@ def copy_replica_file(
     _fsync(target)
 
 
-def backup_replica_file(source: Path, target: Path, *, progress: Progress | None = None) -> None:
+def backup_replica_file(
+    source: Path,
+    target: Path,
+    *,
+    scopes: frozenset[bytes] | None = None,
+    progress: Progress | None = None,
+) -> None:
     """Snapshot the replica at `source` into the empty file `target`, without this device's
-    local records; refuses a file that is not a replica before copying anything."""
+    local records (and, given `scopes`, with the records of those scopes only: one
+    profile's, `Replica.profile_scopes`); refuses a file that is not a replica before
+    copying anything."""
     Replica.open(source).close()
     copy_replica_file(source, target, progress=progress)
     with closing(sqlite3.connect(target, isolation_level=None)) as copy:
         copy.execute("PRAGMA secure_delete=ON")
         copy.executescript(f"BEGIN IMMEDIATE; {_DROP_DEVICE_LOCAL} COMMIT;")
+        if scopes is not None:
+            _keep_only(copy, scopes)
     _fsync(target)
+
+
+def _keep_only(copy: sqlite3.Connection, scopes: frozenset[bytes]) -> None:
+    """Remove every row of other scopes (a held row whose scope is unknown among them),
+    then shrink the file: what was removed is gone from it, not left in free pages."""
+    copy.execute("CREATE TEMP TABLE kept (scope BLOB PRIMARY KEY) WITHOUT ROWID")
+    copy.executemany("INSERT INTO kept VALUES (?)", [(s,) for s in scopes])
+    copy.executescript(_KEEP_ONLY_KEPT)  # one transaction
+    copy.execute("VACUUM")
+
+
+_KEEP_ONLY_KEPT = """
+    BEGIN IMMEDIATE;
+    DELETE FROM versions WHERE scope NOT IN (SELECT scope FROM kept);
+    DELETE FROM held WHERE scope IS NULL OR scope NOT IN (SELECT scope FROM kept);
+    DELETE FROM history WHERE key NOT IN (SELECT key FROM versions);
+    DELETE FROM quarantine WHERE key IS NULL OR key NOT IN (SELECT key FROM versions);
+    DELETE FROM degraded WHERE key NOT IN (SELECT key FROM versions);
+    DELETE FROM locks;
+    COMMIT;
+"""
 
 
 def _fsync(path: Path) -> None:

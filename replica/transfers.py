@@ -7,12 +7,14 @@ A mixin of `Replica` (replica/replica.py), which owns the `Core` these work thro
 from __future__ import annotations
 
 from replica.core import Core
+from replica.envelope import profile_key
 from replica.folder import FolderSession
 from replica.sync import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_COUNT, SyncSession
 
 
 class Transfers:
-    """The methods of `Replica` that start a sync session."""
+    """The methods of `Replica` that start a sync session, and say what a profile's backup
+    holds."""
 
     _core: Core
 
@@ -26,6 +28,17 @@ class Transfers:
         return SyncSession(
             self._core, max_batch_count=max_batch_count, max_batch_bytes=max_batch_bytes
         )
+
+    def profile_scopes(self, profile: str) -> tuple[str, frozenset[bytes]]:
+        """What a backup of one profile keeps (`backup_replica_file(scopes=)`): a short tag
+        naming the profile without saying its name (8 hex digits of a local HMAC), and the
+        scopes of its declared collections."""
+        core = self._core
+        with core.mutex:
+            keys = core.keys()
+            names = [c.name for c in core.schema.collections]
+            scopes = frozenset(core.scope(profile, name) for name in names)
+        return profile_key(keys, profile)[:4].hex(), scopes
 
     def folder_session(self, *, max_batch_bytes: int = DEFAULT_BATCH_BYTES) -> FolderSession:
         """A sans-I/O session to sync through a shared folder (see replica.folder)."""

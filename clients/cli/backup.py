@@ -18,10 +18,12 @@ from rich.table import Table
 
 from clients.autobackup import BackupOutcome, Schedule, record_outcome, watch_backups
 from clients.backup import (
+    ALL,
     backup_replica,
     forget_backups,
     list_backups,
     merge_backup_into,
+    profile_scope,
     restore_replica,
 )
 from clients.cli.chat import reconcile_chats, when
@@ -73,22 +75,29 @@ KEEP_RULES = (
     type=click.Path(file_okay=False, path_type=Path),
     help="Folder to write the snapshot and its manifest into.",
 )
+@click.option(
+    "--profile", default=None, help="Back up this profile only (asks for the passphrase)."
+)
 @click.pass_context
-def backup(context: click.Context, folder: Path | None) -> None:
+def backup(context: click.Context, folder: Path | None, profile: str | None) -> None:
     """Snapshot the replica file (ciphertext; no passphrase needed); `ls` and `verify`."""
     if context.invoked_subcommand is not None:
-        if folder is not None:
+        if folder is not None or profile is not None:
             raise click.UsageError("--to takes a backup: give it without a subcommand")
         return
     if folder is None:
         raise click.UsageError("give --to FOLDER, or a subcommand (ls, verify, forget)")
     settings: CliSettings = context.obj
     path = settings.replica_path
+    scope = ALL
+    if profile is not None:
+        with user_errors(), opened_replica(path, settings.passphrase) as replica:
+            scope = profile_scope(replica, profile)
     with user_errors(), copy_progress("backing up") as progress:
         now = datetime.datetime.now(datetime.UTC)
         at_ms = int(now.timestamp() * 1000)
         try:
-            target = backup_replica(path, folder, now, progress)
+            target = backup_replica(path, folder, now, progress, scope)
         except (SealsyncError, OSError) as exc:
             record_outcome(path, BackupOutcome(at_ms, False, None, str(exc)))
             raise

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from clients.backup import backup_replica, merge_backup_into
+from clients.backup import backup_replica, forget_backups, merge_backup_into
 from clients.manifest import describe, read_manifest, taken_at, write_manifest
+from clients.retention import KeepPolicy
+from clients.verify import verify_backup
 from replica import Replica
 from replica.errors import InvalidArgumentError, StoreError
 from tests.clients.test_backup_verify import _change_an_envelope
@@ -120,3 +122,29 @@ def test_restore_merge_on_the_command_line(
         assert result.exit_code == 2, result.output
     exists = cli(live.path, "restore", str(backup))
     assert exists.exit_code == 1 and "--merge" in exists.stderr
+
+
+def test_a_profile_backup_holds_that_profile_only_and_keeps_its_name_out(
+    cli: Cli, make_replica: ReplicaFactory, tmp_path: Path
+) -> None:
+    source, live = make_replica("source"), make_replica("live")
+    source.create_profile("Private Diary")
+    source.put("notes", "mine", {"text": "private"}, profile="Private Diary")
+    source.put("notes", "shared", {"text": "everyone's"})
+    source.close()
+    folder = tmp_path / "set"
+    done = cli.ok(source.path, "backup", "--to", str(folder), "--profile", "Private Diary")
+    (backup,) = folder.glob("*-profile-*.db")
+    assert str(backup) in done.stdout and "Diary" not in backup.read_bytes().decode("latin-1")
+    assert verify_backup(backup).state == "ok"
+    manifest = read_manifest(backup.with_suffix(".json"))
+    assert manifest.scope.startswith("profile-") and manifest.rows["versions"] == 1
+    cli.ok(source.path, "backup", "--to", str(folder))  # all profiles: a group of its own
+    forgot = forget_backups(folder, KeepPolicy(last=1), dry_run=True)
+    assert forgot.removed == [] and len(forgot.kept) == 2
+    live.create_profile("Private Diary")
+    merged, _ = merge_backup_into(live, backup)
+    assert merged.merged == 1 and live.get("notes", "shared") is None
+    assert live.get("notes", "mine", profile="Private Diary") is not None
+    missing = cli(source.path, "backup", "--to", str(folder), "--profile", "nobody")
+    assert missing.exit_code == 1 and "no profile 'nobody'" in missing.stderr

@@ -14,12 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chat import ChatStore
+from chat import ChatStore, with_chat
 from chat.exchange import export_profile, import_export
 from chat.limits import decode
 from chat.schema import MESSAGES, THREADS
+from replica import Replica
 from tests.chat.conftest import StoreFactory, a_chat
 from tests.clients.test_cli import dump
+from tests.conftest import SCHEMA
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = st.text(max_size=40)
@@ -174,3 +176,16 @@ def test_one_chat_exports_alone(make_store: StoreFactory) -> None:
 def dump_of(store: ChatStore) -> list[str]:
     """The store's file, as SQL (its own handle's writes committed)."""
     return dump(store.replica.path)
+
+
+def test_an_export_imports_into_another_account(make_store: StoreFactory, tmp_path: Path) -> None:
+    """A fresh account (its own keys, its own passphrase) takes the export as it is."""
+    source = make_store("source")
+    fill(source, [("kept", [("user", "hello", [b"\x00\x01"])], {"model": "small"}, True)], ["p"])
+    exported = export_profile(source.replica, "default")
+    fresh, _ = Replica.create(
+        tmp_path / "fresh.db", with_chat(SCHEMA), "a fresh account's passphrase"
+    )
+    with fresh:
+        import_export(fresh, decode(exported), profile="default")
+        assert without_time(export_profile(fresh, "default")) == without_time(exported)

@@ -104,7 +104,7 @@ def _read_top(value: dict[str, Any]) -> ReadExport:
         _string(value["active_persona"], "active_persona")
     personas = _list(value.get("personas"), "personas", MAX_PERSONAS)
     threads = _list(value.get("threads"), "threads", MAX_THREADS)
-    read_personas = [(p["id"], persona_record(p, f"personas[{i}]")) for i, p in enumerate(personas)]
+    read_personas = [persona_record(p, f"personas[{i}]") for i, p in enumerate(personas)]
     read_threads = [_read_thread(t, f"threads[{i}]") for i, t in enumerate(threads)]
     _unique([p for p, _ in read_personas], "personas")
     _unique([t.id for t in read_threads], "threads")
@@ -114,12 +114,11 @@ def _read_top(value: dict[str, Any]) -> ReadExport:
 
 
 def _read_thread(thread: object, path: str) -> ReadThread:
-    document = thread_record(thread, path)
+    thread_id, document = thread_record(thread, path)
     assert isinstance(thread, dict), "thread_record checked it"
     messages = _list(thread.get("messages"), f"{path}.messages", MAX_MESSAGES_PER_THREAD)
     read_messages = [
-        (m["id"], message_record(m, f"{path}.messages[{n}]", thread["id"]))
-        for n, m in enumerate(messages)
+        message_record(m, f"{path}.messages[{n}]", thread_id) for n, m in enumerate(messages)
     ]
     settings = thread.get("settings")
     if not isinstance(settings, dict) or len(settings) > MAX_SETTINGS_PER_THREAD:
@@ -128,33 +127,35 @@ def _read_thread(thread: object, path: str) -> ReadThread:
         where = f"{path}.settings.{name:.40}"
         if "\x00" in name or "/" in name:
             raise refuse(where, "a setting's name holds neither NUL nor '/'")
-        build_at(Setting, where, thread=thread["id"], name=name, value=setting)
+        build_at(Setting, where, thread=thread_id, name=name, value=setting)
         _value(setting, where, 0)
-    return ReadThread(thread["id"], document, dict(settings), read_messages)
+    return ReadThread(thread_id, document, dict(settings), read_messages)
 
 
-def persona_record(value: object, path: str) -> dict[str, Any]:
-    """A persona's document, checked (its id apart)."""
-    fields = _record(value, path, "persona")
+def persona_record(value: object, path: str) -> tuple[str, dict[str, Any]]:
+    """A persona's id and document, checked."""
+    persona_id, fields = _record(value, path, "persona")
     build_at(Persona, path, **fields)
-    return fields
+    return persona_id, fields
 
 
-def thread_record(value: object, path: str) -> dict[str, Any]:
-    """A chat's record document, checked (its id, messages and settings apart)."""
-    fields = {k: v for k, v in _record(value, path, "chat").items() if k not in CHILDREN}
-    build_at(Thread, path, **fields)
-    return fields
+def thread_record(value: object, path: str) -> tuple[str, dict[str, Any]]:
+    """A chat's id and record document, checked (its messages and settings apart)."""
+    thread_id, fields = _record(value, path, "chat")
+    document = {k: v for k, v in fields.items() if k not in CHILDREN}
+    build_at(Thread, path, **document)
+    return thread_id, document
 
 
-def message_record(value: object, path: str, thread: str) -> dict[str, Any]:
-    """A message's document: its thread filled in (thumbnails stay base64, as stored)."""
-    fields = _record(value, path, "message")
+def message_record(value: object, path: str, thread: str) -> tuple[str, dict[str, Any]]:
+    """A message's id and document: its thread filled in (thumbnails stay base64, as
+    stored)."""
+    message_id, fields = _record(value, path, "message")
     _list(fields.get("thumbnails", []), f"{path}.thumbnails", MAX_THUMBNAILS)
     if "thread" in fields:
         raise refuse(f"{path}.thread", "a message's chat is the one it is listed under")
     build_at(Message, path, thread=thread, **fields)
-    return {"thread": thread, **fields}
+    return message_id, {"thread": thread, **fields}
 
 
 def build_at(model: type[Any], path: str, **fields: Any) -> None:
@@ -164,17 +165,18 @@ def build_at(model: type[Any], path: str, **fields: Any) -> None:
         raise refuse(path, str(exc)) from None
 
 
-def _record(value: object, path: str, kind: str) -> dict[str, Any]:
+def _record(value: object, path: str, kind: str) -> tuple[str, dict[str, Any]]:
+    """A record's id and its other fields, each value bounded (a chat's children apart)."""
     if not isinstance(value, dict):
-        raise refuse(path, "not an object")
+        raise refuse(path, f"not an object (got {type(value).__name__})")
     try:
-        check_id(kind, value.get("id"))
+        record_id = check_id(kind, value.get("id"))
     except InvalidArgumentError as exc:
         raise refuse(f"{path}.id", str(exc)) from None
     for name, field in value.items():
         if name not in CHILDREN:
             _value(field, f"{path}.{name:.40}", 0)
-    return {k: v for k, v in value.items() if k != "id"}
+    return record_id, {k: v for k, v in value.items() if k != "id"}
 
 
 def _value(value: object, path: str, depth: int) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clients.device import FILE_MODE, fsync_folder
+from clients.folder import forget_merged
 from clients.manifest import (
     Manifest,
     describe,
@@ -250,6 +251,7 @@ def restore_replica(
             replica_path.with_name(replica_path.name + suffix).unlink(missing_ok=True)
         os.replace(temp, replica_path)
     fsync_folder(replica_path.parent)
+    forget_merged(replica_path)
     return node, verdict
 
 

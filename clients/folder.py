@@ -43,6 +43,7 @@ from replica import (
     Replica,
 )
 from replica.errors import StoreError
+from replica.folder import MAX_FILE_BYTES
 
 MARKER = "sealsync-folder.json"
 """Written once, by `init --folder`: what makes a folder a sealsync folder."""
@@ -115,6 +116,19 @@ def save_state(replica_path: Path, state: FolderState) -> None:
     write_atomically(state_path(replica_path), json.dumps(asdict(state), sort_keys=True).encode())
 
 
+def forget_merged(replica_path: Path) -> None:
+    """A replica put in place of another (a restored backup) merged none of what that one
+    had: its folder state keeps the folder and forgets the rest, so it reads every file
+    again (and its snapshots never claim to cover what it lacks)."""
+    try:
+        state = load_state(replica_path)
+    except StoreError:
+        state_path(replica_path).unlink()
+        return
+    if state is not None:
+        save_state(replica_path, FolderState(state.folder))
+
+
 def check_folder(folder: Path) -> None:
     """`StoreError` unless `folder` is a sealsync folder (`init --folder` made it)."""
     try:
@@ -133,12 +147,17 @@ def check_folder(folder: Path) -> None:
 
 def make_folder(folder: Path, bundle: bytes, generation: int) -> None:
     """Make `folder` a sealsync folder holding the account's key bundle; refuses a folder
-    that already is one (another account's, perhaps)."""
+    that already is one, or holds anything (a sealsync folder whose marker has not arrived
+    yet, perhaps): hidden names aside, such as a file-sync tool's own `.stfolder`."""
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     if (folder / MARKER).exists():
         raise StoreError(
             f"{folder} is a sealsync folder already",
             hint="join it with `sealsync join --folder`, or give an empty folder",
+        )
+    if any(not path.name.startswith(".") for path in folder.iterdir()):
+        raise StoreError(
+            f"{folder} is not empty", hint="give an empty folder (or wait for the file-sync tool)"
         )
     (folder / KEYS).mkdir(mode=0o700, exist_ok=True)
     (folder / DEVICES).mkdir(mode=0o700, exist_ok=True)
@@ -195,8 +214,11 @@ class FolderSync:
         """Write this device's changes, then merge the others'; a snapshot when due."""
         report = FolderReport()
         with one_round_at_a_time(self.replica.path):
+            check_folder(self.folder)  # every round: a folder whose disk went away is no folder
             state = self.state or FolderState(str(self.folder))
-            self.own.mkdir(mode=0o700, parents=True, exist_ok=True)
+            (self.folder / DEVICES).mkdir(mode=0o700, exist_ok=True)
+            self.own.mkdir(mode=0o700, exist_ok=True)
+            self.session.restart()  # every dirty version is offered again, whatever its row
             self._remove_own_temporaries()
             self._write_segments(report)
             self._merge_others(state, report)
@@ -235,7 +257,7 @@ class FolderSync:
                 file.write(data)
                 file.flush()
                 os.fsync(file.fileno())
-            os.link(temp, self.own / name)  # never over a file already there
+            _put_in_place(Path(temp), self.own / name)
         finally:
             Path(temp).unlink(missing_ok=True)
         fsync_folder(self.own)
@@ -247,7 +269,12 @@ class FolderSync:
             return
         number = own[-1].number + 1
         name = file_name("snapshot", number)
-        self._write_file(name, self.session.snapshot(number, dict(state.done)))
+        try:
+            data = self.session.snapshot(number, dict(state.done))
+        except ProtocolError as exc:  # no snapshot: the segments stay, nothing is lost
+            report.refused.append(f"{DEVICES}/{self.device}/{name} not written: {exc}")
+            return
+        self._write_file(name, data)
         for path in self.own.iterdir():  # the files before it, and copies of them
             parsed = parse_file_name(path)
             if parsed is not None and parsed.number < number:
@@ -299,19 +326,38 @@ class FolderSync:
 
     def _open(self, file: FolderFile, device: str, report: FolderReport) -> FileBody | None:
         """The file's body, or None (named in the report) when it does not open yet."""
+        place = f"{DEVICES}/{device}/{file.path.name}"
         try:
+            size = file.path.stat().st_size
+            if size > MAX_FILE_BYTES:  # never read into memory
+                report.refused.append(f"{place}: {size:,} bytes, above {MAX_FILE_BYTES:,}")
+                return None
             data = file.path.read_bytes()
         except FileNotFoundError:  # removed meanwhile: a snapshot covers it now
             return None
         try:
             return self.session.open(data, device, file.number, file.kind)
         except ProtocolError as exc:
-            report.refused.append(f"{DEVICES}/{device}/{file.path.name}: {exc}")
+            report.refused.append(f"{place}: {exc}")
             return None
 
     def _merge(self, body: FileBody, report: FolderReport) -> None:
         report.merged.add(self.session.merge(body))
         report.files += 1
+
+
+def _put_in_place(temp: Path, target: Path) -> None:
+    """Give `temp` the name `target`, never over a file already there: a hard link where
+    the file system has them, else (FAT, exFAT) a rename once no such file exists (this
+    device alone writes its place, one round at a time)."""
+    try:
+        os.link(temp, target)
+    except FileExistsError:
+        raise
+    except OSError:  # no hard links here
+        if target.exists():
+            raise FileExistsError(target) from None
+        os.rename(temp, target)
 
 
 @contextmanager

@@ -143,6 +143,7 @@ def _database_problems(backup: Path, manifest: Manifest) -> Iterator[str]:
                 if count != (said := manifest.rows.get(table)):
                     yield f"{table} holds {count} rows, the manifest says {said}"
             yield from _row_problems(db, manifest.envelopes)
+            yield from _held_problems(db)
     except sqlite3.DatabaseError as exc:
         yield f"not a readable SQLite file: {exc}"
 
@@ -168,6 +169,16 @@ def _row_problems(db: sqlite3.Connection, digests: dict[str, dict[str, str]]) ->
     yield from damaged[:MAX_NAMED]
     if len(damaged) > MAX_NAMED:
         yield f"and {len(damaged) - MAX_NAMED} more damaged rows"
+
+
+def _held_problems(db: sqlite3.Connection) -> Iterator[str]:
+    """Held rows are counted, not digested (they wait to be merged): their types are checked."""
+    (damaged,) = db.execute(
+        "SELECT count(*) FROM held WHERE typeof(key) != 'blob' OR typeof(envelope) != 'blob'"
+        " OR typeof(node) != 'integer' OR typeof(hlc) != 'integer'"
+    ).fetchone()
+    if damaged:
+        yield f"held holds {damaged} row(s) of the wrong types"
 
 
 def _fits(key: object, node: object, hlc: object, envelope: object) -> bool:

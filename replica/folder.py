@@ -20,11 +20,12 @@ import msgspec
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from replica.errors import InvalidArgumentError, ProtocolError
+from replica.envelope import open_envelope
+from replica.errors import EnvelopeError, InvalidArgumentError, ProtocolError, UnknownEpochError
 from replica.generations import KeyBundleV2
 from replica.outside import Merged, merge_outside
 from replica.sync import SyncSession
-from replica.wire import MAX_HLC, PushBatch, Signature
+from replica.wire import MAX_HLC, PushBatch, Signature, parse_header
 
 if TYPE_CHECKING:
     from replica.core import Core
@@ -99,11 +100,27 @@ class FolderSession:
 
     def snapshot(self, number: int, covers: dict[str, int]) -> bytes:
         """Every version this replica holds (merged or held), as snapshot `number`, saying
-        it covers `covers` (device → the files of it merged, in a row from the first)."""
+        it covers `covers` (device → the files of it merged, in a row from the first).
+        `ProtocolError` rather than a snapshot that would lose a reader something: one over
+        `MAX_FILE_BYTES`, or one holding an envelope that does not open here (a reader that
+        took it for the files it covers would never get the good copy)."""
         with self._core.mutex:
-            self._core.check_open()
+            keys = self._core.keys()
             envelopes = self._core.store.all_version_envelopes()
-        return self._seal("snapshot", number, envelopes, covers)
+        for envelope in envelopes:
+            try:
+                open_envelope(keys, envelope, parse_header(envelope))
+            except UnknownEpochError:
+                continue  # held for a key epoch this device has yet to take: as it came
+            except (EnvelopeError, ProtocolError) as exc:
+                raise ProtocolError(
+                    f"this replica holds an envelope that does not open ({exc})",
+                    hint="run `sealsync repair`",
+                ) from None
+        data = self._seal("snapshot", number, envelopes, covers)
+        if len(data) > MAX_FILE_BYTES:
+            raise ProtocolError(f"{len(data):,} bytes, above the bound of {MAX_FILE_BYTES:,}")
+        return data
 
     def open(self, data: bytes, device: str, number: int, kind: Kind) -> FileBody:
         """What the file found at `device`'s place `number` of `kind` says, if it is whole,

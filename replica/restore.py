@@ -47,6 +47,7 @@ def merge_backup(
     try:
         with closing(sqlite3.connect(read_only_uri(backup), uri=True)) as db:
             db.execute("BEGIN")  # one snapshot, should anything write to the file meanwhile
+            _check_types(backup, db)
             _check_account(core, backup, db)
             total = _count(db, scopes)
             for page in _pages(db, scopes):
@@ -60,12 +61,37 @@ def merge_backup(
     return report
 
 
+def _check_types(backup: Path, db: sqlite3.Connection) -> None:
+    """Refuse, before anything is written, a backup with a row of the wrong types."""
+    (damaged,) = db.execute(_WRONG_TYPES).fetchone()
+    if damaged:
+        raise StoreError(
+            f"{backup} holds {damaged} row(s) of the wrong types: it is damaged",
+            hint="nothing was merged; `sealsync backup verify` names them",
+        )
+
+
+_WRONG_TYPES = """
+    SELECT (SELECT count(*) FROM versions WHERE typeof(key) != 'blob'
+            OR typeof(envelope) != 'blob' OR typeof(node) != 'integer'
+            OR typeof(hlc) != 'integer' OR typeof(dirty) != 'integer'
+            OR typeof(scope) != 'blob')
+         + (SELECT count(*) FROM held WHERE typeof(key) != 'blob'
+            OR typeof(envelope) != 'blob' OR typeof(node) != 'integer'
+            OR typeof(hlc) != 'integer' OR typeof(repush) != 'integer'
+            OR typeof(scope) NOT IN ('blob', 'null'))
+"""
+
+
 def _check_account(core: Core, backup: Path, db: sqlite3.Connection) -> None:
-    """Refuse a backup none of whose sampled envelopes opens with this account's keys."""
+    """Refuse a backup none of whose sampled envelopes (merged or held there) opens with
+    this account's keys."""
     sample = [
         bytes(row[0])
         for row in db.execute(
-            "SELECT envelope FROM versions ORDER BY random() LIMIT ?", (SAMPLE_ROWS,)
+            "SELECT envelope FROM (SELECT envelope FROM versions"
+            " UNION ALL SELECT envelope FROM held) ORDER BY random() LIMIT ?",
+            (SAMPLE_ROWS,),
         )
     ]
     keys = core.keys()

@@ -6,6 +6,8 @@ quarantined as a pulled one would be, and another account's backup is refused un
 from __future__ import annotations
 
 import datetime
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -148,3 +150,53 @@ def test_a_profile_backup_holds_that_profile_only_and_keeps_its_name_out(
     assert live.get("notes", "mine", profile="Private Diary") is not None
     missing = cli(source.path, "backup", "--to", str(folder), "--profile", "nobody")
     assert missing.exit_code == 1 and "no profile 'nobody'" in missing.stderr
+
+
+def _plant(backup: Path, statement: str, *args: object) -> None:
+    """Change the backup's rows, then write its manifest again to match (what a forger can
+    do: a manifest is no defence against one)."""
+    with closing(sqlite3.connect(backup)) as db, db:
+        db.execute(statement, args)
+    old = read_manifest(backup.with_suffix(".json"))
+    again = describe(backup, backup.name, int(old.node, 16), taken_at(old, backup))
+    write_manifest(again, backup.with_suffix(".json"))
+
+
+def test_a_held_row_of_the_wrong_type_is_damage_and_nothing_is_merged(
+    make_replica: ReplicaFactory, tmp_path: Path
+) -> None:
+    source, live = make_replica("source"), make_replica("live")
+    source.put("notes", "n", {"text": "from the backup"})
+    backup = backup_of(source, tmp_path / "set")
+    _plant(
+        backup,
+        "INSERT INTO held (key, node, hlc, digest, envelope, reason) "
+        "VALUES (?, 1, 1, x'00', 'not an envelope', 'drift')",
+        b"k" * 16,
+    )
+    assert verify_backup(backup).problems == ("held holds 1 row(s) of the wrong types",)
+    before = dump(live.path)
+    with pytest.raises(StoreError, match="wrong types"):
+        merge_backup_into(live, backup, unverified=True)
+    assert dump(live.path) == before
+
+
+def test_another_accounts_held_rows_are_refused_too(
+    make_replica: ReplicaFactory, tmp_path: Path
+) -> None:
+    other, _ = Replica.create(tmp_path / "other.db", SCHEMA, "another account's passphrase")
+    other.put("notes", "n", {"text": "not yours"})
+    backup = backup_of(other, tmp_path / "set")
+    other.close()
+    _plant(
+        backup,
+        "INSERT INTO held (key, node, hlc, digest, envelope, reason, scope) SELECT key, node,"
+        " hlc, x'00', envelope, 'collection', scope FROM versions WHERE ? = 1",
+        1,
+    )
+    _plant(backup, "DELETE FROM versions WHERE ? = 1", 1)
+    live = make_replica("live")
+    before = dump(live.path)
+    with pytest.raises(StoreError, match="another account's backup"):
+        merge_backup_into(live, backup)
+    assert dump(live.path) == before

@@ -4,11 +4,18 @@ kept beside the replica, and folders that are not what they should be."""
 
 from __future__ import annotations
 
+import datetime
 import json
+import resource
+import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+import replica.folder
+from clients.backup import backup_replica, restore_replica
 from clients.folder import (
     DEVICES,
     FolderSync,
@@ -21,7 +28,9 @@ from clients.folder import (
 )
 from replica import Replica
 from replica.errors import StoreError
-from tests.conftest import ReplicaFactory
+from tests.conftest import Account, ReplicaFactory
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -167,3 +176,146 @@ def test_folders_and_states_that_are_not_right_are_clear_errors(
     FolderSync(replica, shared).sync()  # a state of another folder starts anew here
     state = load_state(replica.path)
     assert state is not None and state.folder == str(shared)
+
+
+def test_a_driver_kept_across_rounds_writes_every_edit(
+    make_replica: ReplicaFactory, shared: Path
+) -> None:
+    """A watch keeps one driver: an edit of the last record written reuses its row id, and
+    must still be offered in the next round."""
+    writer, reader = make_replica("writer"), make_replica("reader")
+    driver = FolderSync(writer, shared)
+    writer.put("notes", "older", {"text": "v1"})
+    writer.put("notes", "n", {"text": "v1"})
+    driver.sync()
+    writer.put("notes", "n", {"text": "v2"})
+    assert driver.sync().segments == 1
+    FolderSync(reader, shared).sync()
+    assert reader.get("notes", "n").document == {"text": "v2"}  # type: ignore[union-attr]
+
+
+def test_a_snapshot_no_reader_could_open_is_not_written(
+    make_replica: ReplicaFactory, shared: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the bound a reader takes, the segments stay (a smaller bound stands in for a
+    replica of 256 MiB); a late device still gets everything from them."""
+    monkeypatch.setattr(replica.folder, "MAX_FILE_BYTES", 3_000)
+    writer = make_replica("writer")
+    for n in range(4):
+        writer.put("notes", f"n{n}", {"text": "x" * 600})
+        report = FolderSync(writer, shared, snapshot_every=4).sync()
+    assert report.snapshot is None and "above the bound" in report.refused[0]
+    late = make_replica("late")
+    assert not FolderSync(late, shared).sync().refused
+    assert all(late.get("notes", f"n{n}") is not None for n in range(4))
+
+
+def test_a_round_whose_folder_went_away_writes_nothing(
+    make_replica: ReplicaFactory, shared: Path
+) -> None:
+    """An unmounted disk leaves an empty mount point: the round refuses it, and the
+    versions stay to be written once the folder is back."""
+    writer, reader = make_replica("writer"), make_replica("reader")
+    driver = FolderSync(writer, shared)
+    driver.sync()
+    away = shared.with_name("away")
+    shared.rename(away)
+    shared.mkdir()
+    writer.put("notes", "n", {"text": "while the disk was away"})
+    with pytest.raises(StoreError, match="not a sealsync folder"):
+        driver.sync()
+    assert list(shared.iterdir()) == []
+    shared.rmdir()
+    away.rename(shared)
+    assert driver.sync().pushed == 1
+    FolderSync(reader, shared).sync()
+    assert reader.get("notes", "n") is not None
+
+
+def test_a_huge_file_is_refused_without_being_read(
+    make_replica: ReplicaFactory, shared: Path, account: Account
+) -> None:
+    """A 2 GiB file (sparse) dropped into the folder, read by a process allowed 1 GiB."""
+    reader = make_replica("reader")
+    reader.close()
+    place = shared / DEVICES / "0123456789abcdef"
+    place.mkdir(parents=True)
+    with (place / file_name("segment", 1)).open("wb") as file:
+        file.truncate(2 << 30)
+    script = (
+        "import sys; from pathlib import Path; from replica import Replica;"
+        "from clients.folder import FolderSync;"
+        "r = Replica.open(Path(sys.argv[1])); r.unlock_with_key(bytes.fromhex(sys.argv[2]));"
+        "print(FolderSync(r, Path(sys.argv[3])).sync().refused)"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", script, str(reader.path), account.key.hex(), str(shared)],
+        check=False, capture_output=True, text=True, timeout=120, cwd=ROOT,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)),
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr[-500:]
+    assert "2,147,483,648 bytes, above" in child.stdout
+
+
+def test_a_replica_restored_in_place_reads_the_folder_anew(
+    make_replica: ReplicaFactory, shared: Path, account: Account, tmp_path: Path
+) -> None:
+    writer, device = make_replica("writer"), make_replica("device")
+    path = device.path
+    FolderSync(device, shared).sync()
+    device.close()
+    backup = backup_replica(path, tmp_path / "backups", datetime.datetime.now(datetime.UTC))
+    with Replica.open(path) as device:
+        device.unlock_with_key(account.key)
+        writer.put("notes", "n", {"text": "after the backup"})
+        FolderSync(writer, shared).sync()
+        FolderSync(device, shared).sync()  # merged here, but not in the backup
+    restore_replica(backup, path, force=True)
+    with Replica.open(path) as restored:
+        restored.unlock_with_key(account.key)
+        FolderSync(restored, shared).sync()
+        assert restored.get("notes", "n") is not None
+
+
+def test_a_file_system_without_hard_links_still_takes_whole_files(
+    make_replica: ReplicaFactory, shared: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FAT and exFAT (a USB stick) have no hard links: the file is renamed into place."""
+
+    def no_links(source: object, target: object) -> None:
+        raise PermissionError("operation not permitted")
+
+    monkeypatch.setattr("os.link", no_links)
+    writer, reader = make_replica("writer"), make_replica("reader")
+    writer.put("notes", "n", {"text": "on a stick"})
+    assert FolderSync(writer, shared).sync().segments == 1
+    assert FolderSync(reader, shared).sync().files == 1
+
+
+def test_a_folder_that_is_not_empty_is_not_made_a_sealsync_folder(
+    make_replica: ReplicaFactory, tmp_path: Path
+) -> None:
+    replica, folder = make_replica(), tmp_path / "busy"
+    (folder / DEVICES).mkdir(parents=True)  # a folder whose marker has not arrived yet
+    with pytest.raises(StoreError, match="not empty"):
+        make_folder(folder, replica.key_bundle(), replica.key_generation)
+    (folder / DEVICES).rmdir()
+    (folder / ".stfolder").mkdir()  # a file-sync tool's own mark is no content
+    make_folder(folder, replica.key_bundle(), replica.key_generation)
+
+
+def test_no_snapshot_carries_an_envelope_that_does_not_open(
+    make_replica: ReplicaFactory, shared: Path
+) -> None:
+    """A reader would take the snapshot for the files it covers, and never get the good
+    copy: a replica holding a damaged envelope writes no snapshot (repair first)."""
+    writer = make_replica("writer")
+    writer.put("notes", "n", {"text": "fine"})
+    FolderSync(writer, shared, snapshot_every=2).sync()
+    with sqlite3.connect(writer.path) as db:
+        (envelope,) = db.execute("SELECT envelope FROM versions").fetchone()
+        db.execute("UPDATE versions SET envelope = ?", (envelope[:-1] + bytes([envelope[-1] ^ 1]),))
+    writer.put("notes", "m", {"text": "also fine"})
+    report = FolderSync(writer, shared, snapshot_every=2).sync()
+    assert report.snapshot is None and "does not open" in report.refused[0]
+    assert own_files(writer, shared) == [file_name("segment", 1), file_name("segment", 2)]

@@ -139,6 +139,19 @@ CORPUS: dict[str, tuple[bytes, str]] = {
         "messages: the id .* twice",
     ),
     "an id that is no id": (edited(first_thread(id="../../etc")), r"threads\[0\]\.id"),
+    "a persona that is no object": (
+        edited(lambda v: v.update(personas=[1])),
+        r"personas\[0\]: not an object",
+    ),
+    "a persona without an id": (
+        edited(lambda v: v.update(personas=[{"name": "p"}])),
+        r"personas\[0\]\.id",
+    ),
+    "a message that is no object": (
+        edited(first_thread(messages=["hi"])),
+        r"messages\[0\]: not an object",
+    ),
+    "a message without an id": (edited(first_thread(messages=[{"at": 1}])), r"messages\[0\]\.id"),
     "invalid UTF-8": (GOOD.replace(b'"chat 0"', b'"chat \xff"'), "not JSON in UTF-8"),
     "a lone surrogate": (GOOD.replace(b'"chat 0"', b'"chat \\ud800"'), "not JSON in UTF-8"),
     "not JSON": (b"{not json", "not JSON"),

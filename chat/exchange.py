@@ -24,23 +24,29 @@ from typing import Any
 
 import msgspec
 
+from chat.errors import NoSuchChatError
 from chat.ids import check_id
 from chat.limits import EXPORT_FORMAT, ReadExport, ReadThread
 from chat.models import Message, Persona, Setting, Thread, build, parse, to_document
 from chat.schema import ACTIVE_PERSONA, MESSAGES, PERSONAS, SETTINGS, THREADS
-from replica import REGISTER_ID, Record, Replica
+from replica import REGISTER_ID, InvalidArgumentError, Record, Replica
 
 _ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _ENCODER = msgspec.json.Encoder(order="sorted")
 
 
 def export_profile(replica: Replica, profile: str, *, thread: str | None = None) -> bytes:
-    """The chats of `profile` (or the one chat `thread`) as an export file's bytes."""
+    """The chats of `profile` (or the one chat `thread`) as an export file's bytes; an
+    error for a profile or a chat that is not there (never an empty file in its place)."""
+    if profile not in replica.profiles():
+        raise InvalidArgumentError(f"no profile {profile!r}")
     threads = [
         r
         for r in replica.scan(THREADS, profile=profile)
         if thread is None or r.id == check_id("chat", thread)
     ]
+    if thread is not None and not threads:
+        raise NoSuchChatError(f"no chat {thread}")
     chats = sorted(
         (_exported_thread(replica, profile, r) for r in threads),
         key=lambda t: (t["created_ms"], t["id"]),

@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chat import ChatStore, with_chat
+from chat import ChatStore, NoSuchChatError, with_chat
 from chat.exchange import export_profile, import_export
 from chat.limits import decode
 from chat.schema import MESSAGES, THREADS
-from replica import Replica
+from replica import InvalidArgumentError, Replica
 from tests.chat.conftest import StoreFactory, a_chat
 from tests.clients.test_cli import dump
 from tests.conftest import SCHEMA
@@ -171,6 +171,10 @@ def test_one_chat_exports_alone(make_store: StoreFactory) -> None:
     exported = json.loads(export_profile(store.replica, "default", thread=one))
     assert exported["scope"] == "chat" and exported["personas"] == []
     assert [t["title"] for t in exported["threads"]] == ["one"]
+    with pytest.raises(NoSuchChatError):
+        export_profile(store.replica, "default", thread="01JDXQ00000000000000000000")
+    with pytest.raises(InvalidArgumentError, match="no profile"):
+        export_profile(store.replica, "nobody")
 
 
 def dump_of(store: ChatStore) -> list[str]:

@@ -127,21 +127,44 @@ def watch_backups(
     stop: threading.Event,
     on_outcome: Callable[[BackupOutcome], None],
 ) -> None:
-    """Back up as `schedule` says until `stop` is set, telling `on_outcome` each attempt."""
+    """Back up as `schedule` says until `stop` is set, telling `on_outcome` each attempt.
+
+    A file event counts as a change only when the replica's files differ from what they
+    were as the last attempt began: an attempt opens and closes the file, and SQLite makes
+    and removes the WAL then, which would otherwise wake the watch for another attempt, and
+    another. (Taken as the attempt begins, a write during it is not missed.)"""
+    names = _watched(replica_path)
+    before_last = _files(replica_path, names)
     for changed in _file_events(replica_path, stop):
         now = time.monotonic()
-        if changed:
+        if changed and _files(replica_path, names) != before_last:
             schedule.changed(now)
         if schedule.due(now):
             schedule.attempted(now)
-            on_outcome(
-                back_up_once(replica_path, folder, policy, datetime.datetime.now(datetime.UTC))
-            )
+            before_last = _files(replica_path, names)
+            at = datetime.datetime.now(datetime.UTC)
+            on_outcome(back_up_once(replica_path, folder, policy, at))
+
+
+def _watched(replica_path: Path) -> set[str]:
+    return {replica_path.name + suffix for suffix in WATCHED_SUFFIXES}
+
+
+def _files(replica_path: Path, names: set[str]) -> list[tuple[str, int, int]]:
+    """The watched files that exist, with their sizes and times."""
+    found = []
+    for name in sorted(names):
+        try:
+            stat = (replica_path.parent / name).stat()
+            found.append((name, stat.st_size, stat.st_mtime_ns))
+        except FileNotFoundError:
+            continue
+    return found
 
 
 def _file_events(replica_path: Path, stop: threading.Event) -> Iterator[bool]:
     """Whether the replica's files changed, about every `TICK_S`, until `stop` is set."""
-    names = {replica_path.name + suffix for suffix in WATCHED_SUFFIXES}
+    names = _watched(replica_path)
     try:
         for changes in watch(
             replica_path.parent,
@@ -158,18 +181,8 @@ def _file_events(replica_path: Path, stop: threading.Event) -> Iterator[bool]:
 
 
 def _polled(replica_path: Path, names: set[str], stop: threading.Event) -> Iterator[bool]:
-    def files() -> list[tuple[str, int, int]]:
-        found = []
-        for name in sorted(names):
-            try:
-                stat = (replica_path.parent / name).stat()
-                found.append((name, stat.st_size, stat.st_mtime_ns))
-            except FileNotFoundError:
-                continue
-        return found
-
-    seen = files()
+    seen = _files(replica_path, names)
     while not stop.wait(TICK_S):
-        now = files()
+        now = _files(replica_path, names)
         yield now != seen
         seen = now

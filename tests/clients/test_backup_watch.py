@@ -11,6 +11,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -22,10 +23,11 @@ from clients.autobackup import BackupOutcome, Schedule, read_last_backup
 from clients.backup import backup_if_changed
 from clients.cli.duration import DURATION
 from clients.manifest import read_manifest
+from replica import Replica
 from tests.clients.test_backup_verify import flip_a_byte
 from tests.clients.test_cli import Cli
 from tests.clients.test_cli_watch import ROOT, TIMEOUT_S, eventually
-from tests.conftest import ReplicaFactory
+from tests.conftest import Account, ReplicaFactory
 
 TICK_S = 0.5
 Tick = tuple[float, bool]
@@ -108,12 +110,7 @@ def test_a_watch_backs_up_when_quiet_reports_a_failure_and_keeps_good_backups(
     replica = make_replica()
     replica.put("notes", "n0", {"text": "before the watch"})
     path, folder = replica.path, tmp_path / "set"
-    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config")}
-    command = [sys.executable, "-m", "clients.cli", "--replica", str(path), "backup", "watch",
-               "--to", str(folder), "--quiet-for", "0.3s", "--every", "1h", "--keep-last", "1"]  # fmt: skip
-    process = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    process = start_watch(path, folder, tmp_path, "--keep-last", "1")
     try:
         eventually(lambda: len(backups(folder)) == 1, "the first backup, at once")
         first = backups(folder)[0]
@@ -141,6 +138,40 @@ def test_a_watch_backs_up_when_quiet_reports_a_failure_and_keeps_good_backups(
             process.wait()
     assert process.returncode == 0, stderr
     assert "error: backup failed:" in stderr and "stopped watching" in stdout
+
+
+def start_watch(path: Path, folder: Path, home: Path, *options: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "XDG_CONFIG_HOME": str(home / "config")}
+    command = [sys.executable, "-m", "clients.cli", "--replica", str(path), "backup", "watch",
+               "--to", str(folder), "--quiet-for", "0.2s", "--every", "1h", *options]  # fmt: skip
+    return subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+@pytest.mark.slow
+def test_a_watch_of_a_replica_nobody_writes_attempts_nothing(
+    make_replica: ReplicaFactory, account: Account, tmp_path: Path
+) -> None:
+    """Its own backup opens and closes the file (SQLite makes and removes the WAL): that
+    must not wake it for another backup, and another, every quiet period."""
+    replica = make_replica()
+    replica.put("notes", "n0", {"text": "before the watch"})
+    replica.close()  # nobody holds it open: the watch's own open makes the WAL anew
+    folder = tmp_path / "set"
+    process = start_watch(replica.path, folder, tmp_path)
+    try:
+        eventually(lambda: len(backups(folder)) == 1, "the first backup, at once")
+        first = read_last_backup(replica.path)
+        time.sleep(3)  # fifteen quiet periods
+        assert read_last_backup(replica.path) == first
+        with Replica.open(replica.path) as writer:
+            writer.unlock_with_key(account.key)
+            writer.put("notes", "n1", {"text": "a change"})
+        eventually(lambda: len(backups(folder)) == 2, "a backup of the change")
+    finally:
+        process.kill()
+        process.communicate()
 
 
 def _last_in_status(cli: Cli, path: Path) -> BackupOutcome:

@@ -95,7 +95,8 @@ class FolderSession:
         self._sync.acknowledge_written(sealed.batch)
 
     def restart(self) -> None:
-        """Offer every dirty version again (after a segment that could not be written)."""
+        """Offer every dirty version again: each round begins so (within one pass, what was
+        offered is never offered twice, and a rewritten record may reuse an offered row)."""
         self._sync.restart()
 
     def snapshot(self, number: int, covers: dict[str, int]) -> bytes:

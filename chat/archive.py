@@ -15,13 +15,26 @@ import io
 import re
 import stat
 import zipfile
+import zlib
 from collections.abc import Mapping
 
-from chat.limits import MAX_FILE_BYTES, refuse
+from chat.limits import MAX_FILE_BYTES, ImportLimitError, refuse
 
 MAX_ENTRIES = 1000
 MAX_RATIO = 200
 """Deflate reaches about 1000:1 on runs of one byte; JSON text compresses 5-20:1."""
+_DAMAGE = (
+    zipfile.BadZipFile,
+    zlib.error,
+    EOFError,
+    OSError,
+    ValueError,
+    UnicodeError,
+    NotImplementedError,
+    RuntimeError,
+)
+"""What zipfile raises on a damaged or unusual archive (a bad deflate stream, a version or
+a method it does not know, a seek before the start, a name that does not decode)."""
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}\.json")
 _CHUNK = 1 << 16
 
@@ -39,7 +52,7 @@ def read_archive(data: bytes) -> dict[str, bytes]:
     """The entries of a zip archive, name → bytes, each checked (`ImportLimitError`)."""
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
-    except zipfile.BadZipFile as exc:
+    except _DAMAGE as exc:
         raise refuse("the archive", f"not a zip archive ({exc})") from None
     with archive:
         infos = archive.infolist()
@@ -85,6 +98,8 @@ def _read_entry(archive: zipfile.ZipFile, info: zipfile.ZipInfo, room: int) -> b
                     what = "inflates past" if bound < room else "past"
                     raise refuse(shown, f"{what} {bound:,} bytes (a zip bomb?)")
                 pieces.append(piece)
-    except (zipfile.BadZipFile, EOFError, OSError) as exc:
+    except ImportLimitError:
+        raise
+    except _DAMAGE as exc:
         raise refuse(shown, f"damaged ({exc})") from None
     return b"".join(pieces)

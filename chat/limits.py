@@ -25,10 +25,13 @@ from chat.models import (
     Thread,
     build,
 )
+from chat.preferences import DEFAULT_PERSONA
 from replica import InvalidArgumentError
 
 EXPORT_FORMAT = 1
-MAX_FILE_BYTES = 256 * 1024 * 1024
+MAX_FILE_BYTES = 64 * 1024 * 1024
+"""Decoding 64 MiB of JSON takes about a second and a gigabyte at the worst (a list of
+empty objects): the largest file read before any other bound can be checked."""
 MAX_THREADS = 5000
 MAX_MESSAGES_PER_THREAD = 5000
 MAX_SETTINGS_PER_THREAD = 100
@@ -100,22 +103,34 @@ def _read_top(value: dict[str, Any]) -> ReadExport:
         _string(value.get(name), name)
     if value["scope"] not in ("profile", "chat"):
         raise refuse("scope", f"{value['scope']!r:.40} is neither 'profile' nor 'chat'")
-    if value.get("active_persona") is not None:
-        _string(value["active_persona"], "active_persona")
+    active = value.get("active_persona")
+    if active is not None and active != DEFAULT_PERSONA:
+        try:
+            check_id("persona", active)
+        except InvalidArgumentError as exc:
+            raise refuse("active_persona", str(exc)) from None
     personas = _list(value.get("personas"), "personas", MAX_PERSONAS)
     threads = _list(value.get("threads"), "threads", MAX_THREADS)
+    for index, thread in enumerate(threads):  # every count first: the cheap checks lead
+        if isinstance(thread, dict):
+            where = f"threads[{index}].messages"
+            _list(thread.get("messages"), where, MAX_MESSAGES_PER_THREAD)
     read_personas = [persona_record(p, f"personas[{i}]") for i, p in enumerate(personas)]
-    read_threads = [_read_thread(t, f"threads[{i}]") for i, t in enumerate(threads)]
+    records = [thread_record(t, f"threads[{i}]") for i, t in enumerate(threads)]
+    read_threads = [
+        _read_thread(t, f"threads[{i}]", *record)
+        for i, (t, record) in enumerate(zip(threads, records, strict=True))
+    ]
     _unique([p for p, _ in read_personas], "personas")
     _unique([t.id for t in read_threads], "threads")
     _unique([m for t in read_threads for m, _ in t.messages], "messages")
-    active = value.get("active_persona")
     return ReadExport(value["scope"], value["profile"], active, read_personas, read_threads)
 
 
-def _read_thread(thread: object, path: str) -> ReadThread:
-    thread_id, document = thread_record(thread, path)
-    assert isinstance(thread, dict), "thread_record checked it"
+def _read_thread(
+    thread: dict[str, Any], path: str, thread_id: str, document: dict[str, Any]
+) -> ReadThread:
+    """A chat whose record `thread_record` read: its messages and settings, checked."""
     messages = _list(thread.get("messages"), f"{path}.messages", MAX_MESSAGES_PER_THREAD)
     read_messages = [
         message_record(m, f"{path}.messages[{n}]", thread_id) for n, m in enumerate(messages)

@@ -35,6 +35,7 @@ from clients.retention import KeepPolicy, kept
 from clients.verify import Verdict, verify_backup
 from replica import Merged, Replica, backup_replica_file, copy_replica_file
 from replica.errors import StoreError
+from replica.transfers import ProfileBackup
 
 SIDE_FILES = ("-wal", "-shm", "-journal")
 OnCopied = Callable[[int, int], None]
@@ -61,7 +62,7 @@ class BackupScope:
     """What a backup holds: every profile (`ALL`), or one (`Replica.profile_scopes`)."""
 
     name: str
-    scopes: frozenset[bytes] | None = None
+    keep: ProfileBackup | None = None
 
 
 ALL = BackupScope("all")
@@ -71,8 +72,8 @@ def profile_scope(replica: Replica, profile: str) -> BackupScope:
     """The scope of a backup of `profile` (the replica unlocked); an error if no such one."""
     if profile not in replica.profiles():
         raise StoreError(f"no profile {profile!r}", hint="`sealsync profiles` lists them")
-    tag, scopes = replica.profile_scopes(profile)
-    return BackupScope(f"profile-{tag}", scopes)
+    keep = replica.profile_scopes(profile)
+    return BackupScope(f"profile-{keep.tag}", keep)
 
 
 def backup_name(replica_path: Path, now: datetime.datetime, node: int, scope: str = "all") -> str:
@@ -119,7 +120,7 @@ def _backup(
     if target.exists():
         raise StoreError(f"{target} already exists", hint="run `sealsync backup` again")
     with temp_beside(target) as temp:
-        backup_replica_file(replica_path, temp, scopes=scope.scopes, progress=progress)
+        backup_replica_file(replica_path, temp, keep=scope.keep, progress=progress)
         manifest = describe(temp, target.name, node, now, scope.name)
         newest = newest_good_manifest(folder, manifest.node, scope) if skip_unchanged else None
         if newest is not None and newest.same_content(manifest):

@@ -20,6 +20,7 @@ import fcntl
 import json
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -117,9 +118,10 @@ def save_state(replica_path: Path, state: FolderState) -> None:
 
 
 def forget_merged(replica_path: Path) -> None:
-    """A replica put in place of another (a restored backup) merged none of what that one
-    had: its folder state keeps the folder and forgets the rest, so it reads every file
-    again (and its snapshots never claim to cover what it lacks)."""
+    """Read every file of the folder again: a replica put in place of another (a restored
+    backup) merged none of what that one had, and a repaired one set aside versions their
+    files still hold. The state keeps the folder and forgets the rest (so its snapshots
+    never claim to cover what it lacks)."""
     try:
         state = load_state(replica_path)
     except StoreError:
@@ -328,12 +330,18 @@ class FolderSync:
         """The file's body, or None (named in the report) when it does not open yet."""
         place = f"{DEVICES}/{device}/{file.path.name}"
         try:
-            size = file.path.stat().st_size
-            if size > MAX_FILE_BYTES:  # never read into memory
-                report.refused.append(f"{place}: {size:,} bytes, above {MAX_FILE_BYTES:,}")
+            found = file.path.stat()
+            if not stat.S_ISREG(found.st_mode):  # a folder, a FIFO: never opened
+                report.refused.append(f"{place}: not a regular file")
+                return None
+            if found.st_size > MAX_FILE_BYTES:  # never read into memory
+                report.refused.append(f"{place}: {found.st_size:,} bytes, above {MAX_FILE_BYTES:,}")
                 return None
             data = file.path.read_bytes()
         except FileNotFoundError:  # removed meanwhile: a snapshot covers it now
+            return None
+        except OSError as exc:  # one file this user cannot read holds up no other
+            report.refused.append(f"{place}: {exc.strerror or exc}")
             return None
         try:
             return self.session.open(data, device, file.number, file.kind)

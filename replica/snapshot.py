@@ -22,6 +22,7 @@ from pathlib import Path
 from replica.errors import StoreError
 from replica.files import read_only_uri
 from replica.replica import Replica
+from replica.transfers import ProfileBackup
 
 PAGES_PER_STEP = 1024
 """Pages copied between two progress reports (4 MiB at SQLite's default page size)."""
@@ -75,35 +76,40 @@ def backup_replica_file(
     source: Path,
     target: Path,
     *,
-    scopes: frozenset[bytes] | None = None,
+    keep: ProfileBackup | None = None,
     progress: Progress | None = None,
 ) -> None:
     """Snapshot the replica at `source` into the empty file `target`, without this device's
-    local records (and, given `scopes`, with the records of those scopes only: one
-    profile's, `Replica.profile_scopes`); refuses a file that is not a replica before
-    copying anything."""
+    local records (and, given `keep`, with one profile's records only: its scopes, and its
+    entry in the list of profiles); refuses a file that is not a replica before copying
+    anything."""
     Replica.open(source).close()
     copy_replica_file(source, target, progress=progress)
     with closing(sqlite3.connect(target, isolation_level=None)) as copy:
         copy.execute("PRAGMA secure_delete=ON")
         copy.executescript(f"BEGIN IMMEDIATE; {_DROP_DEVICE_LOCAL} COMMIT;")
-        if scopes is not None:
-            _keep_only(copy, scopes)
+        if keep is not None:
+            _keep_only(copy, keep)
     _fsync(target)
 
 
-def _keep_only(copy: sqlite3.Connection, scopes: frozenset[bytes]) -> None:
-    """Remove every row of other scopes (a held row whose scope is unknown among them),
+def _keep_only(copy: sqlite3.Connection, keep: ProfileBackup) -> None:
+    """Remove every row of other scopes (a held row whose scope is unknown among them), and
+    the relay's cursor (restored in place, the replica pulls the other profiles again),
     then shrink the file: what was removed is gone from it, not left in free pages."""
     copy.execute("CREATE TEMP TABLE kept (scope BLOB PRIMARY KEY) WITHOUT ROWID")
-    copy.executemany("INSERT INTO kept VALUES (?)", [(s,) for s in scopes])
+    copy.execute("CREATE TEMP TABLE kept_keys (key BLOB PRIMARY KEY) WITHOUT ROWID")
+    copy.executemany("INSERT INTO kept VALUES (?)", [(s,) for s in keep.scopes])
+    copy.executemany("INSERT INTO kept_keys VALUES (?)", [(k,) for k in keep.keys])
     copy.executescript(_KEEP_ONLY_KEPT)  # one transaction
     copy.execute("VACUUM")
 
 
 _KEEP_ONLY_KEPT = """
     BEGIN IMMEDIATE;
-    DELETE FROM versions WHERE scope NOT IN (SELECT scope FROM kept);
+    DELETE FROM versions WHERE scope NOT IN (SELECT scope FROM kept)
+        AND key NOT IN (SELECT key FROM kept_keys);
+    DELETE FROM meta WHERE name IN ('cursor', 'max_seq_seen', 'relay_state');
     DELETE FROM held WHERE scope IS NULL OR scope NOT IN (SELECT scope FROM kept);
     DELETE FROM history WHERE key NOT IN (SELECT key FROM versions);
     DELETE FROM quarantine WHERE key IS NULL OR key NOT IN (SELECT key FROM versions);

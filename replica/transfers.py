@@ -6,10 +6,24 @@ A mixin of `Replica` (replica/replica.py), which owns the `Core` these work thro
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from replica.core import Core
-from replica.envelope import profile_key
+from replica.envelope import Identity, profile_key
 from replica.folder import FolderSession
+from replica.schema import DEFAULT_PROFILE, PROFILES_COLLECTION
 from replica.sync import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_COUNT, SyncSession
+
+
+@dataclass(frozen=True)
+class ProfileBackup:
+    """What a backup of one profile holds: `tag` names the profile without saying its name
+    (8 hex digits of a local HMAC); the versions of `scopes` (its declared collections),
+    and of `keys` (its own entry in the list of profiles, which lives in the default one)."""
+
+    tag: str
+    scopes: frozenset[bytes]
+    keys: frozenset[bytes]
 
 
 class Transfers:
@@ -29,16 +43,16 @@ class Transfers:
             self._core, max_batch_count=max_batch_count, max_batch_bytes=max_batch_bytes
         )
 
-    def profile_scopes(self, profile: str) -> tuple[str, frozenset[bytes]]:
-        """What a backup of one profile keeps (`backup_replica_file(scopes=)`): a short tag
-        naming the profile without saying its name (8 hex digits of a local HMAC), and the
-        scopes of its declared collections."""
+    def profile_scopes(self, profile: str) -> ProfileBackup:
+        """What a backup of one profile keeps (`backup_replica_file(keep=)`)."""
         core = self._core
         with core.mutex:
             keys = core.keys()
             names = [c.name for c in core.schema.collections]
             scopes = frozenset(core.scope(profile, name) for name in names)
-        return profile_key(keys, profile)[:4].hex(), scopes
+            entry = Identity(DEFAULT_PROFILE, PROFILES_COLLECTION, profile)
+            listed = frozenset({core.record_key(entry)})
+        return ProfileBackup(profile_key(keys, profile)[:4].hex(), scopes, listed)
 
     def folder_session(self, *, max_batch_bytes: int = DEFAULT_BATCH_BYTES) -> FolderSession:
         """A sans-I/O session to sync through a shared folder (see replica.folder)."""

@@ -60,8 +60,10 @@ from clients.device import (
     refuse_existing,
     removed_on_failure,
     save_settings,
+    sidecar_path,
 )
 from clients.errors import RelayRefusedError
+from clients.folder import state_path
 from clients.http import RelayClient, check_relay_url
 from clients.keys import adopt_relay_keys, describe_rotation, needs_newer_keys
 from clients.retry import Backoff
@@ -297,6 +299,7 @@ def login(
             session = login_again(client, replica, relay.account, secret, name,
                                   device_id=was, trust_account=trust_account)  # fmt: skip
         finding = follow_relay(replica, session)
+        state_path(path).unlink(missing_ok=True)  # one transport: a folder's, if any, ends
     out.print(f"logged in to {relay.url} as account {relay.account!r}, device {session.device_id}")
     if finding is not None:
         then = FOLLOWED if is_followed(finding) else "`sealsync sync` stops on it"
@@ -333,8 +336,8 @@ def sync(
     """Push this device's changes and pull everyone else's."""
     refuse_invite_without_reseed(invite, reseed, trust_account)
     path = settings.replica_path
-    with user_errors():
-        folder = folder or folder_of(path)
+    with user_errors():  # a device with relay settings syncs there (`login` moved it back)
+        folder = folder or (None if sidecar_path(path).exists() else folder_of(path))
     if folder is not None:
         if reseed:
             raise click.UsageError("--reseed is a relay's: a folder keeps every device's files")

@@ -17,6 +17,7 @@ from rich.table import Table
 from clients.cli.console import ExitCode, fail, out, user_errors
 from clients.cli.settings import CliSettings
 from clients.device import opened_replica
+from clients.folder import forget_merged
 from replica import Diagnosis
 
 SHOWN_FINDINGS = 50
@@ -88,6 +89,7 @@ def repair(settings: CliSettings, force: bool) -> None:
     """Move unreadable rows, verbatim, to quarantine and let their records be used again."""
     with user_errors(), opened_replica(settings.replica_path, settings.passphrase) as replica:
         report = replica.repair(force=force)
+        forget_merged(settings.replica_path)  # a folder's files are read again, as a relay's
     out.print(
         f"repaired: {report.quarantined} row(s) quarantined, "
         f"{report.unlatched_records} record(s) readable again, "

@@ -140,14 +140,16 @@ def test_a_profile_backup_holds_that_profile_only_and_keeps_its_name_out(
     assert str(backup) in done.stdout and "Diary" not in backup.read_bytes().decode("latin-1")
     assert verify_backup(backup).state == "ok"
     manifest = read_manifest(backup.with_suffix(".json"))
-    assert manifest.scope.startswith("profile-") and manifest.rows["versions"] == 1
+    assert manifest.scope.startswith("profile-") and manifest.rows["versions"] == 2  # + its entry
     cli.ok(source.path, "backup", "--to", str(folder))  # all profiles: a group of its own
     forgot = forget_backups(folder, KeepPolicy(last=1), dry_run=True)
     assert forgot.removed == [] and len(forgot.kept) == 2
-    live.create_profile("Private Diary")
-    merged, _ = merge_backup_into(live, backup)
-    assert merged.merged == 1 and live.get("notes", "shared") is None
+    merged, _ = merge_backup_into(live, backup)  # the profile's own entry comes with it
+    assert merged.merged == 2 and live.get("notes", "shared") is None
+    assert "Private Diary" in live.profiles()
     assert live.get("notes", "mine", profile="Private Diary") is not None
+    with closing(sqlite3.connect(backup)) as db:  # restored in place, it pulls the rest again
+        assert db.execute("SELECT count(*) FROM meta WHERE name = 'cursor'").fetchone() == (0,)
     missing = cli(source.path, "backup", "--to", str(folder), "--profile", "nobody")
     assert missing.exit_code == 1 and "no profile 'nobody'" in missing.stderr
 

@@ -152,6 +152,9 @@ def test_an_account_moves_from_its_relay_to_a_folder_with_one_command(
     }
     again = cli(a, "move", "--folder", str(tmp_path / "elsewhere"))
     assert again.exit_code == 1 and "syncs through no relay" in again.stderr
+    cli.ok(a, "login", "--relay", relay.url, "--account", "ann")  # and back to the relay
+    assert not (tmp_path / "a.db.folder.json").exists()
+    cli.ok(a, "sync", "--reseed")
     other = tmp_path / "other"
     cli.ok(tmp_path / "c.db", "init", "--folder", str(other))
     cli.ok(tmp_path / "d.db", "init", "--relay", relay.url, "--account", "bob")

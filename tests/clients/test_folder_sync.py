@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import resource
 import sqlite3
 import subprocess
@@ -28,6 +29,8 @@ from clients.folder import (
 )
 from replica import Replica
 from replica.errors import StoreError
+from replica.wire import decode_vector, encode_vector
+from tests.clients.test_cli import Cli
 from tests.conftest import Account, ReplicaFactory
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -319,3 +322,43 @@ def test_no_snapshot_carries_an_envelope_that_does_not_open(
     report = FolderSync(writer, shared, snapshot_every=2).sync()
     assert report.snapshot is None and "does not open" in report.refused[0]
     assert own_files(writer, shared) == [file_name("segment", 1), file_name("segment", 2)]
+
+
+def test_repair_on_a_folder_device_reads_the_folder_again(
+    make_replica: ReplicaFactory, shared: Path, cli: Cli
+) -> None:
+    """A damaged vector made a merge drop a later version as superseded; `repair`
+    quarantines the row, and the folder's files are read again, as a relay's would be."""
+    writer, device = make_replica("writer"), make_replica("device")
+    writer.put("notes", "n", {"text": "v1"})
+    FolderSync(writer, shared).sync()
+    FolderSync(device, shared).sync()
+    with sqlite3.connect(device.path) as db:
+        (row, vector) = db.execute("SELECT id, vector FROM versions").fetchone()
+        raised = {node: hlc + (1 << 40) for node, hlc in decode_vector(vector).items()}
+        db.execute("UPDATE versions SET vector = ? WHERE id = ?", (encode_vector(raised), row))
+    device.close()
+    writer.put("notes", "n", {"text": "v2"})
+    FolderSync(writer, shared).sync()
+    with Replica.open(device.path) as again:
+        again.unlock_with_key(writer.unlock_key())
+        assert FolderSync(again, shared).sync().merged.superseded == 1  # dropped: the damage
+    cli.ok(device.path, "repair", "--force")
+    with Replica.open(device.path) as repaired:
+        repaired.unlock_with_key(writer.unlock_key())
+        FolderSync(repaired, shared).sync()
+        assert repaired.get("notes", "n").document == {"text": "v2"}  # type: ignore[union-attr]
+
+
+def test_an_entry_that_cannot_be_read_holds_up_no_other(
+    make_replica: ReplicaFactory, shared: Path
+) -> None:
+    writer, reader = make_replica("writer"), make_replica("reader")
+    writer.put("notes", "n", {"text": "readable"})
+    FolderSync(writer, shared).sync()
+    odd = shared / DEVICES / "0000000000000001"
+    (odd / file_name("segment", 1)).mkdir(parents=True)  # a folder under a file's name
+    os.mkfifo(odd / file_name("segment", 2))  # a FIFO: reading it would block forever
+    report = FolderSync(reader, shared).sync()
+    assert sorted(r.split(": ")[1] for r in report.refused) == ["not a regular file"] * 2
+    assert reader.get("notes", "n") is not None

@@ -112,6 +112,17 @@ def zipped(*entries: tuple[str, bytes], mode: int | None = None) -> bytes:
 
 
 GOOD = encoded(export())
+
+
+def _changed_at(data: bytes, offset: int, value: int) -> bytes:
+    changed = bytearray(data)
+    changed[offset] = value
+    return bytes(changed)
+
+
+GOOD_ZIP = zipped(("a.json", GOOD))
+DAMAGED_DEFLATE = _changed_at(GOOD_ZIP, 30 + len("a.json"), 0xFF)  # a reserved block type
+NEWER_ZIP = _changed_at(GOOD_ZIP, GOOD_ZIP.index(b"PK\x01\x02") + 6, 0xFF)  # version 25.5
 HUGE_NUMBER = GOOD.replace(b'"created_ms": 1', b'"created_ms": 1' + b"0" * 400, 1)
 CORPUS: dict[str, tuple[bytes, str]] = {
     "deep nesting in a value": (
@@ -163,6 +174,16 @@ CORPUS: dict[str, tuple[bytes, str]] = {
     "a link": (zipped(("a.json", b"/etc/passwd"), mode=stat.S_IFLNK | 0o777), "a link"),
     "a name twice": (zipped(("a.json", GOOD), ("a.json", GOOD)), "named twice"),
     "not a zip": (b"PK\x03\x04 cut short", "not a zip archive"),
+    "a damaged deflate stream": (DAMAGED_DEFLATE, "damaged"),
+    "a zip of a newer version": (NEWER_ZIP, "not a zip archive|damaged"),
+    "an active persona that is no id": (
+        encoded(export() | {"active_persona": "nobody!"}),
+        "active_persona",
+    ),
+    "sixteen megabytes of empty objects": (
+        GOOD.replace(b'"threads": [', b'"threads": [' + b"{}," * 5_000_000, 1),
+        r"threads: 5,000,001 items \(bound 5,000\)",
+    ),
 }
 
 

@@ -1,4 +1,4 @@
-"""`init --folder`, `join --folder` and `sync` through a folder (clients/folder.py): the
+"""`init --folder`, `join --folder`, `sync` and `move` through a folder (clients/folder.py): the
 command line's side of syncing through a folder a file-sync tool keeps in step."""
 
 from __future__ import annotations

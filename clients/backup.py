@@ -232,11 +232,15 @@ def restore_replica(
     force: bool,
     unverified: bool = False,
     progress: OnCopied | None = None,
+    passphrase: Callable[[], str] | None = None,
 ) -> tuple[int, Verdict]:
     """Copy `backup` to `replica_path` with a new node id: the id, and what verifying the
     backup found. A backup that does not verify is restored only `unverified`; an existing
-    replica is replaced only with `force`."""
+    replica is replaced only with `force`, and, given its `passphrase`, only by a backup of
+    its own account."""
     verdict = _verified(backup, unverified)
+    if replica_path.exists() and force and passphrase is not None:
+        _refuse_another_account(replica_path, backup, passphrase)
     if replica_path.exists() and not force:
         raise StoreError(
             f"{replica_path} already exists",
@@ -254,6 +258,21 @@ def restore_replica(
     fsync_folder(replica_path.parent)
     forget_merged(replica_path)
     return node, verdict
+
+
+def _refuse_another_account(
+    replica_path: Path, backup: Path, passphrase: Callable[[], str]
+) -> None:
+    """Refuse to put another account's backup over `replica_path`. A file there that does
+    not open as a replica (why it is restored, often) has no account to compare: it is
+    replaced as `--force` says."""
+    try:
+        replica = Replica.open(replica_path)
+    except StoreError:
+        return
+    with replica:
+        replica.unlock(passphrase())
+        replica.check_backup_account(backup)
 
 
 def merge_backup_into(

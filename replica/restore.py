@@ -61,6 +61,20 @@ def merge_backup(
     return report
 
 
+def check_backup_account(core: Core, backup: Path) -> None:
+    """`StoreError` unless `backup` is a backup of this (unlocked) replica's account, with
+    rows of the right types: what a whole restore over this replica checks first."""
+    core.keys()
+    try:
+        with closing(sqlite3.connect(read_only_uri(backup), uri=True)) as db:
+            _check_types(backup, db)
+            _check_account(core, backup, db)
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(
+            f"{backup} could not be read: {exc}", hint="check it with `sealsync backup verify`"
+        ) from exc
+
+
 def _check_types(backup: Path, db: sqlite3.Connection) -> None:
     """Refuse, before anything is written, a backup with a row of the wrong types."""
     (damaged,) = db.execute(_WRONG_TYPES).fetchone()

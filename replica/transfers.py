@@ -7,10 +7,12 @@ A mixin of `Replica` (replica/replica.py), which owns the `Core` these work thro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from replica.core import Core
 from replica.envelope import Identity, profile_key
 from replica.folder import FolderSession
+from replica.restore import check_backup_account
 from replica.schema import DEFAULT_PROFILE, PROFILES_COLLECTION
 from replica.sync import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_COUNT, SyncSession
 
@@ -53,6 +55,13 @@ class Transfers:
             entry = Identity(DEFAULT_PROFILE, PROFILES_COLLECTION, profile)
             listed = frozenset({core.record_key(entry)})
         return ProfileBackup(profile_key(keys, profile)[:4].hex(), scopes, listed)
+
+    def check_backup_account(self, backup: Path) -> None:
+        """`StoreError` unless the backup file is one of this account's (a sample of its
+        envelopes opens with these keys): a whole restore over this replica asks first."""
+        with self._core.mutex:
+            self._core.check_open()
+        check_backup_account(self._core, backup)
 
     def folder_session(self, *, max_batch_bytes: int = DEFAULT_BATCH_BYTES) -> FolderSession:
         """A sans-I/O session to sync through a shared folder (see replica.folder)."""

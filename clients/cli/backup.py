@@ -257,7 +257,12 @@ def restore(
         return
     with user_errors(), copy_progress("restoring") as progress:
         node, verdict = restore_replica(
-            file, settings.replica_path, force=force, unverified=unverified, progress=progress
+            file,
+            settings.replica_path,
+            force=force,
+            unverified=unverified,
+            progress=progress,
+            passphrase=settings.passphrase,
         )
     warn_unverified(verdict)
     out.print(f"restored {file} to {settings.replica_path} (node {node:016x})")

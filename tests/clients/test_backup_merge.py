@@ -202,3 +202,22 @@ def test_another_accounts_held_rows_are_refused_too(
     with pytest.raises(StoreError, match="another account's backup"):
         merge_backup_into(live, backup)
     assert dump(live.path) == before
+
+
+def test_a_whole_restore_over_a_replica_refuses_another_accounts_backup(
+    cli: Cli, make_replica: ReplicaFactory, tmp_path: Path
+) -> None:
+    other, _ = Replica.create(tmp_path / "other.db", SCHEMA, "another account's passphrase")
+    other.put("notes", "n", {"text": "not yours"})
+    theirs = backup_of(other, tmp_path / "theirs")
+    other.close()
+    mine = make_replica("mine")
+    mine.put("notes", "kept", {"text": "mine"})
+    ours = backup_of(mine, tmp_path / "ours")
+    mine.close()
+    before = dump(mine.path)
+    refused = cli(mine.path, "restore", str(theirs), "--force")
+    assert refused.exit_code == 1 and "another account's backup" in refused.stderr
+    assert dump(mine.path) == before
+    cli.ok(mine.path, "restore", str(ours), "--force")  # this account's: replaced as asked
+    assert cli.json_object(mine.path, "get", "notes", "kept")["doc"] == {"text": "mine"}

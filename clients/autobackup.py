@@ -24,7 +24,7 @@ from pathlib import Path
 from watchfiles import watch
 
 from clients.backup import backup_if_changed, forget_backups
-from clients.device import write_atomically
+from clients.device import read_sidecar, write_atomically
 from clients.retention import KeepPolicy
 from replica.errors import SealsyncError, StoreError
 
@@ -75,16 +75,12 @@ def last_backup_path(replica_path: Path) -> Path:
 
 def read_last_backup(replica_path: Path) -> BackupOutcome | None:
     """The outcome of the last backup of this replica, if one was recorded."""
-    path = last_backup_path(replica_path)
-    try:
-        return BackupOutcome(**json.loads(path.read_bytes()))
-    except FileNotFoundError:
-        return None
-    except (ValueError, TypeError) as exc:
-        raise StoreError(
-            f"{path} does not hold a backup's outcome: {exc}",
-            hint="remove it: the next backup writes it again",
-        ) from None
+    return read_sidecar(
+        last_backup_path(replica_path),
+        BackupOutcome,
+        "a backup's outcome",
+        hint="remove it: the next backup writes it again",
+    )
 
 
 def back_up_once(

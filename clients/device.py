@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -24,6 +24,8 @@ from clients.http import RelayClient
 from replica import Replica, ReplicaOptions
 from replica.errors import StoreError
 from replica.wire import Session
+
+T = TypeVar("T")
 
 SIDECAR_SUFFIX = ".relay.json"
 FOLDER_STATE_SUFFIX = ".folder.json"
@@ -114,20 +116,51 @@ def save_settings(replica_path: Path, settings: RelaySettings) -> None:
     write_atomically(sidecar_path(replica_path), settings_to_json(settings))
 
 
-def write_atomically(path: Path, data: bytes) -> None:
+def read_sidecar(path: Path, kind: type[T], what: str, hint: str) -> T | None:
+    """The JSON file `path` beside a replica as `kind`, its fields' types checked; None
+    when there is none; `StoreError` naming it (as not `what`) when it holds anything else."""
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=kind)
+    except FileNotFoundError:
+        return None
+    except msgspec.DecodeError as exc:  # a ValidationError too
+        raise StoreError(f"{path} is not {what}: {exc}", hint=hint) from None
+
+
+def write_atomically(path: Path, data: bytes, *, over: bool = True) -> None:
+    """Write `data` as `path`, owner-only, whole or not at all, durable before this returns:
+    through a hidden temporary file (`.NAME.XXXX.tmp`) beside it, fsynced, then renamed over
+    `path` — or, not `over`, put in place only if no file is there (`FileExistsError`)."""
     folder = path.parent
-    descriptor, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
+    descriptor, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    temp = Path(name)
     try:
         os.fchmod(descriptor, FILE_MODE)
         with os.fdopen(descriptor, "wb") as file:
             file.write(data)
             file.flush()
             os.fsync(file.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+        if over:
+            os.replace(temp, path)
+        else:
+            _put_in_place(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
     fsync_folder(folder)
+
+
+def _put_in_place(temp: Path, target: Path) -> None:
+    """Give `temp` the name `target`, never over a file already there: a hard link where
+    the file system has them, else (FAT, exFAT) a rename once no such file exists (for a
+    file with one writer at a time)."""
+    try:
+        os.link(temp, target)
+    except FileExistsError:
+        raise
+    except OSError:  # no hard links here
+        if target.exists():
+            raise FileExistsError(target) from None
+        os.rename(temp, target)
 
 
 def fsync_folder(folder: Path) -> None:

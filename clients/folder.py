@@ -21,7 +21,6 @@ import json
 import os
 import re
 import stat
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -33,6 +32,7 @@ from clients.device import (
     FOLDER_LOCK_SUFFIX,
     FOLDER_STATE_SUFFIX,
     fsync_folder,
+    read_sidecar,
     write_atomically,
 )
 from replica import (
@@ -101,16 +101,12 @@ def state_path(replica_path: Path) -> Path:
 
 
 def load_state(replica_path: Path) -> FolderState | None:
-    path = state_path(replica_path)
-    try:
-        return FolderState(**json.loads(path.read_bytes()))
-    except FileNotFoundError:
-        return None
-    except (ValueError, TypeError) as exc:
-        raise StoreError(
-            f"{path} is not this device's folder state: {exc}",
-            hint="remove it and sync again with --folder: the folder's files are merged again",
-        ) from None
+    return read_sidecar(
+        state_path(replica_path),
+        FolderState,
+        "this device's folder state",
+        hint="remove it and sync again with --folder: the folder's files are merged again",
+    )
 
 
 def save_state(replica_path: Path, state: FolderState) -> None:
@@ -163,7 +159,7 @@ def make_folder(folder: Path, bundle: bytes, generation: int) -> None:
         )
     (folder / KEYS).mkdir(mode=0o700, exist_ok=True)
     (folder / DEVICES).mkdir(mode=0o700, exist_ok=True)
-    write_atomically(folder / KEYS / f"bundle-{generation:06d}.bin", bundle)
+    write_atomically(folder / KEYS / f"bundle-{generation:06d}.bin", bundle, over=False)
     write_atomically(folder / MARKER, json.dumps({"sealsync_folder": FOLDER_FORMAT}).encode())
     fsync_folder(folder)
 
@@ -244,25 +240,11 @@ class FolderSync:
         own = self._own_files()
         number = own[-1].number + 1 if own else 1
         while (sealed := self.session.next_segment(number)) is not None:
-            self._write_file(file_name("segment", number), sealed.data)
+            write_atomically(self.own / file_name("segment", number), sealed.data, over=False)
             self.session.written(sealed)
             report.segments += 1
             report.pushed += len(sealed.batch.envelopes)
             number += 1
-
-    def _write_file(self, name: str, data: bytes) -> None:
-        """`data` as `own/name`, whole or not at all; durable before this returns."""
-        descriptor, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.own)
-        try:
-            os.fchmod(descriptor, FILE_MODE)
-            with os.fdopen(descriptor, "wb") as file:
-                file.write(data)
-                file.flush()
-                os.fsync(file.fileno())
-            _put_in_place(Path(temp), self.own / name)
-        finally:
-            Path(temp).unlink(missing_ok=True)
-        fsync_folder(self.own)
 
     def _snapshot_when_due(self, state: FolderState, report: FolderReport) -> None:
         own = self._own_files()
@@ -276,7 +258,7 @@ class FolderSync:
         except ProtocolError as exc:  # no snapshot: the segments stay, nothing is lost
             report.refused.append(f"{DEVICES}/{self.device}/{name} not written: {exc}")
             return
-        self._write_file(name, data)
+        write_atomically(self.own / name, data, over=False)
         for path in self.own.iterdir():  # the files before it, and copies of them
             parsed = parse_file_name(path)
             if parsed is not None and parsed.number < number:
@@ -352,20 +334,6 @@ class FolderSync:
     def _merge(self, body: FileBody, report: FolderReport) -> None:
         report.merged.add(self.session.merge(body))
         report.files += 1
-
-
-def _put_in_place(temp: Path, target: Path) -> None:
-    """Give `temp` the name `target`, never over a file already there: a hard link where
-    the file system has them, else (FAT, exFAT) a rename once no such file exists (this
-    device alone writes its place, one round at a time)."""
-    try:
-        os.link(temp, target)
-    except FileExistsError:
-        raise
-    except OSError:  # no hard links here
-        if target.exists():
-            raise FileExistsError(target) from None
-        os.rename(temp, target)
 
 
 @contextmanager

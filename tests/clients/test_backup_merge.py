@@ -23,6 +23,16 @@ from tests.clients.test_cli import Cli, dump
 from tests.conftest import SCHEMA, FakeClock, ReplicaFactory
 
 
+def assert_refused_unchanged(
+    live: Replica, backup: Path, refusal: str, *, unverified: bool = False
+) -> None:
+    """Merging `backup` into `live` is refused with `refusal`, and the file is unchanged."""
+    before = dump(live.path)
+    with pytest.raises(StoreError, match=refusal):
+        merge_backup_into(live, backup, unverified=unverified)
+    assert dump(live.path) == before
+
+
 def backup_of(replica: Replica, folder: Path) -> Path:
     return backup_replica(replica.path, folder, datetime.datetime.now(datetime.UTC))
 
@@ -82,10 +92,7 @@ def test_another_accounts_backup_is_refused_and_nothing_is_written(
     other.close()
     live = make_replica("live")
     live.put("notes", "mine", {"text": "kept"})
-    before = dump(live.path)
-    with pytest.raises(StoreError, match="another account's backup"):
-        merge_backup_into(live, backup)
-    assert dump(live.path) == before
+    assert_refused_unchanged(live, backup, "another account's backup")
 
 
 def test_a_planted_envelope_is_quarantined_like_a_pulled_one(
@@ -177,10 +184,7 @@ def test_a_held_row_of_the_wrong_type_is_damage_and_nothing_is_merged(
         b"k" * 16,
     )
     assert verify_backup(backup).problems == ("held holds 1 row(s) of the wrong types",)
-    before = dump(live.path)
-    with pytest.raises(StoreError, match="wrong types"):
-        merge_backup_into(live, backup, unverified=True)
-    assert dump(live.path) == before
+    assert_refused_unchanged(live, backup, "wrong types", unverified=True)
 
 
 def test_another_accounts_held_rows_are_refused_too(
@@ -198,10 +202,7 @@ def test_another_accounts_held_rows_are_refused_too(
     )
     _plant(backup, "DELETE FROM versions WHERE ? = 1", 1)
     live = make_replica("live")
-    before = dump(live.path)
-    with pytest.raises(StoreError, match="another account's backup"):
-        merge_backup_into(live, backup)
-    assert dump(live.path) == before
+    assert_refused_unchanged(live, backup, "another account's backup")
 
 
 def test_a_whole_restore_over_a_replica_refuses_another_accounts_backup(

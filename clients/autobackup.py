@@ -86,8 +86,9 @@ def read_last_backup(replica_path: Path) -> BackupOutcome | None:
 def back_up_once(
     replica_path: Path, folder: Path, policy: KeepPolicy | None, now: datetime.datetime
 ) -> BackupOutcome:
-    """One attempt: a backup if the replica changed, then `forget` by `policy` if it
-    worked; its outcome recorded beside the replica and returned."""
+    """One attempt: a backup if the replica changed, then `forget` by `policy` if one was
+    written (an unchanged set needs no second look); its outcome recorded beside the
+    replica and returned."""
     at_ms = int(now.timestamp() * 1000)
     try:
         if not folder.is_dir():  # never made anew: an unmounted disk's mount point is not it
@@ -95,7 +96,7 @@ def back_up_once(
                 f"no folder {folder}", hint="is its disk there? the watch writes into it again"
             )
         written = backup_if_changed(replica_path, folder, now)
-        if policy is not None and not policy.empty:
+        if written is not None and policy is not None and not policy.empty:
             forget_backups(folder, policy, dry_run=False)
         detail = "written" if written else "unchanged since the last backup"
         outcome = BackupOutcome(at_ms, True, None if written is None else str(written), detail)

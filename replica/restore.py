@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import closing
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 from replica.core import Core
@@ -42,33 +42,35 @@ def merge_backup(
 ) -> Merged:
     """Merge the versions of `backup` (those of `scopes` only, when given) into the replica
     of `core`, which must be unlocked."""
-    core.keys()  # ReplicaLockedError before anything is read
     report = Merged()
-    try:
-        with closing(sqlite3.connect(read_only_uri(backup), uri=True)) as db:
-            db.execute("BEGIN")  # one snapshot, should anything write to the file meanwhile
-            _check_types(backup, db)
-            _check_account(core, backup, db)
-            total = _count(db, scopes)
-            for page in _pages(db, scopes):
-                _merge_page(core, page, report)
-                if progress is not None:
-                    progress(report.read, total)
-    except sqlite3.DatabaseError as exc:
-        raise StoreError(
-            f"{backup} could not be read: {exc}", hint="check it with `sealsync backup verify`"
-        ) from exc
+    with _checked(core, backup) as db:
+        total = _count(db, scopes)
+        for page in _pages(db, scopes):
+            _merge_page(core, page, report)
+            if progress is not None:
+                progress(report.read, total)
     return report
 
 
 def check_backup_account(core: Core, backup: Path) -> None:
     """`StoreError` unless `backup` is a backup of this (unlocked) replica's account, with
     rows of the right types: what a whole restore over this replica checks first."""
-    core.keys()
+    with _checked(core, backup):
+        pass
+
+
+@contextmanager
+def _checked(core: Core, backup: Path) -> Iterator[sqlite3.Connection]:
+    """The backup, read-only in one read transaction (one snapshot, should anything write
+    to it meanwhile), once its rows' types and its account are checked; a file SQLite
+    cannot read is a `StoreError` naming it."""
+    core.keys()  # ReplicaLockedError before anything is read
     try:
         with closing(sqlite3.connect(read_only_uri(backup), uri=True)) as db:
+            db.execute("BEGIN")
             _check_types(backup, db)
             _check_account(core, backup, db)
+            yield db
     except sqlite3.DatabaseError as exc:
         raise StoreError(
             f"{backup} could not be read: {exc}", hint="check it with `sealsync backup verify`"
@@ -100,14 +102,7 @@ _WRONG_TYPES = """
 def _check_account(core: Core, backup: Path, db: sqlite3.Connection) -> None:
     """Refuse a backup none of whose sampled envelopes (merged or held there) opens with
     this account's keys."""
-    sample = [
-        bytes(row[0])
-        for row in db.execute(
-            "SELECT envelope FROM (SELECT envelope FROM versions"
-            " UNION ALL SELECT envelope FROM held) ORDER BY random() LIMIT ?",
-            (SAMPLE_ROWS,),
-        )
-    ]
+    sample = [bytes(row[0]) for row in db.execute(_SAMPLE, (SAMPLE_ROWS, SAMPLE_ROWS))]
     keys = core.keys()
     unknown = 0
     for envelope in sample:
@@ -132,6 +127,15 @@ def _check_account(core: Core, backup: Path, db: sqlite3.Connection) -> None:
         )
 
 
+_SAMPLE = """
+    SELECT envelope FROM versions
+        WHERE rowid IN (SELECT rowid FROM versions ORDER BY random() LIMIT ?)
+    UNION ALL SELECT envelope FROM held
+        WHERE rowid IN (SELECT rowid FROM held ORDER BY random() LIMIT ?)
+"""
+"""Row ids drawn first: ordering the envelopes themselves at random would read them all."""
+
+
 def _count(db: sqlite3.Connection, scopes: frozenset[bytes] | None) -> int:
     if scopes is None:
         query = "SELECT (SELECT count(*) FROM versions) + (SELECT count(*) FROM held)"
@@ -143,19 +147,21 @@ def _count(db: sqlite3.Connection, scopes: frozenset[bytes] | None) -> int:
 def _pages(db: sqlite3.Connection, scopes: frozenset[bytes] | None) -> Iterator[list[_Row]]:
     """The backup's versions and held versions, a page at a time; only the versions of
     `scopes` when given (a held version of an unverified scope is not among them)."""
-    queries = ["SELECT key, node, hlc, envelope, dirty, scope FROM versions ORDER BY id"]
+    columns = "key, node, hlc, envelope"
+    queries: list[tuple[str, tuple[bytes, ...]]]
     if scopes is None:
-        queries.append("SELECT key, node, hlc, envelope, repush, scope FROM held")
-    for query in queries:
-        cursor = db.execute(query)
+        queries = [
+            (f"SELECT {columns}, dirty FROM versions ORDER BY id", ()),
+            (f"SELECT {columns}, repush FROM held", ()),
+        ]
+    else:
+        marks = ",".join("?" * len(scopes))
+        where = f"WHERE scope IN ({marks}) ORDER BY id"
+        queries = [(f"SELECT {columns}, dirty FROM versions {where}", tuple(scopes))]
+    for query, args in queries:
+        cursor = db.execute(query, args)
         while rows := cursor.fetchmany(PAGE_ROWS):
-            page = [
-                (bytes(key), node, hlc, bytes(envelope), bool(dirty))
-                for key, node, hlc, envelope, dirty, scope in rows
-                if scopes is None or scope in scopes
-            ]
-            if page:
-                yield page
+            yield [(bytes(k), node, hlc, bytes(e), bool(mark)) for k, node, hlc, e, mark in rows]
 
 
 def _merge_page(core: Core, page: Sequence[_Row], report: Merged) -> None:

@@ -59,8 +59,6 @@ class Transfers:
     def check_backup_account(self, backup: Path) -> None:
         """`StoreError` unless the backup file is one of this account's (a sample of its
         envelopes opens with these keys): a whole restore over this replica asks first."""
-        with self._core.mutex:
-            self._core.check_open()
         check_backup_account(self._core, backup)
 
     def folder_session(self, *, max_batch_bytes: int = DEFAULT_BATCH_BYTES) -> FolderSession:

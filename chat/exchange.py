@@ -40,13 +40,13 @@ def export_profile(replica: Replica, profile: str, *, thread: str | None = None)
     error for a profile or a chat that is not there (never an empty file in its place)."""
     if profile not in replica.profiles():
         raise InvalidArgumentError(f"no profile {profile!r}")
-    threads = [
-        r
-        for r in replica.scan(THREADS, profile=profile)
-        if thread is None or r.id == check_id("chat", thread)
-    ]
-    if thread is not None and not threads:
-        raise NoSuchChatError(f"no chat {thread}")
+    if thread is None:
+        threads = replica.scan(THREADS, profile=profile)
+    else:
+        record = replica.get(THREADS, check_id("chat", thread), profile=profile)
+        if record is None or record.deleted:
+            raise NoSuchChatError(f"no chat {thread}")
+        threads = [record]
     chats = sorted(
         (_exported_thread(replica, profile, r) for r in threads),
         key=lambda t: (t["created_ms"], t["id"]),
@@ -75,11 +75,12 @@ def export_profile(replica: Replica, profile: str, *, thread: str | None = None)
 
 def _exported_thread(replica: Replica, profile: str, record: Record) -> dict[str, Any]:
     document = to_document(parse(Thread, record.document, f"chat {record.id}"))
-    where = {"thread": record.id}
-    messages = [
+    where = {"thread": record.id}  # a record some sibling of which is in this chat: its
+    messages = [  # visible version is the one exported, and may be another chat's
         to_document(parse(Message, r.document, f"message {r.id}")) | {"id": r.id}
         for r in replica.scan(MESSAGES, profile=profile, where=where)
     ]
+    messages = [m for m in messages if m["thread"] == record.id]
     for message in messages:
         del message["thread"]
     settings = [

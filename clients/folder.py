@@ -25,7 +25,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from clients.device import (
     FILE_MODE,
@@ -44,7 +43,7 @@ from replica import (
     Replica,
 )
 from replica.errors import StoreError
-from replica.folder import MAX_FILE_BYTES
+from replica.folder import DEVICE_PATTERN, MAX_FILE_BYTES, Kind
 
 MARKER = "sealsync-folder.json"
 """Written once, by `init --folder`: what makes a folder a sealsync folder."""
@@ -54,24 +53,21 @@ KEYS = "keys"
 SNAPSHOT_EVERY = 32
 """Own segments after which a round writes a snapshot and removes the files before it."""
 _FILE = re.compile(r"(segment|snapshot)-([0-9]{12})(.*)\.(seg|snap)")
-_DEVICE = re.compile(r"[0-9a-f]{16}")
+_DEVICE = re.compile(DEVICE_PATTERN)
 _EXTENSION = {"segment": "seg", "snapshot": "snap"}
-
-
-FileKind = Literal["segment", "snapshot"]
 
 
 @dataclass(frozen=True)
 class FolderFile:
     path: Path
-    kind: FileKind
+    kind: Kind
     number: int
     copy: bool
     """A conflict copy a file-sync tool made (`NAME.sync-conflict-…`, `NAME (… conflicted
     copy …)`): opened and merged like the file it copies."""
 
 
-def file_name(kind: FileKind, number: int) -> str:
+def file_name(kind: Kind, number: int) -> str:
     return f"{kind}-{number:012d}.{_EXTENSION[kind]}"
 
 
@@ -81,7 +77,7 @@ def parse_file_name(path: Path) -> FolderFile | None:
     match = _FILE.fullmatch(path.name)
     if match is None or _EXTENSION[match[1]] != match[4]:
         return None
-    kind: FileKind = "segment" if match[1] == "segment" else "snapshot"
+    kind: Kind = "segment" if match[1] == "segment" else "snapshot"
     return FolderFile(path, kind, int(match[2]), copy=match[3] != "")
 
 

@@ -37,7 +37,9 @@ MAX_FILE_BYTES = 256 * 1024 * 1024
 """The largest folder file a device reads (a snapshot of every version it holds)."""
 Kind = Literal["segment", "snapshot"]
 Number = Annotated[int, msgspec.Meta(ge=1, le=MAX_HLC)]
-DeviceName = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{16}$")]
+DEVICE_PATTERN = "^[0-9a-f]{16}$"
+"""A device's name in a folder: its node id, 16 hex digits."""
+DeviceName = Annotated[str, msgspec.Meta(pattern=DEVICE_PATTERN)]
 
 
 class FileBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -173,13 +175,9 @@ class FolderSession:
             self._core.refuse_stale_keys()
             signing_key = keys.signing_key
             generation = keys.generation
-            device = f"{self._core.node():016x}"
         if signing_key is None:
-            raise InvalidArgumentError(
-                "a version-1 account signs nothing, and a folder needs signed files",
-                hint="upgrade the account's keys first (`sealsync upgrade`)",
-            )
-        body = FileBody(FOLDER_FORMAT, kind, device, number, generation, envelopes, covers)
+            raise _unsigned()
+        body = FileBody(FOLDER_FORMAT, kind, self.device, number, generation, envelopes, covers)
         body_bytes = msgspec.msgpack.encode(body)
         signature = Ed25519PrivateKey.from_private_bytes(signing_key).sign(
             SIGNED_LABEL + body_bytes
@@ -191,8 +189,12 @@ class FolderSession:
             keys = self._core.keys()
             bundle = self._core.bundle()
         if not isinstance(bundle, KeyBundleV2):
-            raise InvalidArgumentError(
-                "a version-1 account signs nothing, and a folder needs signed files",
-                hint="upgrade the account's keys first (`sealsync upgrade`)",
-            )
+            raise _unsigned()
         return bundle, keys.generation
+
+
+def _unsigned() -> InvalidArgumentError:
+    return InvalidArgumentError(
+        "a version-1 account signs nothing, and a folder needs signed files",
+        hint="upgrade the account's keys first (`sealsync upgrade`)",
+    )

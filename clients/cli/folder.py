@@ -38,6 +38,9 @@ from clients.schema import CHAT_SCHEMA
 from replica import Replica
 from replica.errors import StoreError
 
+TICK_MS = 500
+"""How often a waiting watch looks at its stop event and its deadline."""
+
 
 def folder_of(replica_path: Path) -> Path | None:
     """The folder this device syncs through, if it syncs through one."""
@@ -167,22 +170,31 @@ def watch_folder(driver: FolderSync, every_s: float) -> None:
     stop = threading.Event()
     out.print("watching the folder for changes (Ctrl-C stops)")
     with stopped_by_signals(stop):
-        while not stop.is_set():
-            deadline = time.monotonic() + every_s
-            for changes in watch(
-                driver.folder / DEVICES,
-                watch_filter=lambda _, changed: not Path(changed).name.startswith("."),
-                stop_event=stop,
-                yield_on_timeout=True,
-                rust_timeout=500,
-            ):
-                if changes or time.monotonic() >= deadline:
-                    break
-            if not stop.is_set():
-                report = driver.sync()
-                reconcile_chats(driver.replica)
-                report_folder_round(report)
+        while not wait_for_files(driver.folder / DEVICES, stop, every_s):
+            report = driver.sync()
+            reconcile_chats(driver.replica)
+            report_folder_round(report)
     out.print("stopped watching")
+
+
+def wait_for_files(place: Path, stop: threading.Event, every_s: float) -> bool:
+    """Wait until a file under `place` changes (not a temporary one) or `every_s` passed;
+    whether `stop` was set meanwhile. Where there are no file events (inotify's limits,
+    some platforms), it waits `every_s`."""
+    deadline = time.monotonic() + every_s
+    try:
+        for changes in watch(
+            place,
+            watch_filter=lambda _, changed: not Path(changed).name.startswith("."),
+            stop_event=stop,
+            yield_on_timeout=True,
+            rust_timeout=TICK_MS,
+        ):
+            if changes or time.monotonic() >= deadline:
+                break
+    except (OSError, RuntimeError):
+        stop.wait(max(0.0, deadline - time.monotonic()))
+    return stop.is_set()
 
 
 def report_folder_round(report: FolderReport) -> None:

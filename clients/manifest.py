@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from clients.device import write_atomically
 from replica.errors import StoreError
 from replica.files import read_only_uri
@@ -55,9 +57,11 @@ class Manifest:
 
     def same_content(self, other: Manifest) -> bool:
         """Whether both backups hold the same rows and key bundle (whenever, whatever node)."""
-        mine = (self.replica_format, self.rows, self.envelopes, self.bundle_sha256, self.scope)
-        theirs = (other.replica_format, other.rows, other.envelopes, other.bundle_sha256)
-        return mine == (*theirs, other.scope)
+        return all(getattr(self, name) == getattr(other, name) for name in _CONTENT)
+
+
+_CONTENT = ("replica_format", "rows", "envelopes", "bundle_sha256", "scope")
+"""The fields that say what a backup holds (not where, when, or from which node)."""
 
 
 def row_name(key: bytes, node: int, hlc: int) -> str:
@@ -124,50 +128,21 @@ def read_manifest(path: Path) -> Manifest:
     fields = {k: v for k, v in document.items() if k not in ("sealsync_backup", "self_sha256")}
     if document.get("self_sha256") != _seal(fields):
         raise StoreError(f"{path} was changed after it was written (its own SHA-256 differs)")
-    try:
-        manifest = Manifest(**fields)
-    except TypeError as exc:
-        raise StoreError(f"{path} has other fields than a manifest: {exc}") from None
-    _check_types(manifest, path)
+    try:  # every field, of its type (strict: no string taken for a number)
+        manifest = msgspec.convert(fields, Manifest, strict=True)
+    except msgspec.ValidationError as exc:
+        raise StoreError(f"{path} is not a manifest of this format: {exc}") from None
+    if set(manifest.envelopes) != set(DIGESTED_TABLES):
+        raise StoreError(
+            f"{path} has envelope digests of {sorted(manifest.envelopes)}, "
+            f"not of {list(DIGESTED_TABLES)}"
+        )
+    taken_at(manifest, path)
     return manifest
 
 
 def _seal(fields: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
-
-
-def _check_types(manifest: Manifest, path: Path) -> None:
-    rows: Any = manifest.rows
-    ints = (
-        manifest.bytes,
-        manifest.replica_format,
-        *(rows.values() if isinstance(rows, dict) else [None]),
-    )
-    strings = (
-        manifest.file,
-        manifest.sha256,
-        manifest.node,
-        manifest.taken_at,
-        manifest.bundle_sha256,
-        manifest.scope,
-    )
-    if not (all(type(v) is int for v in ints) and all(isinstance(v, str) for v in strings)):
-        raise StoreError(f"{path} holds a field of the wrong type")
-    if not _are_digests(manifest.envelopes):
-        raise StoreError(f"{path} holds envelope digests of the wrong shape")
-    taken_at(manifest, path)
-
-
-def _are_digests(envelopes: Any) -> bool:
-    return (
-        isinstance(envelopes, dict)
-        and set(envelopes) == set(DIGESTED_TABLES)
-        and all(
-            isinstance(table, dict)
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in table.items())
-            for table in envelopes.values()
-        )
-    )
 
 
 def taken_at(manifest: Manifest, path: Path) -> datetime.datetime:

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from clients.backup import backup_replica, forget_backups, merge_backup_into
-from clients.manifest import describe, read_manifest, taken_at, write_manifest
+from clients.manifest import read_manifest
 from clients.retention import KeepPolicy
 from clients.verify import verify_backup
 from replica import Replica
 from replica.errors import InvalidArgumentError, StoreError
-from tests.clients.test_backup_verify import _change_an_envelope
+from tests.clients.test_backup_verify import _change_an_envelope, rewrite_manifest
 from tests.clients.test_cli import Cli, dump
 from tests.conftest import SCHEMA, FakeClock, ReplicaFactory
 
@@ -106,9 +106,7 @@ def test_a_planted_envelope_is_quarantined_like_a_pulled_one(
     backup = backup_of(source, tmp_path / "set")
     source.close()
     _change_an_envelope(backup)
-    manifest = read_manifest(backup.with_suffix(".json"))
-    again = describe(backup, backup.name, int(manifest.node, 16), taken_at(manifest, backup))
-    write_manifest(again, backup.with_suffix(".json"))
+    rewrite_manifest(backup)
     live.close()
     result = cli(live.path, "restore", str(backup), "--merge")
     assert result.exit_code == 3, result.output
@@ -162,13 +160,10 @@ def test_a_profile_backup_holds_that_profile_only_and_keeps_its_name_out(
 
 
 def _plant(backup: Path, statement: str, *args: object) -> None:
-    """Change the backup's rows, then write its manifest again to match (what a forger can
-    do: a manifest is no defence against one)."""
+    """Change the backup's rows, then write its manifest again to match."""
     with closing(sqlite3.connect(backup)) as db, db:
         db.execute(statement, args)
-    old = read_manifest(backup.with_suffix(".json"))
-    again = describe(backup, backup.name, int(old.node, 16), taken_at(old, backup))
-    write_manifest(again, backup.with_suffix(".json"))
+    rewrite_manifest(backup)
 
 
 def test_a_held_row_of_the_wrong_type_is_damage_and_nothing_is_merged(

@@ -32,7 +32,7 @@ SETTING_VALUES = st.recursive(
 )
 ROLES = st.sampled_from(["user", "assistant"])
 THUMBNAILS = st.lists(st.binary(max_size=20), max_size=2)
-NAMES = st.text(st.characters(blacklist_characters="/\x00"), min_size=1, max_size=10)
+NAMES = st.text(st.characters(codec="utf-8", exclude_characters="/\x00"), min_size=1, max_size=10)
 CHATS = st.lists(
     st.tuples(
         TEXT,  # title

@@ -42,7 +42,7 @@ from replica import (
     ProtocolError,
     Replica,
 )
-from replica.errors import StoreError
+from replica.errors import NewerKeysError, StoreError
 from replica.folder import DEVICE_PATTERN, MAX_FILE_BYTES, Kind
 
 MARKER = "sealsync-folder.json"
@@ -52,7 +52,10 @@ DEVICES = "devices"
 KEYS = "keys"
 SNAPSHOT_EVERY = 32
 """Own segments after which a round writes a snapshot and removes the files before it."""
+MAX_BUNDLE_BYTES = 1024 * 1024
+"""A key bundle file larger than this is no bundle (one is about a kilobyte), and not read."""
 _FILE = re.compile(r"(segment|snapshot)-([0-9]{12})(.*)\.(seg|snap)")
+_BUNDLE = re.compile(r"bundle-([0-9]{6})\.bin")
 _DEVICE = re.compile(DEVICE_PATTERN)
 _EXTENSION = {"segment": "seg", "snapshot": "snap"}
 
@@ -155,19 +158,39 @@ def make_folder(folder: Path, bundle: bytes, generation: int) -> None:
         )
     (folder / KEYS).mkdir(mode=0o700, exist_ok=True)
     (folder / DEVICES).mkdir(mode=0o700, exist_ok=True)
-    write_atomically(folder / KEYS / f"bundle-{generation:06d}.bin", bundle, over=False)
+    write_atomically(folder / KEYS / bundle_name(generation), bundle, over=False)
     write_atomically(folder / MARKER, json.dumps({"sealsync_folder": FOLDER_FORMAT}).encode())
     fsync_folder(folder)
+
+
+def bundle_name(generation: int) -> str:
+    return f"bundle-{generation:06d}.bin"
+
+
+def read_bundles(folder: Path) -> dict[int, bytes]:
+    """The key bundles in `folder`, by generation (one immutable file per generation; a
+    conflict copy of one is no bundle, nor is a file too large to be one)."""
+    found: dict[int, bytes] = {}
+    if not (folder / KEYS).is_dir():  # not synced here yet: no bundle, no chain
+        return found
+    for path in (folder / KEYS).iterdir():
+        match = _BUNDLE.fullmatch(path.name)
+        try:
+            if match is not None and path.stat().st_size <= MAX_BUNDLE_BYTES:
+                found[int(match[1])] = path.read_bytes()
+        except OSError:  # removed meanwhile, or not readable: no bundle of the chain
+            continue
+    return found
 
 
 def read_bundle(folder: Path) -> bytes:
     """The newest key bundle in `folder` (join's: the passphrase then says if it is this
     account's)."""
     check_folder(folder)
-    bundles = sorted((folder / KEYS).glob("bundle-[0-9][0-9][0-9][0-9][0-9][0-9].bin"))
+    bundles = read_bundles(folder)
     if not bundles:
         raise StoreError(f"{folder} holds no key bundle", hint="is the folder synced here yet?")
-    return bundles[-1].read_bytes()
+    return bundles[max(bundles)]
 
 
 @dataclass
@@ -181,6 +204,11 @@ class FolderReport:
     merged: Merged = field(default_factory=Merged)
     refused: list[str] = field(default_factory=list)
     snapshot: str | None = None
+    newer_keys: bytes | None = None
+    """The folder's newer key bundle, when another device changed the keys: this device
+    writes nothing until it takes them (`Replica.adopt_bundle`, with the new passphrase)."""
+    waiting: int = 0
+    """Files signed under those newer keys: read once this device takes them."""
 
 
 class FolderSync:
@@ -214,9 +242,12 @@ class FolderSync:
             self.own.mkdir(mode=0o700, exist_ok=True)
             self.session.restart()  # every dirty version is offered again, whatever its row
             self._remove_own_temporaries()
-            self._write_segments(report)
+            report.newer_keys = self.session.take_bundles(read_bundles(self.folder))
+            if report.newer_keys is None:  # else sealed under keys the others retired
+                self._write_segments(report)
             self._merge_others(state, report)
-            self._snapshot_when_due(state, report)
+            if report.newer_keys is None:
+                self._snapshot_when_due(state, report)
             save_state(self.replica.path, state)
             self.state = state
         return report
@@ -323,6 +354,9 @@ class FolderSync:
             return None
         try:
             return self.session.open(data, device, file.number, file.kind)
+        except NewerKeysError:
+            report.waiting += 1
+            return None
         except ProtocolError as exc:
             report.refused.append(f"{place}: {exc}")
             return None

@@ -153,17 +153,18 @@ def adopt_relay_keys(client: RelayClient, replica: Replica, login: LoginKeys) ->
     return replica.adopt_bundle(value.bundle, login)
 
 
-def describe_rotation(client: RelayClient, replica: Replica) -> str | None:
+def describe_rotation(client: RelayClient | None, replica: Replica) -> str | None:
     """Who made the keys this unlocked device holds by revoking a device, when, and which
     device that was (shown when a device takes them: the person should know); None when no
-    revocation made them."""
+    revocation made them. The relay's `client` names the devices (a folder's are ids)."""
     rotation = rotation_of(parse_bundle(replica.key_bundle()), replica.unlock_key())
     if rotation is None:
         return None
     try:
-        names = {device.id: device.name for device in client.devices().devices}
+        listed = [] if client is None else client.devices().devices
     except RelayClientError:  # only the names are missing: the ids say it
-        names = {}
+        listed = []
+    names = {device.id: device.name for device in listed}
     by = names.get(rotation.rotated_by)
     rotated_by = rotation.rotated_by + (f" ({by!r})" if by is not None else "")
     when = datetime.datetime.fromtimestamp(rotation.rotated_at_ms / 1000, datetime.UTC)

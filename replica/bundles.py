@@ -248,7 +248,7 @@ def rotated(
     keys: AccountKeys,
     new_passphrase: str,
     change: KeyChange,
-    revoked_device: str,
+    revoked_device: str | None,
     new_recovery_key: str | None = None,
 ) -> tuple[KeyBundleV2, LoginKeys]:
     """Generation g + 1 (docs/key-generations.md §6): a new generation key, epoch and signing

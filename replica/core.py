@@ -175,10 +175,11 @@ class Core:
         if self.opener is not None and self.opener.keys.retired_epochs:
             self._reseal(self.opener.keys, everything=False)
 
-    def key_change(self, device: str) -> KeyChange:
+    def key_change(self, device: str, *, through_folder: bool = False) -> KeyChange:
         """Who changes the account's keys now, and what this file knew then (its frontier)."""
         now_ms = self.options.wall_clock_ms()
-        return KeyChange(frontier_of(self.store), device, now_ms, self.options.random_bytes)
+        frontier = frontier_of(self.store, through_folder=through_folder)
+        return KeyChange(frontier, device, now_ms, self.options.random_bytes)
 
     def store_schema(self, schema: Schema, keys: AccountKeys) -> None:
         sealed = seal_local_schema(keys, schema_to_bytes(schema), self.options.random_bytes)

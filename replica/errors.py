@@ -50,6 +50,13 @@ class UnknownEpochError(SealsyncError):
     code = "unknown_epoch"
 
 
+class NewerKeysError(ProtocolError):
+    """A folder file is signed under a key generation newer than this device's: it waits
+    until the device takes the new keys."""
+
+    code = "newer_keys"
+
+
 class WeakPassphraseError(InvalidArgumentError):
     """A new passphrase too easy to guess to protect an account (`replica.passphrase`)."""
 

@@ -13,6 +13,7 @@ page (replica/outside.py): nothing newer is replaced, every rule for inbound ver
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -20,9 +21,16 @@ import msgspec
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from replica.bundles import parse_bundle
 from replica.envelope import open_envelope
-from replica.errors import EnvelopeError, InvalidArgumentError, ProtocolError, UnknownEpochError
-from replica.generations import KeyBundleV2
+from replica.errors import (
+    EnvelopeError,
+    InvalidArgumentError,
+    NewerKeysError,
+    ProtocolError,
+    UnknownEpochError,
+)
+from replica.generations import KeyBundleV2, verify_chain
 from replica.outside import Merged, merge_outside
 from replica.sync import SyncSession
 from replica.wire import MAX_HLC, PushBatch, Signature, parse_header
@@ -64,6 +72,13 @@ class _SignedFile(msgspec.Struct, frozen=True, array_like=True):
     signature: Signature
 
 
+class _Generation(msgspec.Struct, frozen=True):
+    """A body's generation alone, read before its signature is checked, to pick the key that
+    must verify it (the rest of the body is skipped, not decoded)."""
+
+    generation: int
+
+
 @dataclass(frozen=True)
 class Sealed:
     """A segment to write: its bytes, and the batch to pass to `written` once durable."""
@@ -78,6 +93,8 @@ class FolderSession:
     def __init__(self, core: Core, sync: SyncSession) -> None:
         self._core = core
         self._sync = sync
+        self._older: dict[int, bytes] = {}
+        """Earlier generations' signing keys, each vouched for by the next (`take_bundles`)."""
 
     @property
     def device(self) -> str:
@@ -125,19 +142,53 @@ class FolderSession:
             raise ProtocolError(f"{len(data):,} bytes, above the bound of {MAX_FILE_BYTES:,}")
         return data
 
+    def take_bundles(self, found: Mapping[int, bytes]) -> bytes | None:
+        """Learn from the folder's key bundles (generation → bytes, `keys/bundle-G.bin`) which
+        earlier generations' files to trust: each whose signing key vouches for the next one's
+        bundle, down from this device's own (files written before a rotation, or by a device
+        yet to take it, stay readable; the rotation's frontier then rules what of them
+        merges). Returns the newest bundle above this device's generation, for
+        `Replica.adopt_bundle` (the new passphrase opens it), or None. `ProtocolError` when the
+        folder's bundle of this device's generation has another signing key: two devices
+        changed the keys at once, and the file-sync tool kept the other's."""
+        own, _ = self._bundle_and_generation()
+        theirs = _parsed(found.get(own.generation))
+        if theirs is not None and theirs.signing_public != own.signing_public:
+            raise ProtocolError(
+                f"the folder's key generation {own.generation} is not this device's: two "
+                "devices changed the account's keys at once, and the folder kept the other's",
+                hint="this device writes nothing more there; keep the other change: export "
+                "what only this device holds (`sealsync export`), then `sealsync join "
+                "--folder` anew in place of this replica",
+            )
+        self._older = {}
+        later = own
+        for generation in range(own.generation - 1, 0, -1):
+            earlier = _parsed(found.get(generation))
+            if earlier is None or earlier.generation != generation:
+                break  # a gap ends the chain: older files are then refused
+            if not verify_chain(later, earlier.signing_public):
+                break  # so does a forgery
+            self._older[generation] = earlier.signing_public
+            later = earlier
+        newest = max(found, default=0)
+        return found[newest] if newest > own.generation else None
+
     def open(self, data: bytes, device: str, number: int, kind: Kind) -> FileBody:
         """What the file found at `device`'s place `number` of `kind` says, if it is whole,
-        signed by this account's current key generation, and names that place;
-        `ProtocolError` naming why not (nothing of a refused file is read)."""
-        bundle, keys = self._bundle_and_generation()
+        signed by this account's current key generation or an earlier one `take_bundles`
+        vouched for, and names that place; `ProtocolError` naming why not (nothing of a
+        refused file is read)."""
         if len(data) > MAX_FILE_BYTES:
             raise ProtocolError(f"{len(data)} bytes, above the bound of {MAX_FILE_BYTES}")
         try:
             signed = msgspec.msgpack.decode(data, type=_SignedFile)
+            claimed = msgspec.msgpack.decode(signed.body, type=_Generation).generation
         except msgspec.DecodeError as exc:
             raise ProtocolError(f"not a folder file (cut short, or another kind): {exc}") from None
+        signing_public = self._signing_public(claimed)
         try:
-            Ed25519PublicKey.from_public_bytes(bundle.signing_public).verify(
+            Ed25519PublicKey.from_public_bytes(signing_public).verify(
                 signed.signature, SIGNED_LABEL + signed.body
             )
         except InvalidSignature:
@@ -149,17 +200,32 @@ class FolderSession:
             body = msgspec.msgpack.decode(signed.body, type=FileBody)
         except msgspec.DecodeError as exc:  # signed, so written by a device of another version
             raise ProtocolError(f"a folder file this device cannot read: {exc}") from None
-        if (body.format, body.generation) != (FOLDER_FORMAT, keys):
-            raise ProtocolError(
-                f"format {body.format}, key generation {body.generation}: this device reads "
-                f"format {FOLDER_FORMAT} under generation {keys}"
-            )
+        if body.format != FOLDER_FORMAT:
+            raise ProtocolError(f"format {body.format}: this device reads {FOLDER_FORMAT}")
         if (body.kind, body.device, body.number) != (kind, device, number):
             raise ProtocolError(
                 f"it says it is {body.kind} {body.device}/{body.number}, not {kind} "
                 f"{device}/{number}: moved from its place"
             )
         return body
+
+    def _signing_public(self, generation: int) -> bytes:
+        """The key that must verify a file claiming `generation` (the claim is signed too)."""
+        bundle, current = self._bundle_and_generation()
+        if generation == current:
+            return bundle.signing_public
+        if generation > current:
+            raise NewerKeysError(
+                f"signed under key generation {generation}, newer than this device's "
+                f"{current}: `sealsync sync` takes the new keys (with the new passphrase)"
+            )
+        found = self._older.get(generation)
+        if found is None:
+            raise ProtocolError(
+                f"signed under key generation {generation}, which no bundle in the folder's "
+                "keys/ vouches for (missing, or not signed by the next generation)"
+            )
+        return found
 
     def merge(self, body: FileBody) -> Merged:
         """Merge an opened file's envelopes as if pulled."""
@@ -191,6 +257,17 @@ class FolderSession:
         if not isinstance(bundle, KeyBundleV2):
             raise _unsigned()
         return bundle, keys.generation
+
+
+def _parsed(data: bytes | None) -> KeyBundleV2 | None:
+    """A version-2 bundle, or None for none or one that does not parse (no chain through it)."""
+    if data is None:
+        return None
+    try:
+        bundle = parse_bundle(data)
+    except (ProtocolError, InvalidArgumentError):
+        return None
+    return bundle if isinstance(bundle, KeyBundleV2) else None
 
 
 def _unsigned() -> InvalidArgumentError:

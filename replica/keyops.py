@@ -82,15 +82,19 @@ class KeyOperations:
         self,
         new_passphrase: str,
         *,
-        revoked_device: str,
+        revoked_device: str | None,
         device: str,
         new_recovery_key: str | None = None,
+        through_folder: bool = False,
     ) -> LoginKeys:
         """Generation g + 1 of the account's keys, revoking `revoked_device` (the relay takes it
-        with `RelayClient.rotate_keys`): a new passphrase, and nothing the revoked device held
-        opens it (nor, with `new_recovery_key`, the recovery key it may have seen). Stored
-        inside one write transaction (the caller's `batch`, so it commits once the relay took
-        it); unlock with the returned keys then."""
+        with `RelayClient.rotate_keys`; a folder, as `keys/bundle-G.bin`): a new passphrase,
+        and nothing the revoked device held opens it (nor, with `new_recovery_key`, the
+        recovery key it may have seen). Without a device to revoke it only retires the keys
+        the old passphrase opened (a folder's passphrase change). Stored inside one write
+        transaction (the caller's `batch`, so it commits once the relay or the folder took
+        it); unlock with the returned keys then. `through_folder`: the frontier was recorded
+        after a folder round, and is enforced by its vector (frontier_of)."""
         core = self._core
         with core.mutex, core.write_transaction():
             keys = core.keys()
@@ -98,7 +102,7 @@ class KeyOperations:
                 core.bundle(),
                 keys,
                 new_passphrase,
-                core.key_change(device),
+                core.key_change(device, through_folder=through_folder),
                 revoked_device,
                 new_recovery_key,
             )

@@ -7,15 +7,16 @@ so a refusal (a wrong passphrase, another device's change in between) leaves bot
 
 from __future__ import annotations
 
-import datetime
 import json
-import os
 
 import click
 from rich.table import Table
 
 from clients.cli.console import ExitCode, err, fail, out, user_errors
+from clients.cli.folder import folder_of
+from clients.cli.folder_admin import devices_in_folder, passwd_in_folder
 from clients.cli.remembered import replace_remembered
+from clients.cli.rotation import created_to_text, rotation_passphrase, shown_recovery_key
 from clients.cli.settings import CliSettings
 from clients.device import device_client, load_settings, opened_replica
 from clients.errors import RelayRefusedError
@@ -24,7 +25,6 @@ from clients.keys import rotate_revoking, send_key_change, upgrade_keys
 from clients.sync import SyncDriver
 from replica import Replica, passphrase_login_keys
 from replica.errors import InvalidArgumentError
-from replica.keys import format_recovery_key
 from replica.wire import DeviceInfo, ErrorCode, PutKeyBundle
 
 HINT_BY_PASSWD_REFUSAL: dict[ErrorCode, str] = {
@@ -33,11 +33,6 @@ HINT_BY_PASSWD_REFUSAL: dict[ErrorCode, str] = {
     ErrorCode.FORBIDDEN: "the relay does not take this device's passphrase: it was changed on "
     "another device; nothing was changed here",
 }
-
-
-def created_to_text(created_ms: int) -> str:
-    moment = datetime.datetime.fromtimestamp(created_ms / 1000, tz=datetime.UTC)
-    return moment.strftime("%Y-%m-%d %H:%M UTC")
 
 
 def revoke(
@@ -75,37 +70,6 @@ def revoke(
         f"revoked device {device_id} and rotated the account's keys: other devices take "
         "them at their next sync, with the new passphrase"
     )
-
-
-KEPT_PASSPHRASE_WARNING = (
-    "the passphrase stays: if the revoked device still works and its holder knows the "
-    "passphrase, they can open the new keys and read what is written next; the other "
-    "devices ask for the account's passphrase once (enter the same one)"
-)
-
-
-def rotation_passphrase(settings: CliSettings, old: str, keep: bool) -> str:
-    """The passphrase a revoke rotates to: a new one, unless `keep` (with a warning)."""
-    if keep:
-        err.print(f"[yellow]warning:[/yellow] {KEPT_PASSPHRASE_WARNING}", markup=True)
-        return old
-    new = settings.new_passphrase()
-    if new == old:
-        raise InvalidArgumentError(
-            "the new passphrase is the current one, which the revoked device may know",
-            hint="choose a different passphrase (or --keep-passphrase for a device known "
-            "to be destroyed); nothing was changed",
-        )
-    return new
-
-
-def shown_recovery_key() -> str:
-    """A new recovery key, shown before the revoke is sent: should its answer be lost, the
-    relay may hold generation g + 1 wrapped to it all the same."""
-    recovery_key = format_recovery_key(os.urandom(32))
-    err.print("new recovery key (it replaces the old one once the revoke succeeds; keep it):")
-    err.print(recovery_key)
-    return recovery_key
 
 
 def check_revocable(listed: list[DeviceInfo], device_id: str) -> None:
@@ -148,6 +112,10 @@ def devices(
         if given and revoke_id is None:
             fail(f"{flag} is used only with --revoke", "add --revoke ID", code=ExitCode.USAGE)
     path = settings.replica_path
+    with user_errors():
+        if (folder := folder_of(path)) is not None:
+            flags = (revoke_id, new_recovery_key, keep_passphrase, as_json)
+            return devices_in_folder(settings, folder, *flags)
     with user_errors(), device_client(path, load_settings(path)) as client:
         listed = client.devices().devices
         if revoke_id is not None:
@@ -195,8 +163,12 @@ def profiles(settings: CliSettings, name: str | None) -> None:
 @click.pass_obj
 def passwd(settings: CliSettings, end_other_sessions: bool) -> None:
     """Change the account's passphrase, here and on the relay (other devices: `join` with it,
-    or `login` once logged out)."""
+    or `login` once logged out); through a folder, a new key generation the other devices
+    take at their next sync."""
     path = settings.replica_path
+    with user_errors():
+        if (folder := folder_of(path)) is not None:
+            return passwd_in_folder(settings, folder, end_other_sessions=end_other_sessions)
     with user_errors(), opened_replica(path) as replica:
         relay = load_settings(path)
         old = settings.passphrase()

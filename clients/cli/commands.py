@@ -60,7 +60,6 @@ from clients.device import (
     refuse_existing,
     removed_on_failure,
     save_settings,
-    sidecar_path,
 )
 from clients.errors import RelayRefusedError
 from clients.folder import state_path
@@ -336,8 +335,8 @@ def sync(
     """Push this device's changes and pull everyone else's."""
     refuse_invite_without_reseed(invite, reseed, trust_account)
     path = settings.replica_path
-    with user_errors():  # a device with relay settings syncs there (`login` moved it back)
-        folder = folder or (None if sidecar_path(path).exists() else folder_of(path))
+    with user_errors():
+        folder = folder or folder_of(path)
     if folder is not None:
         if reseed:
             raise click.UsageError("--reseed is a relay's: a folder keeps every device's files")

@@ -14,7 +14,7 @@ from watchfiles import watch
 
 from clients.cli.chat import reconcile_chats
 from clients.cli.console import ExitCode, err, fail, out, stopped_by_signals, user_errors
-from clients.cli.remembered import forget_remembered
+from clients.cli.remembered import forget_remembered, replace_remembered
 from clients.cli.settings import CliSettings
 from clients.device import (
     CLI_OPTIONS,
@@ -34,8 +34,10 @@ from clients.folder import (
     read_bundle,
     save_state,
 )
+from clients.keys import describe_rotation
 from clients.schema import CHAT_SCHEMA
-from replica import Replica
+from replica import Replica, passphrase_login_keys
+from replica.bundles import parse_bundle
 from replica.errors import StoreError
 
 TICK_MS = 500
@@ -43,7 +45,10 @@ TICK_MS = 500
 
 
 def folder_of(replica_path: Path) -> Path | None:
-    """The folder this device syncs through, if it syncs through one."""
+    """The folder this device syncs through, if it syncs through one: a device with relay
+    settings syncs through its relay (`login` moved it back there)."""
+    if sidecar_path(replica_path).exists():
+        return None
     state = load_state(replica_path)
     return None if state is None else Path(state.folder)
 
@@ -111,7 +116,7 @@ def sync_through_folder(settings: CliSettings, folder: Path, *, watch_s: float |
             )
     with user_errors(), opened_replica(path, settings.passphrase) as replica:
         driver = FolderSync(replica, folder.resolve())
-        report = driver.sync()
+        report = with_newer_keys(settings, driver, driver.sync())
         reconcile_chats(replica)
         report_folder_round(report)
         if watch_s is not None:
@@ -163,6 +168,29 @@ def move(settings: CliSettings, folder: Path) -> None:
     out.print(f"moved to folder {folder}: `sealsync sync` syncs through it from now on")
 
 
+def with_newer_keys(
+    settings: CliSettings, driver: FolderSync, report: FolderReport
+) -> FolderReport:
+    """The round's report, or, when the folder holds newer keys (changed on another device),
+    the next round's once this device took them with the passphrase as changed there: only
+    keys that passphrase opens, only newer ones, only this account's, vouched for by this
+    generation when they are the next."""
+    if report.newer_keys is None:
+        return report
+    report_folder_round(report)
+    replica, bundle = driver.replica, report.newer_keys
+    kdf = parse_bundle(bundle).kdf
+    changed = kdf != replica.kdf_params()  # every rotation draws a new salt (keys.py)
+    passphrase = settings.changed_passphrase() if changed else settings.passphrase()
+    replica.adopt_bundle(bundle, passphrase_login_keys(passphrase, kdf))
+    replace_remembered(settings.replica_path, passphrase)
+    out.print("took the account's newer keys from the folder (changed on another device)")
+    rotation = describe_rotation(None, replica)
+    if rotation is not None:
+        out.print(escape(rotation))
+    return driver.sync()
+
+
 def watch_folder(driver: FolderSync, every_s: float) -> None:
     """A round whenever a file in the folder changes (not a temporary one), and at least
     every `every_s` (writes by other processes on this replica are noticed then), until
@@ -208,3 +236,12 @@ def report_folder_round(report: FolderReport) -> None:
     )
     for refused in report.refused:
         err.print(f"[yellow]warning:[/yellow] not read (yet): {escape(refused)}", markup=True)
+    if report.newer_keys is not None:
+        waiting = f" ({report.waiting} file(s) wait for them)" if report.waiting else ""
+        err.print(f"[yellow]warning:[/yellow] {NEWER_KEYS_WARNING}{waiting}", markup=True)
+
+
+NEWER_KEYS_WARNING = (
+    "the folder holds newer keys (changed on another device): this device writes nothing "
+    "until `sealsync sync` takes them, with the new passphrase"
+)

@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 from keyrings.alt.file import PlaintextKeyring  # type: ignore[import-untyped]  # no py.typed
 
+from clients.folder import make_folder
 from clients.http import RelayClient
 from clients.retry import Backoff
 from clients.sync import SyncDriver
@@ -39,6 +40,15 @@ def os_keyring(tmp_path: Path) -> Iterator[keyring.backend.KeyringBackend]:
     keyring.set_keyring(backend)
     yield backend
     keyring.set_keyring(previous)
+
+
+@pytest.fixture
+def shared(make_replica: ReplicaFactory, tmp_path: Path) -> Path:
+    """A sealsync folder of the session's account (clients/folder.py), as `init` makes it."""
+    folder = tmp_path / "shared"
+    first = make_replica("first")
+    make_folder(folder, first.key_bundle(), first.key_generation)
+    return folder
 
 
 @pytest.fixture

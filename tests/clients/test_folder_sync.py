@@ -36,14 +36,6 @@ from tests.conftest import Account, ReplicaFactory
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def shared(make_replica: ReplicaFactory, tmp_path: Path) -> Path:
-    folder = tmp_path / "shared"
-    first = make_replica("first")
-    make_folder(folder, first.key_bundle(), first.key_generation)
-    return folder
-
-
 def own_files(replica: Replica, folder: Path) -> list[str]:
     """The names of the replica's own files, by number."""
     place = folder / DEVICES / replica.folder_session().device

@@ -16,6 +16,7 @@ nothing.
 
 from __future__ import annotations
 
+import enum
 import fcntl
 import json
 import os
@@ -42,8 +43,8 @@ from replica import (
     ProtocolError,
     Replica,
 )
-from replica.errors import NewerKeysError, StoreError
-from replica.folder import DEVICE_PATTERN, MAX_FILE_BYTES, Kind
+from replica.errors import NewerKeysError, RetiredKeysError, StoreError
+from replica.folder import DEVICE_PATTERN, MAX_FILE_BYTES, Kind, bundle_name
 
 MARKER = "sealsync-folder.json"
 """Written once, by `init --folder`: what makes a folder a sealsync folder."""
@@ -58,6 +59,15 @@ _FILE = re.compile(r"(segment|snapshot)-([0-9]{12})(.*)\.(seg|snap)")
 _BUNDLE = re.compile(r"bundle-([0-9]{6})\.bin")
 _DEVICE = re.compile(DEVICE_PATTERN)
 _EXTENSION = {"segment": "seg", "snapshot": "snap"}
+
+
+class Retired(enum.Enum):
+    """A folder file signed under retired keys: seen, and never read."""
+
+    RETIRED = enum.auto()
+
+
+RETIRED = Retired.RETIRED
 
 
 @dataclass(frozen=True)
@@ -163,10 +173,6 @@ def make_folder(folder: Path, bundle: bytes, generation: int) -> None:
     fsync_folder(folder)
 
 
-def bundle_name(generation: int) -> str:
-    return f"bundle-{generation:06d}.bin"
-
-
 def read_bundles(folder: Path) -> dict[int, bytes]:
     """The key bundles in `folder`, by generation (one immutable file per generation; a
     conflict copy of one is no bundle, nor is a file too large to be one)."""
@@ -209,6 +215,9 @@ class FolderReport:
     writes nothing until it takes them (`Replica.adopt_bundle`, with the new passphrase)."""
     waiting: int = 0
     """Files signed under those newer keys: read once this device takes them."""
+    retired: int = 0
+    """Files signed under keys a rotation retired: never read (a revoked device's, or ones
+    their device writes again under the new keys once it takes them)."""
 
 
 class FolderSync:
@@ -242,7 +251,9 @@ class FolderSync:
             self.own.mkdir(mode=0o700, exist_ok=True)
             self.session.restart()  # every dirty version is offered again, whatever its row
             self._remove_own_temporaries()
-            report.newer_keys = self.session.take_bundles(read_bundles(self.folder))
+            keys = self.session.take_bundles(read_bundles(self.folder))
+            report.newer_keys = keys.newer
+            report.refused.extend(keys.problems)
             if report.newer_keys is None:  # else sealed under keys the others retired
                 self._write_segments(report)
             self._merge_others(state, report)
@@ -309,12 +320,15 @@ class FolderSync:
         above = set(state.above.get(device, []))
         snapshots = [f for f in files if f.kind == "snapshot" and not f.copy and f.number > done]
         newest = max(snapshots, key=lambda f: f.number, default=None)
-        if newest is not None and (body := self._open(newest, device, report)) is not None:
+        body = None if newest is None else self._open(newest, device, report)
+        if newest is not None and isinstance(body, FileBody):
             self._merge(body, report)
             done = max(done, newest.number)
             for other, covered in body.covers.items():
                 if other != self.device:
                     state.done[other] = max(state.done.get(other, 0), covered)
+        elif newest is not None and body is RETIRED:
+            above.add(newest.number)
         for file in sorted(files, key=lambda f: f.number):
             name = f"{device}/{file.path.name}"
             seen = (
@@ -324,7 +338,8 @@ class FolderSync:
                 continue
             if (body := self._open(file, device, report)) is None:
                 continue
-            self._merge(body, report)
+            if body is not RETIRED:  # never to be read: seen
+                self._merge(body, report)
             if file.copy:
                 state.copies.append(name)
             else:
@@ -335,8 +350,11 @@ class FolderSync:
         state.done[device] = max(done, state.done.get(device, 0))
         state.above[device] = sorted(n for n in above if n > state.done[device])
 
-    def _open(self, file: FolderFile, device: str, report: FolderReport) -> FileBody | None:
-        """The file's body, or None (named in the report) when it does not open yet."""
+    def _open(
+        self, file: FolderFile, device: str, report: FolderReport
+    ) -> FileBody | Retired | None:
+        """The file's body; None (named in the report) when it does not open yet; `RETIRED`
+        (counted) when it never will, being signed under retired keys."""
         place = f"{DEVICES}/{device}/{file.path.name}"
         try:
             found = file.path.stat()
@@ -357,6 +375,9 @@ class FolderSync:
         except NewerKeysError:
             report.waiting += 1
             return None
+        except RetiredKeysError:
+            report.retired += 1
+            return RETIRED
         except ProtocolError as exc:
             report.refused.append(f"{place}: {exc}")
             return None

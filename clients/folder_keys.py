@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clients.device import write_atomically
-from clients.folder import DEVICES, KEYS, FolderReport, FolderSync, bundle_name, parse_file_name
+from clients.folder import DEVICES, KEYS, FolderReport, FolderSync, parse_file_name
 from replica.errors import InvalidArgumentError, StoreError
-from replica.folder import DEVICE_PATTERN
+from replica.folder import DEVICE_PATTERN, bundle_name
 
 KEYS_CHANGED_HINT = "`sealsync sync` takes them (with the new passphrase); then run this again"
 
@@ -68,15 +68,18 @@ def rotate_in_folder(
     new_recovery_key: str | None = None,
 ) -> FolderReport:
     """Generation g + 1 of the unlocked replica's keys under `new_passphrase` (revoking
-    `revoked`, if any), written to the folder; then a round, which writes this device's
-    versions sealed again under it. A round comes first, so the frontier covers what the
-    folder holds (what another device writes meanwhile, it seals again once it takes the
-    new keys). `StoreError`, with nothing changed, when the folder holds a newer generation
-    or gets one meanwhile."""
+    `revoked`, if any), written to the folder; then a round writing every version held here
+    under it (no reader reads a file of retired keys, so this carries what a device that
+    never takes the new keys wrote before). A round comes first, so the frontier covers
+    what the folder holds. A file in the next generation's place that does not follow
+    (garbage, another account's) is set aside under a hidden name. `StoreError`, with
+    nothing changed, when the folder holds a newer generation or gets one meanwhile."""
     replica = driver.replica
     if driver.sync().newer_keys is not None:
         raise StoreError("the folder holds newer keys than this device's", hint=KEYS_CHANGED_HINT)
     following = driver.folder / KEYS / bundle_name(replica.key_generation + 1)
+    if following.exists():  # no bundle that follows this one (else newer_keys): set aside
+        following.replace(following.with_name(f".{following.name}.refused"))
     with replica.batch():
         login = replica.rotate_keys(
             new_passphrase,
@@ -93,4 +96,5 @@ def rotate_in_folder(
                 hint=KEYS_CHANGED_HINT,
             ) from None
     replica.unlock_with_login_keys(login)
+    replica.sync_session().reseed()  # what the others read only under the retired keys
     return driver.sync()

@@ -57,6 +57,13 @@ class NewerKeysError(ProtocolError):
     code = "newer_keys"
 
 
+class RetiredKeysError(ProtocolError):
+    """A folder file is signed under a key generation a rotation retired: never read (a
+    revoked device's, or one its device writes again under the new keys)."""
+
+    code = "retired_keys"
+
+
 class WeakPassphraseError(InvalidArgumentError):
     """A new passphrase too easy to guess to protect an account (`replica.passphrase`)."""
 

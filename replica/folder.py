@@ -28,6 +28,7 @@ from replica.errors import (
     InvalidArgumentError,
     NewerKeysError,
     ProtocolError,
+    RetiredKeysError,
     UnknownEpochError,
 )
 from replica.generations import KeyBundleV2, verify_chain
@@ -80,6 +81,15 @@ class _Generation(msgspec.Struct, frozen=True):
 
 
 @dataclass(frozen=True)
+class FolderKeys:
+    """What the folder's key bundles say (`FolderSession.take_bundles`)."""
+
+    newer: bytes | None
+    """The newest bundle that follows this device's generation, to take; None if none."""
+    problems: list[str]
+
+
+@dataclass(frozen=True)
 class Sealed:
     """A segment to write: its bytes, and the batch to pass to `written` once durable."""
 
@@ -93,8 +103,6 @@ class FolderSession:
     def __init__(self, core: Core, sync: SyncSession) -> None:
         self._core = core
         self._sync = sync
-        self._older: dict[int, bytes] = {}
-        """Earlier generations' signing keys, each vouched for by the next (`take_bundles`)."""
 
     @property
     def device(self) -> str:
@@ -142,43 +150,44 @@ class FolderSession:
             raise ProtocolError(f"{len(data):,} bytes, above the bound of {MAX_FILE_BYTES:,}")
         return data
 
-    def take_bundles(self, found: Mapping[int, bytes]) -> bytes | None:
-        """Learn from the folder's key bundles (generation → bytes, `keys/bundle-G.bin`) which
-        earlier generations' files to trust: each whose signing key vouches for the next one's
-        bundle, down from this device's own (files written before a rotation, or by a device
-        yet to take it, stay readable; the rotation's frontier then rules what of them
-        merges). Returns the newest bundle above this device's generation, for
-        `Replica.adopt_bundle` (the new passphrase opens it), or None. `ProtocolError` when the
-        folder's bundle of this device's generation has another signing key: two devices
-        changed the keys at once, and the file-sync tool kept the other's."""
+    def take_bundles(self, found: Mapping[int, bytes]) -> FolderKeys:
+        """What the folder's key bundles (generation → bytes, `keys/bundle-G.bin`) say to
+        this device: the newest generation that follows its own step by step, each bundle
+        vouched for by the one before (`Replica.adopt_bundle` takes it, with the new
+        passphrase), and what is wrong there (named; nothing else follows from it). A bundle
+        that does not follow (garbage, a forgery, a rotation that raced another) never holds
+        this device's writes back, and one of its own generation with another signing key
+        does not stop it: it goes on under the keys it holds."""
         own, _ = self._bundle_and_generation()
+        problems = []
         theirs = _parsed(found.get(own.generation))
         if theirs is not None and theirs.signing_public != own.signing_public:
-            raise ProtocolError(
-                f"the folder's key generation {own.generation} is not this device's: two "
-                "devices changed the account's keys at once, and the folder kept the other's",
-                hint="this device writes nothing more there; keep the other change: export "
-                "what only this device holds (`sealsync export`), then `sealsync join "
-                "--folder` anew in place of this replica",
+            problems.append(
+                f"{_keys_file(own.generation)} is not this device's generation "
+                f"{own.generation}: two devices changed the keys at once, or a revoked "
+                "device wrote it; this device goes on under its own (if none of yours "
+                "changed the keys, remove the revoked device from the file-sync tool)"
             )
-        self._older = {}
-        later = own
-        for generation in range(own.generation - 1, 0, -1):
-            earlier = _parsed(found.get(generation))
-            if earlier is None or earlier.generation != generation:
-                break  # a gap ends the chain: older files are then refused
-            if not verify_chain(later, earlier.signing_public):
-                break  # so does a forgery
-            self._older[generation] = earlier.signing_public
-            later = earlier
-        newest = max(found, default=0)
-        return found[newest] if newest > own.generation else None
+        newest, before = None, own
+        for generation in range(own.generation + 1, max(found, default=0) + 1):
+            following = _parsed(found.get(generation))
+            if following is None or following.generation != generation:
+                break
+            if not verify_chain(following, before.signing_public):
+                problems.append(
+                    f"{_keys_file(generation)} is not vouched for by generation "
+                    f"{generation - 1}: not taken"
+                )
+                break
+            newest, before = found[generation], following
+        if newest is None and max(found, default=0) > own.generation and not problems:
+            problems.append(f"{_keys_file(max(found))} does not follow this device's keys")
+        return FolderKeys(newest, problems)
 
     def open(self, data: bytes, device: str, number: int, kind: Kind) -> FileBody:
         """What the file found at `device`'s place `number` of `kind` says, if it is whole,
-        signed by this account's current key generation or an earlier one `take_bundles`
-        vouched for, and names that place; `ProtocolError` naming why not (nothing of a
-        refused file is read)."""
+        signed under this account's current key generation, and names that place;
+        `ProtocolError` naming why not (nothing of a refused file is read)."""
         if len(data) > MAX_FILE_BYTES:
             raise ProtocolError(f"{len(data)} bytes, above the bound of {MAX_FILE_BYTES}")
         try:
@@ -210,22 +219,20 @@ class FolderSession:
         return body
 
     def _signing_public(self, generation: int) -> bytes:
-        """The key that must verify a file claiming `generation` (the claim is signed too)."""
+        """The key that must verify a file claiming `generation` (the claim is signed too):
+        this device's own generation's only. A file of an earlier generation is never read:
+        a revoked device still signs with it, and whatever it wrote could only be checked
+        by a version vector it can make up; each device that takes a rotation writes what
+        it holds again under the new keys (the rotating device everything)."""
         bundle, current = self._bundle_and_generation()
-        if generation == current:
-            return bundle.signing_public
         if generation > current:
             raise NewerKeysError(
                 f"signed under key generation {generation}, newer than this device's "
                 f"{current}: `sealsync sync` takes the new keys (with the new passphrase)"
             )
-        found = self._older.get(generation)
-        if found is None:
-            raise ProtocolError(
-                f"signed under key generation {generation}, which no bundle in the folder's "
-                "keys/ vouches for (missing, or not signed by the next generation)"
-            )
-        return found
+        if generation < current:
+            raise RetiredKeysError(f"signed under key generation {generation}, retired")
+        return bundle.signing_public
 
     def merge(self, body: FileBody) -> Merged:
         """Merge an opened file's envelopes as if pulled."""
@@ -257,6 +264,15 @@ class FolderSession:
         if not isinstance(bundle, KeyBundleV2):
             raise _unsigned()
         return bundle, keys.generation
+
+
+def bundle_name(generation: int) -> str:
+    """The name of generation `generation`'s key bundle in a folder's `keys/`."""
+    return f"bundle-{generation:06d}.bin"
+
+
+def _keys_file(generation: int) -> str:
+    return f"keys/{bundle_name(generation)}"
 
 
 def _parsed(data: bytes | None) -> KeyBundleV2 | None:

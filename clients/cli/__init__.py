@@ -21,6 +21,7 @@ from clients.cli.chat import chat
 from clients.cli.commands import DEVICE_COMMANDS
 from clients.cli.demo import demo
 from clients.cli.exchange import EXCHANGE_COMMANDS
+from clients.cli.move import move
 from clients.cli.records import RECORD_COMMANDS
 from clients.cli.remembered import KEYRING_COMMANDS
 from clients.cli.repair import REPAIR_COMMANDS
@@ -91,6 +92,7 @@ def main(ctx: click.Context, replica_path: Path | None, passphrase_file: Path | 
 
 for _command in (
     *DEVICE_COMMANDS,
+    move,
     status,
     *RECORD_COMMANDS,
     *ADMIN_COMMANDS,

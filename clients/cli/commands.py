@@ -41,7 +41,6 @@ from clients.cli.folder import (
     folder_of,
     init_in_folder,
     join_from_folder,
-    move,
     refuse_relay_options,
     require_relay,
     sync_through_folder,
@@ -527,4 +526,4 @@ def run_sync(
             fail(f"{exc}", ROLLBACK_HINT)
 
 
-DEVICE_COMMANDS = (init, join, login, sync, move)
+DEVICE_COMMANDS = (init, join, login, sync)

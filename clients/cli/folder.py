@@ -9,6 +9,7 @@ from contextlib import closing
 from pathlib import Path
 
 import click
+from rich.console import Console
 from rich.markup import escape
 from watchfiles import watch
 
@@ -129,18 +130,10 @@ def sync_through_folder(settings: CliSettings, folder: Path, *, watch_s: float |
         )
 
 
-@click.command("move")
-@click.option(
-    "--folder",
-    required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="The shared folder to sync through from now on (made a sealsync folder if empty).",
-)
-@click.pass_obj
-def move(settings: CliSettings, folder: Path) -> None:
+def move_to_folder(settings: CliSettings, folder: Path) -> None:
     """Move this device from its relay to a shared folder: every version it holds is
     written there (a reseed into the folder), and it syncs through the folder from then
-    on. Move each device; the relay keeps its copy until the account is removed there."""
+    on; run again after a crash, it finishes."""
     path = settings.replica_path
     folder = folder.resolve()
     with user_errors():
@@ -225,13 +218,16 @@ def wait_for_files(place: Path, stop: threading.Event, every_s: float) -> bool:
     return stop.is_set()
 
 
-def report_folder_round(report: FolderReport) -> None:
+def report_folder_round(report: FolderReport, to: Console = out) -> None:
+    """The round's line (on `to`: stderr where stdout is JSON only), and a `warning:` for
+    each file not read and for newer keys to take."""
     merged = report.merged
     held = sum(merged.held.values())
-    out.print(
+    retired = f", {report.retired} under retired keys not read" if report.retired else ""
+    to.print(
         f"synced: {report.pushed} written in {report.segments} segment(s), {report.files} "
         f"file(s) read, {merged.merged} merged, {held} held, {merged.quarantined} "
-        f"quarantined, {merged.untrusted} untrusted"
+        f"quarantined, {merged.untrusted} untrusted{retired}"
         + (f"; snapshot {report.snapshot}" if report.snapshot else "")
     )
     for refused in report.refused:

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import click
+from rich.console import Console
 from rich.table import Table
 
 from clients.cli.console import ExitCode, err, fail, out
@@ -36,7 +37,8 @@ def devices_in_folder(
 ) -> None:
     """The devices with a place in the folder, after revoking `revoke_id`, if given."""
     if revoke_id is not None:
-        done = revoke_in_folder(settings, folder, revoke_id, new_recovery_key, keep_passphrase)
+        flags = (new_recovery_key, keep_passphrase)
+        done = revoke_in_folder(settings, folder, revoke_id, *flags, to=err if as_json else out)
         (err if as_json else out).print(done)  # stdout: JSON only
     show_folder_devices(settings, folder, as_json)
 
@@ -47,6 +49,8 @@ def revoke_in_folder(
     revoke_id: str,
     new_recovery_key: bool,
     keep_passphrase: bool,
+    *,
+    to: Console,
 ) -> str:
     """Revoke a device of a folder's account by rotating its keys; what was done, in words."""
     with opened_replica(settings.replica_path) as replica:
@@ -59,7 +63,7 @@ def revoke_in_folder(
         report = rotate_in_folder(driver, new, revoked=revoke_id, new_recovery_key=recovery_key)
         replace_remembered(settings.replica_path, new)
         generation = replica.key_generation
-    report_folder_round(report)
+    report_folder_round(report, to)
     err.print(f"[yellow]note:[/yellow] {REMOVE_FROM_TOOL}", markup=True)
     return (
         f"revoked device {revoke_id} and rotated the account's keys to generation "

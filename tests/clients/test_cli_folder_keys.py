@@ -4,15 +4,19 @@ device takes the new keys with the new passphrase."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 from click.testing import Result
 
 from clients.cli import main
-from clients.folder import KEYS, bundle_name
+from clients.folder import KEYS
+from replica.folder import bundle_name
 from tests.clients.test_cli import PASSPHRASE, Cli, assert_user_error
 from tests.clients.test_cli_admin import NEW_PASSPHRASE
 from tests.clients.test_cli_rotate import cli_bundle, run
+from tests.relay.server import RelayProcess
 
 
 def run_failing(cli: Cli, replica: Path, *args: str, passphrase: str, new: str) -> Result:
@@ -41,9 +45,11 @@ def test_a_revoke_in_a_folder_rotates_and_the_other_device_takes_the_keys(
     listed = cli.json_objects(a, "devices")
     assert [d["current"] for d in listed].count(True) == 1 and len(listed) == 3
     c_id = next(str(d["id"]) for d in cli.json_objects(c, "devices") if d["current"])
-    done = run(cli, a, "devices", "--revoke", c_id, passphrase=PASSPHRASE, new=NEW_PASSPHRASE)
-    assert "rotated the account's keys to generation 2" in done.stdout
+    done = run(cli, a, "devices", "--revoke", c_id, "--json", passphrase=PASSPHRASE,
+               new=NEW_PASSPHRASE)  # fmt: skip
+    assert "rotated the account's keys to generation 2" in done.stderr
     assert "remove the revoked device from the file-sync tool" in done.stderr
+    assert len(json.loads(done.stdout)) == 3  # stdout: JSON only
     assert (folder / KEYS / bundle_name(2)).is_file()
 
     cli.ok(b, "put", "threads", "t2", '{"title": "from b", "message_count": 2}')
@@ -72,3 +78,33 @@ def test_passwd_in_a_folder_is_a_new_generation_the_others_take(cli: Cli, tmp_pa
     took = run(cli, b, "sync", passphrase=PASSPHRASE, new=NEW_PASSPHRASE)
     assert "took the account's newer keys" in took.stdout
     assert run(cli, b, "get", "threads", "t1", passphrase=NEW_PASSPHRASE).exit_code == 0
+
+
+def test_an_account_moves_from_its_folder_to_a_relay_with_one_command(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    relay = start_relay()
+    _, a, b = two_devices(cli, tmp_path)
+    run(cli, a, "passwd", passphrase=PASSPHRASE, new=NEW_PASSPHRASE)  # generation 2 moves too
+    run(cli, b, "sync", passphrase=PASSPHRASE, new=NEW_PASSPHRASE)
+    run(cli, b, "put", "threads", "t2", '{"title": "never in the folder", "message_count": 2}',
+        passphrase=NEW_PASSPHRASE)  # fmt: skip
+    for wrong in (
+        ("move",),
+        ("move", "--relay", relay.url),
+        ("move", "--folder", "x", "--insecure"),
+    ):
+        assert cli(b, *wrong).exit_code == 2
+    moved = run(cli, a, "move", "--relay", relay.url, "--account", "ann", passphrase=NEW_PASSPHRASE)
+    assert "moved to relay" in moved.stdout and not (tmp_path / "a.db.folder.json").exists()
+    run(cli, b, "move", "--relay", relay.url, "--account", "ann", passphrase=NEW_PASSPHRASE)
+    run(cli, a, "sync", passphrase=NEW_PASSPHRASE)
+    t2 = run(cli, a, "get", "threads", "t2", "--json", passphrase=NEW_PASSPHRASE)
+    assert '"never in the folder"' in t2.stdout
+    again = run_failing(cli, a, "move", "--relay", relay.url, "--account", "bob",
+                        passphrase=NEW_PASSPHRASE, new="")  # fmt: skip
+    assert "syncs through no folder" in again.stderr
+    c = tmp_path / "c.db"  # the relay holds everything: a device joining there gets it all
+    run(cli, c, "join", "--relay", relay.url, "--account", "ann", passphrase=NEW_PASSPHRASE)
+    for thread in ("t1", "t2"):
+        assert run(cli, c, "get", "threads", thread, passphrase=NEW_PASSPHRASE).exit_code == 0

@@ -1,0 +1,84 @@
+"""`sealsync move`: a device goes from its relay to a shared folder, or from its folder to a
+relay, in one command (a reseed into the other transport: everything it holds is written
+there); an account syncs through one transport at a time, so each device is moved."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from clients.cli.commands import DEFAULT_RETRY_FOR_S, default_device_name, sync_through_relay
+from clients.cli.console import out, user_errors
+from clients.cli.folder import move_to_folder
+from clients.cli.settings import CliSettings
+from clients.device import RelaySettings, load_settings, save_settings, sidecar_path
+from clients.folder import load_state, state_path
+from clients.http import check_relay_url
+from replica.errors import StoreError
+
+
+@click.command("move")
+@click.option(
+    "--folder",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The shared folder to sync through from now on (made a sealsync folder if empty).",
+)
+@click.option("--relay", "relay_url", help="The relay to sync through from now on.")
+@click.option("--account", help="With --relay: the account's name there.")
+@click.option(
+    "--insecure", is_flag=True, help="With --relay: allow plain http to a host not loopback."
+)
+@click.option(
+    "--invite",
+    envvar="SEALSYNC_INVITE",
+    help="With --relay: an invite, if the relay has no such account and takes new ones by "
+    "invite only.",
+)
+@click.pass_obj
+def move(
+    settings: CliSettings,
+    folder: Path | None,
+    relay_url: str | None,
+    account: str | None,
+    insecure: bool,
+    invite: str | None,
+) -> None:
+    """Move this device between its relay and a shared folder: everything it holds is
+    written to the other (a reseed into it), and it syncs through that from then on. Move
+    each device; what it leaves keeps its copy (a relay's until the account is removed
+    there, a folder's files until they are deleted)."""
+    if folder is not None:
+        if relay_url is not None or account is not None or insecure:
+            raise click.UsageError("give --folder DIR, or --relay URL and --account NAME")
+        move_to_folder(settings, folder)
+    elif relay_url is not None and account is not None:
+        move_to_relay(settings, relay_url, account, insecure, invite)
+    else:
+        raise click.UsageError("give --folder DIR, or --relay URL and --account NAME")
+
+
+def move_to_relay(
+    settings: CliSettings, relay_url: str, account: str, insecure: bool, invite: str | None
+) -> None:
+    """Move this device from its folder to a relay: a reseed there, which registers the
+    account with this device's keys if the relay has none (as `init` would) or logs this
+    device in, and gives the relay every version it holds (the relay's other devices
+    reseed too). The folder state ends only once that is done; run again after a crash, it
+    finishes."""
+    path = settings.replica_path
+    with user_errors():
+        relay = RelaySettings(check_relay_url(relay_url, insecure=insecure), account, insecure)
+        saved = load_settings(path) if sidecar_path(path).exists() else None
+        same = saved is not None and (saved.url, saved.account) == (relay.url, relay.account)
+        if load_state(path) is None and not same:
+            raise StoreError(
+                f"{path} syncs through no folder",
+                hint="`sealsync login --relay URL --account NAME` moves it to another relay",
+            )
+        if not same:  # else a move cut short: its session stays
+            save_settings(path, RelaySettings(relay.url, account, insecure,
+                                              device_name=default_device_name()))  # fmt: skip
+    sync_through_relay(settings, True, False, invite, DEFAULT_RETRY_FOR_S, None, None)
+    state_path(path).unlink(missing_ok=True)  # only once the relay holds everything
+    out.print(f"moved to relay {relay.url} as account {account!r}: `sealsync sync` syncs there")

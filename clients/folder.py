@@ -103,6 +103,9 @@ class FolderState:
     done: dict[str, int] = field(default_factory=dict)
     above: dict[str, list[int]] = field(default_factory=dict)
     copies: list[str] = field(default_factory=list)
+    generation: int = 0
+    """The key generation all this was merged under: a device that takes newer keys reads
+    the folder anew, so nothing a file of retired keys said (a snapshot's `covers`) holds."""
 
 
 def state_path(replica_path: Path) -> Path:
@@ -247,6 +250,8 @@ class FolderSync:
         with one_round_at_a_time(self.replica.path):
             check_folder(self.folder)  # every round: a folder whose disk went away is no folder
             state = self.state or FolderState(str(self.folder))
+            if state.generation != self.replica.key_generation:
+                state = FolderState(str(self.folder), generation=self.replica.key_generation)
             (self.folder / DEVICES).mkdir(mode=0o700, exist_ok=True)
             self.own.mkdir(mode=0o700, exist_ok=True)
             self.session.restart()  # every dirty version is offered again, whatever its row
@@ -254,10 +259,9 @@ class FolderSync:
             keys = self.session.take_bundles(read_bundles(self.folder))
             report.newer_keys = keys.newer
             report.refused.extend(keys.problems)
-            if report.newer_keys is None:  # else sealed under keys the others retired
-                self._write_segments(report)
-            self._merge_others(state, report)
-            if report.newer_keys is None:
+            if report.newer_keys is None:  # else its keys are retired: it neither writes what
+                self._write_segments(report)  # the others would not read, nor reads what a
+                self._merge_others(state, report)  # revoked device may have written
                 self._snapshot_when_due(state, report)
             save_state(self.replica.path, state)
             self.state = state

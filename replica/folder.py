@@ -103,6 +103,9 @@ class FolderSession:
     def __init__(self, core: Core, sync: SyncSession) -> None:
         self._core = core
         self._sync = sync
+        self._retired: dict[int, bytes] = {}
+        """Retired generations' signing keys, each vouched for by the next (`take_bundles`):
+        a file they signed is checked genuine before it is set aside unread."""
 
     @property
     def device(self) -> str:
@@ -168,6 +171,7 @@ class FolderSession:
                 "device wrote it; this device goes on under its own (if none of yours "
                 "changed the keys, remove the revoked device from the file-sync tool)"
             )
+        self._retired = _retired_keys(own, found)
         newest, before = None, own
         for generation in range(own.generation + 1, max(found, default=0) + 1):
             following = _parsed(found.get(generation))
@@ -195,7 +199,7 @@ class FolderSession:
             claimed = msgspec.msgpack.decode(signed.body, type=_Generation).generation
         except msgspec.DecodeError as exc:
             raise ProtocolError(f"not a folder file (cut short, or another kind): {exc}") from None
-        signing_public = self._signing_public(claimed)
+        signing_public, retired = self._signing_public(claimed)
         try:
             Ed25519PublicKey.from_public_bytes(signing_public).verify(
                 signed.signature, SIGNED_LABEL + signed.body
@@ -216,23 +220,32 @@ class FolderSession:
                 f"it says it is {body.kind} {body.device}/{body.number}, not {kind} "
                 f"{device}/{number}: moved from its place"
             )
+        if retired:  # genuine, in its place, and never to be read
+            raise RetiredKeysError(f"signed under key generation {claimed}, retired")
         return body
 
-    def _signing_public(self, generation: int) -> bytes:
-        """The key that must verify a file claiming `generation` (the claim is signed too):
-        this device's own generation's only. A file of an earlier generation is never read:
-        a revoked device still signs with it, and whatever it wrote could only be checked
-        by a version vector it can make up; each device that takes a rotation writes what
-        it holds again under the new keys (the rotating device everything)."""
+    def _signing_public(self, generation: int) -> tuple[bytes, bool]:
+        """The key that must verify a file claiming `generation` (the claim is signed too),
+        and whether that generation is retired. A file of a retired generation is verified,
+        then never read: a revoked device still signs with that key, and whatever it wrote
+        could only be checked by a version vector it can make up; each device that takes a
+        rotation writes what it holds again under the new keys (the rotating device
+        everything)."""
         bundle, current = self._bundle_and_generation()
         if generation > current:
             raise NewerKeysError(
                 f"signed under key generation {generation}, newer than this device's "
                 f"{current}: `sealsync sync` takes the new keys (with the new passphrase)"
             )
-        if generation < current:
-            raise RetiredKeysError(f"signed under key generation {generation}, retired")
-        return bundle.signing_public
+        if generation == current:
+            return bundle.signing_public, False
+        retired = self._retired.get(generation)
+        if retired is None:
+            raise ProtocolError(
+                f"signed under key generation {generation}, which no bundle in the folder's "
+                "keys/ vouches for (missing, or not signed by the next generation)"
+            )
+        return retired, True
 
     def merge(self, body: FileBody) -> Merged:
         """Merge an opened file's envelopes as if pulled."""
@@ -264,6 +277,20 @@ class FolderSession:
         if not isinstance(bundle, KeyBundleV2):
             raise _unsigned()
         return bundle, keys.generation
+
+
+def _retired_keys(own: KeyBundleV2, found: Mapping[int, bytes]) -> dict[int, bytes]:
+    """The signing keys of the generations before `own`, down the chain of `found` bundles,
+    each vouched for by the next; a gap or a forgery ends it."""
+    keys, later = {}, own
+    for generation in range(own.generation - 1, 0, -1):
+        earlier = _parsed(found.get(generation))
+        if earlier is None or earlier.generation != generation:
+            break
+        if not verify_chain(later, earlier.signing_public):
+            break
+        keys[generation], later = earlier.signing_public, earlier
+    return keys
 
 
 def bundle_name(generation: int) -> str:

@@ -233,11 +233,16 @@ def report_folder_round(report: FolderReport, to: Console = out) -> None:
     for refused in report.refused:
         err.print(f"[yellow]warning:[/yellow] not read (yet): {escape(refused)}", markup=True)
     if report.newer_keys is not None:
-        waiting = f" ({report.waiting} file(s) wait for them)" if report.waiting else ""
-        err.print(f"[yellow]warning:[/yellow] {NEWER_KEYS_WARNING}{waiting}", markup=True)
+        err.print(f"[yellow]warning:[/yellow] {NEWER_KEYS_WARNING}", markup=True)
+    elif report.waiting:
+        waiting = f"{report.waiting} file(s) {WAITING_WARNING}"
+        err.print(f"[yellow]warning:[/yellow] {waiting}", markup=True)
 
 
 NEWER_KEYS_WARNING = (
-    "the folder holds newer keys (changed on another device): this device writes nothing "
-    "until `sealsync sync` takes them, with the new passphrase"
+    "the folder holds newer keys (changed on another device): this device neither writes "
+    "nor reads there until `sealsync sync` takes them, with the new passphrase"
+)
+WAITING_WARNING = (
+    "signed under newer keys wait until their key bundle reaches this copy of the folder"
 )

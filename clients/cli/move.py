@@ -10,10 +10,16 @@ import click
 
 from clients.cli.commands import DEFAULT_RETRY_FOR_S, default_device_name, sync_through_relay
 from clients.cli.console import out, user_errors
-from clients.cli.folder import move_to_folder
+from clients.cli.folder import move_to_folder, report_folder_round
 from clients.cli.settings import CliSettings
-from clients.device import RelaySettings, load_settings, save_settings, sidecar_path
-from clients.folder import load_state, state_path
+from clients.device import (
+    RelaySettings,
+    load_settings,
+    opened_replica,
+    save_settings,
+    sidecar_path,
+)
+from clients.folder import FolderSync, load_state, state_path
 from clients.http import check_relay_url
 from replica.errors import StoreError
 
@@ -61,24 +67,46 @@ def move(
 def move_to_relay(
     settings: CliSettings, relay_url: str, account: str, insecure: bool, invite: str | None
 ) -> None:
-    """Move this device from its folder to a relay: a reseed there, which registers the
-    account with this device's keys if the relay has none (as `init` would) or logs this
-    device in, and gives the relay every version it holds (the relay's other devices
-    reseed too). The folder state ends only once that is done; run again after a crash, it
-    finishes."""
+    """Move this device from its folder to a relay: a last round through the folder (a
+    device whose keys are behind the folder's takes them first: it must not carry retired
+    keys to the relay), then a reseed there, which registers the account with this device's
+    keys if the relay has none (as `init` would) or logs this device in, and gives the relay
+    every version it holds (the relay's other devices reseed too). The folder state ends
+    only once that is done; a move that fails before changes nothing, and one cut short is
+    finished by running it again."""
     path = settings.replica_path
     with user_errors():
         relay = RelaySettings(check_relay_url(relay_url, insecure=insecure), account, insecure)
-        saved = load_settings(path) if sidecar_path(path).exists() else None
-        same = saved is not None and (saved.url, saved.account) == (relay.url, relay.account)
-        if load_state(path) is None and not same:
+        state = load_state(path)
+        if state is None:
             raise StoreError(
                 f"{path} syncs through no folder",
                 hint="`sealsync login --relay URL --account NAME` moves it to another relay",
             )
-        if not same:  # else a move cut short: its session stays
-            save_settings(path, RelaySettings(relay.url, account, insecure,
-                                              device_name=default_device_name()))  # fmt: skip
-    sync_through_relay(settings, True, False, invite, DEFAULT_RETRY_FOR_S, None, None)
+        saved = load_settings(path) if sidecar_path(path).exists() else None
+    if saved is None:  # else a move cut short, whose session stays
+        last_folder_round(settings, Path(state.folder))
+        with user_errors():
+            name = default_device_name()
+            save_settings(path, RelaySettings(relay.url, account, insecure, device_name=name))
+    try:
+        sync_through_relay(settings, True, False, invite, DEFAULT_RETRY_FOR_S, None, None)
+    except BaseException:  # a refusal's exit too: the device syncs through its folder still
+        if saved is None:
+            sidecar_path(path).unlink(missing_ok=True)
+        raise
     state_path(path).unlink(missing_ok=True)  # only once the relay holds everything
     out.print(f"moved to relay {relay.url} as account {account!r}: `sealsync sync` syncs there")
+
+
+def last_folder_round(settings: CliSettings, folder: Path) -> None:
+    """A round through the folder before leaving it; `StoreError` when the folder holds
+    newer keys than this device's."""
+    with user_errors(), opened_replica(settings.replica_path, settings.passphrase) as replica:
+        report = FolderSync(replica, folder).sync()
+        if report.newer_keys is not None:
+            raise StoreError(
+                "the folder holds newer keys than this device's (changed on another device)",
+                hint="`sealsync sync` takes them (with the new passphrase); then move",
+            )
+    report_folder_round(report)

@@ -60,7 +60,7 @@ def test_a_revoke_in_a_folder_rotates_and_the_other_device_takes_the_keys(
     t2 = cli(a, "get", "threads", "t2", "--json", passphrase=NEW_PASSPHRASE)
     assert t2.exit_code == 0 and '"from b"' in t2.stdout
     behind = cli(c, "sync")  # the revoked device: asked for a passphrase it does not know
-    assert behind.exit_code != 0 and "file(s) wait for them" in behind.stderr
+    assert behind.exit_code != 0 and "the folder holds newer keys" in behind.stderr
     wrong = run_failing(cli, c, "sync", passphrase=PASSPHRASE, new="a guess at the new one")
     assert_user_error(wrong)
     for this in (c, a):
@@ -86,6 +86,9 @@ def test_an_account_moves_from_its_folder_to_a_relay_with_one_command(
     relay = start_relay()
     _, a, b = two_devices(cli, tmp_path)
     run(cli, a, "passwd", passphrase=PASSPHRASE, new=NEW_PASSPHRASE)  # generation 2 moves too
+    behind = run_failing(cli, b, "move", "--relay", relay.url, "--account", "ann",
+                         passphrase=PASSPHRASE, new="")  # fmt: skip
+    assert "the folder holds newer keys" in behind.stderr
     run(cli, b, "sync", passphrase=PASSPHRASE, new=NEW_PASSPHRASE)
     run(cli, b, "put", "threads", "t2", '{"title": "never in the folder", "message_count": 2}',
         passphrase=NEW_PASSPHRASE)  # fmt: skip

@@ -12,6 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from clients.folder import DEVICES, KEYS, FolderSync, file_name
@@ -82,28 +83,65 @@ def test_a_revoke_reaches_the_others_and_shuts_the_revoked_device_out(
     assert FolderSync(a, shared).sync().retired == 0  # seen once, never opened again
     shut_out = FolderSync(gone, shared).sync()
     assert shut_out.newer_keys is not None and shut_out.segments == 0
-    assert shut_out.waiting >= 2 and not shut_out.refused  # a's and b's, once it has the keys
+    assert (shut_out.files, shut_out.waiting, shut_out.refused) == (0, 0, [])  # reads nothing
 
 
-def test_a_dot_below_the_frontier_and_a_snapshot_covering_others_are_not_read(
-    make_replica: ReplicaFactory, shared: Path
-) -> None:
-    a, b, gone = revoked_after_writing(make_replica, shared)
-    keys = gone._core.keys()  # the keys the revoked device kept
-    frontier = a._core.keys().retired_epochs[keys.key_epoch]
-    below = frontier.vector[gone.node] - 1  # a dot it never used, within the frontier
+def forgeries(gone: Replica, rotated: Replica, folder: Path, victim: Replica) -> None:
+    """What a revoked device may write with the keys it kept: a version of the victim's
+    note `n1` at a dot of its own below the frontier that it never used (its vector within
+    the frontier), and a snapshot saying every file of the victim is merged already."""
+    keys = gone._core.keys()
+    frontier = rotated._core.keys().retired_epochs[keys.key_epoch]
+    below = frontier.vector[gone.node] - 1
     forged = seal(keys, Identity("default", "notes", "n1"), hlc=below, node=gone.node,
                   vector={**frontier.vector, gone.node: below}, deleted=False,
                   document={"text": "taken over"}, nonce=os.urandom(12))  # fmt: skip
-    plant(gone, shared, "segment", 77, gone.folder_session()._seal("segment", 77, [forged], {}))
-    covers = {b.folder_session().device: 10**12}  # "every file of b is merged": skip them
-    plant(gone, shared, "snapshot", 78, gone.folder_session()._seal("snapshot", 78, [], covers))
+    session = gone.folder_session()
+    plant(gone, folder, "segment", 77, session._seal("segment", 77, [forged], {}))
+    covers = {victim.folder_session().device: 10**12}
+    plant(gone, folder, "snapshot", 78, session._seal("snapshot", 78, [], covers))
+
+
+@pytest.mark.parametrize("planted", ["after b took the keys", "before b took them"])
+def test_a_dot_below_the_frontier_and_a_snapshot_covering_others_are_not_read(
+    planted: str, make_replica: ReplicaFactory, shared: Path
+) -> None:
+    a, b, c, gone = (make_replica(name) for name in ("a", "b", "c", "revoked"))
+    for n, replica in enumerate((a, b, c, gone)):
+        replica.put("notes", f"n{n}", {"text": f"before, from {n}"})
+    for replica in (a, b, c, gone, a, b, c):
+        FolderSync(replica, shared).sync()
+    rotate_in_folder(FolderSync(a, shared), NEW_PASSPHRASE, revoked=gone.folder_session().device)
+    if planted == "before b took them":  # a device behind reads nothing of them
+        forgeries(gone, a, shared, c)
+    for replica in (b, c):
+        take_newer_keys(replica, shared)
+        FolderSync(replica, shared).sync()
+    if planted == "after b took the keys":
+        forgeries(gone, a, shared, c)
     assert FolderSync(a, shared).sync().retired == 2
-    b.put("notes", "later", {"text": "b, after the forgery"})
-    FolderSync(b, shared).sync()
+    c.put("notes", "later", {"text": "c, after the forgery"})
+    FolderSync(c, shared).sync()
+    for replica in (b, a, b):
+        FolderSync(replica, shared).sync()
+    for replica in (a, b):
+        assert text(replica, "n1") == {"text": "before, from 1"}
+        assert text(replica, "later") == {"text": "c, after the forgery"}
+
+
+def test_a_file_claiming_retired_keys_is_checked_before_it_is_set_aside(
+    make_replica: ReplicaFactory, shared: Path
+) -> None:
+    a, b = make_replica("a"), make_replica("b")
     FolderSync(a, shared).sync()
-    assert text(a, "n1") == {"text": "after, from b"}
-    assert text(a, "later") == {"text": "b, after the forgery"}
+    rotate_in_folder(FolderSync(a, shared), NEW_PASSPHRASE, revoked=None)
+    body = msgspec.msgpack.encode({"format": 1, "generation": 1})  # claims, signs nothing
+    junk = msgspec.msgpack.encode([body, bytes(64)])
+    place = shared / DEVICES / b.folder_session().device
+    place.mkdir(parents=True)
+    (place / file_name("segment", 50)).write_bytes(junk)
+    report = FolderSync(a, shared).sync()
+    assert report.retired == 0 and any("signature does not verify" in r for r in report.refused)
 
 
 def test_a_device_joining_after_a_rotation_gets_what_was_written_before_it(

@@ -30,8 +30,14 @@ from replica import InvalidArgumentError
 
 EXPORT_FORMAT = 1
 MAX_FILE_BYTES = 64 * 1024 * 1024
-"""Decoding 64 MiB of JSON takes about a second and a gigabyte at the worst (a list of
-empty objects): the largest file read before any other bound can be checked."""
+"""The largest file read before any other bound can be checked."""
+MAX_OPENINGS = 1_500_000
+"""`{` and `[` in a file, in strings too (counted before decoding, in a tenth of a second):
+an object or a list each to build at the worst (64 MiB of `{},` would be 22 million: 7 s
+and 1.8 GB here), where an export at the byte bound holds under a million (every message an
+object and a list, in 150 bytes at the least). What is left at the worst, a file of
+objects with as many keys as the bytes allow, decodes in about a second (1.0 to 1.2 s, 0.7
+GB, measured here)."""
 MAX_THREADS = 5000
 MAX_MESSAGES_PER_THREAD = 5000
 MAX_SETTINGS_PER_THREAD = 100
@@ -82,6 +88,12 @@ def decode(data: bytes) -> ReadExport:
     """What the export file holds, checked against every bound; `ImportLimitError`."""
     if len(data) > MAX_FILE_BYTES:
         raise refuse("the file", f"{len(data):,} bytes (bound {MAX_FILE_BYTES:,})")
+    openings = data.count(b"{") + data.count(b"[")
+    if openings > MAX_OPENINGS:
+        raise ImportLimitError(
+            f"the file: {openings:,} `{{` and `[` (bound {MAX_OPENINGS:,})",
+            hint="nothing was imported; export fewer chats to a file (`sealsync export --chat`)",
+        )
     try:
         value = msgspec.json.decode(data)
     except RecursionError:

@@ -19,7 +19,14 @@ from typing import Any
 
 import pytest
 
-from chat.limits import MAX_DEPTH, MAX_MESSAGES_PER_THREAD, MAX_THREADS, ImportLimitError, decode
+from chat.limits import (
+    MAX_DEPTH,
+    MAX_MESSAGES_PER_THREAD,
+    MAX_OPENINGS,
+    MAX_THREADS,
+    ImportLimitError,
+    decode,
+)
 from chat.models import MAX_PERSONAS, MAX_THUMBNAILS
 from clients.cli.exchange import read_exports
 from tests.clients.test_cli import Cli, dump
@@ -182,7 +189,15 @@ CORPUS: dict[str, tuple[bytes, str]] = {
     ),
     "sixteen megabytes of empty objects": (
         GOOD.replace(b'"threads": [', b'"threads": [' + b"{}," * 5_000_000, 1),
-        r"threads: 5,000,001 items \(bound 5,000\)",
+        r"the file: 5,000,\d{3} `{` and `\[` \(bound 1,500,000\)",
+    ),
+    "sixty-four megabytes of empty lists": (
+        GOOD.replace(b'"threads": [', b'"threads": [' + b"[]," * 22_000_000, 1),
+        r"the file: 22,000,\d{3} `{` and `\[` \(bound 1,500,000\)",
+    ),
+    "as many objects as may be decoded": (
+        GOOD.replace(b'"threads": [', b'"threads": [' + b"{}," * (MAX_OPENINGS - 100), 1),
+        r"threads: 1,499,90\d items \(bound 5,000\)",
     ),
 }
 

@@ -30,6 +30,8 @@ from replica import (
     Replica,
 )
 
+_CHECKED_CHATS = 1024
+"""Chats `_check_thread` remembers (a cache: it starts over past this many)."""
 _POLL_S = 0.02
 Part = tuple[str, str, Any]
 """An undo journal's note: (collection, record id, the document it showed before or None)."""
@@ -52,6 +54,8 @@ class ChatBase:
         self._wait_s = wait_s
         self._now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)
         self._journal = threading.local()
+        self._checked: dict[str, tuple[tuple[int, int], ...]] = {}
+        """Chats whose record `_check_thread` found live and well-formed, by version stamp."""
         self._corpus_lock = threading.Lock()
         """Guards the search cache (chat/search.py)."""
         self._corpus: Any = None
@@ -157,6 +161,18 @@ class ChatBase:
         if record is None or record.deleted:
             raise NoSuchChatError(f"no chat {thread}")
         return record, parse(Thread, record.document, f"chat {thread}")
+
+    def _check_thread(self, thread: str) -> None:
+        """`_thread`'s refusals (no chat, a deleted one, a malformed one) without opening
+        the chat's record again while its versions are those last checked (an append reads
+        no more of it: a chat's appends run many to one record)."""
+        stamp = self.replica.version_stamp(THREADS, thread, profile=self.profile)
+        if stamp and self._checked.get(thread) == stamp:
+            return
+        self._thread(thread)
+        if len(self._checked) >= _CHECKED_CHATS:
+            self._checked.clear()
+        self._checked[thread] = stamp
 
     def _put_thread(self, thread: str, current: Thread, record: Record, **fields: Any) -> None:
         """Write the chat's record over the context read, with its message count now."""

@@ -166,7 +166,7 @@ class ChatStore(Reshaping, Jobs, Preferences, Reconciling, Searching, Undoing, C
         check_id("chat", thread)
         now = self._now_ms()
         with self._operation(thread, lease, undo="append"):
-            self._thread(thread)  # a deleted chat takes no message, a malformed one none either
+            self._check_thread(thread)  # a deleted chat takes no message, nor a malformed one
             where = {"thread": thread}
             last = self.replica.last_created(MESSAGES, where=where, profile=self.profile)
             at = now * 1000 if last is None else max(now * 1000, last + 1)

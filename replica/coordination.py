@@ -13,6 +13,7 @@ from typing import Any
 
 from replica import feed, held, journal, leases
 from replica.core import Core
+from replica.errors import InvalidArgumentError
 from replica.events import Subscriber
 from replica.feed import ChangePage
 from replica.journal import JournalEntry
@@ -62,6 +63,21 @@ class Coordination:
         this once per transaction)."""
         with self._core.mutex:
             self._core.release_due(every_time=True)
+
+    def version_stamp(
+        self, collection: str, id: str, *, profile: str = DEFAULT_PROFILE
+    ) -> tuple[tuple[int, int], ...]:
+        """What names the record's versions now, each (node, hlc), read without opening one
+        (empty: none): while the stamp stays the same, so does the record, and an app may
+        keep what it read and checked of it instead of reading it again. Synced collections
+        only (a device-local record has no versions)."""
+        core = self._core
+        with core.mutex:
+            spec, identity = core.resolve(collection, id, profile)
+            if spec.policy == "local":
+                raise InvalidArgumentError(f"{collection} is device-local: it has no versions")
+            core.release_due()
+            return core.store.version_ids(core.record_key(identity))
 
     def lease(self, name: str, *, ttl_s: float = 30.0, wait_s: float = 0.0) -> Lease:
         """Take the lease `name`: one holder at a time across threads and processes on this

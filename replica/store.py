@@ -265,6 +265,13 @@ class Store(AsideTables):
 
     # -- versions (siblings) ------------------------------------------------------------------
 
+    def version_ids(self, key: bytes) -> tuple[tuple[int, int], ...]:
+        """(node, hlc) of each version of `key`, in order; no envelope read."""
+        rows = self.db.execute(
+            "SELECT node, hlc FROM versions WHERE key = ? ORDER BY node, hlc", (key,)
+        ).fetchall()
+        return tuple((node_from_i64(n), h) for n, h in rows)
+
     def versions_of(self, key: bytes) -> list[Row]:
         rows = self.db.execute(
             "SELECT key, node, hlc, envelope FROM versions WHERE key = ?", (key,)

@@ -32,6 +32,7 @@ from replica import (
     Replica,
     Schema,
 )
+from tests.chat.conftest import StoreFactory, sync
 from tests.conftest import SCHEMA, ReplicaFactory
 
 
@@ -124,6 +125,7 @@ def test_documents_keep_fields_this_version_does_not_know(store: ChatStore) -> N
 
 def test_a_synced_document_of_the_wrong_shape_is_refused_by_name(store: ChatStore) -> None:
     thread = store.new_chat("x")
+    store.append(thread, "user", "before: the chat's record was checked once")
     record = store.replica.get(THREADS, thread)
     assert record is not None
     store.replica.put(THREADS, thread, {**record.document, "title": 42}, context=record.context)
@@ -131,6 +133,19 @@ def test_a_synced_document_of_the_wrong_shape_is_refused_by_name(store: ChatStor
         store.chat(thread)
     with pytest.raises(ChatDataError):
         store.append(thread, "user", "hi")
+
+
+def test_an_append_sees_a_chat_deleted_elsewhere_after_it_appended(
+    make_store: StoreFactory,
+) -> None:
+    here, there = make_store("here"), make_store("there")
+    thread = here.new_chat("shared")
+    here.append(thread, "user", "first")
+    sync(here, there)
+    there.delete(thread)
+    sync(there, here)
+    with pytest.raises(NoSuchChatError, match="no chat"):
+        here.append(thread, "user", "into a chat deleted elsewhere")
 
 
 def file_digest(replica: Replica) -> str:

@@ -54,7 +54,7 @@ class ChatBase:
         self._wait_s = wait_s
         self._now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)
         self._journal = threading.local()
-        self._checked: dict[str, tuple[tuple[int, int], ...]] = {}
+        self._checked: dict[str, tuple[tuple[int, int, bytes], ...]] = {}
         """Chats whose record `_check_thread` found live and well-formed, by version stamp."""
         self._corpus_lock = threading.Lock()
         """Guards the search cache (chat/search.py)."""

@@ -30,14 +30,16 @@ from replica import InvalidArgumentError
 
 EXPORT_FORMAT = 1
 MAX_FILE_BYTES = 64 * 1024 * 1024
-"""The largest file read before any other bound can be checked."""
+"""The largest file read before any other bound can be checked (the worst left below it,
+one object of millions of distinct keys, decodes in seconds)."""
 MAX_OPENINGS = 1_500_000
-"""`{` and `[` in a file, in strings too (counted before decoding, in a tenth of a second):
-an object or a list each to build at the worst (64 MiB of `{},` would be 22 million: 7 s
-and 1.8 GB here), where an export at the byte bound holds under a million (every message an
-object and a list, in 150 bytes at the least). What is left at the worst, a file of
-objects with as many keys as the bytes allow, decodes in about a second (1.0 to 1.2 s, 0.7
-GB, measured here)."""
+"""`{` and `[` outside strings, counted before decoding: each an object or a list to build
+(64 MiB of `{},` would be 22 million: 7 s and 1.8 GB here), where an export at the byte
+bound holds under a million (every message an object and a list, in 150 bytes at least)."""
+MAX_SCANNED_QUOTES = 8_000_000
+"""Quotes past which a file with more than `MAX_OPENINGS` `{` and `[` in all is not scanned
+for which of them lie in strings (the scan costs about a second per 8 million): a file of
+one chat, or a few, never comes near."""
 MAX_THREADS = 5000
 MAX_MESSAGES_PER_THREAD = 5000
 MAX_SETTINGS_PER_THREAD = 100
@@ -88,12 +90,7 @@ def decode(data: bytes) -> ReadExport:
     """What the export file holds, checked against every bound; `ImportLimitError`."""
     if len(data) > MAX_FILE_BYTES:
         raise refuse("the file", f"{len(data):,} bytes (bound {MAX_FILE_BYTES:,})")
-    openings = data.count(b"{") + data.count(b"[")
-    if openings > MAX_OPENINGS:
-        raise ImportLimitError(
-            f"the file: {openings:,} `{{` and `[` (bound {MAX_OPENINGS:,})",
-            hint="nothing was imported; export fewer chats to a file (`sealsync export --chat`)",
-        )
+    _check_openings(data)
     try:
         value = msgspec.json.decode(data)
     except RecursionError:
@@ -108,6 +105,27 @@ def decode(data: bytes) -> ReadExport:
     if unknown:
         raise refuse(unknown[0], "not a field of the export format")
     return _read_top(value)
+
+
+def _check_openings(data: bytes) -> None:
+    """`ImportLimitError` past `MAX_OPENINGS` objects and lists. Counted in all the bytes
+    first (a tenth of a second); only past the bound are the strings taken out (escaped
+    backslashes and quotes first, then every other piece between quotes), which costs with
+    the number of strings, so past `MAX_SCANNED_QUOTES` the file is refused unscanned."""
+    openings = data.count(b"{") + data.count(b"[")
+    if openings <= MAX_OPENINGS:
+        return
+    hint = "nothing was imported; export fewer chats to a file (`sealsync export --chat`)"
+    quotes = data.count(b'"')
+    if quotes > MAX_SCANNED_QUOTES:
+        what = f"{openings:,} `{{` and `[` and {quotes:,} quotes"
+        bounds = f"{MAX_OPENINGS:,} and {MAX_SCANNED_QUOTES:,}"
+        raise ImportLimitError(f"the file: {what} (bounds {bounds})", hint=hint)
+    pieces = data.replace(b"\\\\", b"").replace(b'\\"', b"").split(b'"')
+    openings = sum(piece.count(b"{") + piece.count(b"[") for piece in pieces[::2])
+    if openings > MAX_OPENINGS:
+        what = f"{openings:,} `{{` and `[` outside strings"
+        raise ImportLimitError(f"the file: {what} (bound {MAX_OPENINGS:,})", hint=hint)
 
 
 def _read_top(value: dict[str, Any]) -> ReadExport:

@@ -13,7 +13,7 @@ from typing import Any
 
 from replica import feed, held, journal, leases
 from replica.core import Core
-from replica.errors import InvalidArgumentError
+from replica.errors import DegradedError, InvalidArgumentError
 from replica.events import Subscriber
 from replica.feed import ChangePage
 from replica.journal import JournalEntry
@@ -66,10 +66,11 @@ class Coordination:
 
     def version_stamp(
         self, collection: str, id: str, *, profile: str = DEFAULT_PROFILE
-    ) -> tuple[tuple[int, int], ...]:
-        """What names the record's versions now, each (node, hlc), read without opening one
-        (empty: none): while the stamp stays the same, so does the record, and an app may
-        keep what it read and checked of it instead of reading it again. Synced collections
+    ) -> tuple[tuple[int, int, bytes], ...]:
+        """What names the record's versions now, each (node, hlc, AEAD tag), read without
+        opening one (empty: none): while the stamp stays the same, so does the record, and an
+        app may keep what it read and checked of it instead of reading it again. Raises
+        `DegradedError` as `get` does once the record is latched degraded. Synced collections
         only (a device-local record has no versions)."""
         core = self._core
         with core.mutex:
@@ -77,7 +78,13 @@ class Coordination:
             if spec.policy == "local":
                 raise InvalidArgumentError(f"{collection} is device-local: it has no versions")
             core.release_due()
-            return core.store.version_ids(core.record_key(identity))
+            key = core.record_key(identity)
+            if core.store.is_degraded(key):
+                raise DegradedError(
+                    "a record is degraded: one of its versions cannot be opened",
+                    hint="run repair to quarantine the unreadable versions",
+                )
+            return core.store.version_ids(key)
 
     def lease(self, name: str, *, ttl_s: float = 30.0, wait_s: float = 0.0) -> Lease:
         """Take the lease `name`: one holder at a time across threads and processes on this

@@ -265,12 +265,15 @@ class Store(AsideTables):
 
     # -- versions (siblings) ------------------------------------------------------------------
 
-    def version_ids(self, key: bytes) -> tuple[tuple[int, int], ...]:
-        """(node, hlc) of each version of `key`, in order; no envelope read."""
+    def version_ids(self, key: bytes) -> tuple[tuple[int, int, bytes], ...]:
+        """(node, hlc, AEAD tag) of each version of `key`, in order: the tag tells apart two
+        sealings of one dot (a rolled-back write's, and the one that took its place)."""
         rows = self.db.execute(
-            "SELECT node, hlc FROM versions WHERE key = ? ORDER BY node, hlc", (key,)
+            "SELECT node, hlc, substr(envelope, -16) FROM versions WHERE key = ? "
+            "ORDER BY node, hlc",
+            (key,),
         ).fetchall()
-        return tuple((node_from_i64(n), h) for n, h in rows)
+        return tuple((node_from_i64(n), h, t) for n, h, t in rows)
 
     def versions_of(self, key: bytes) -> list[Row]:
         rows = self.db.execute(

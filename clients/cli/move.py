@@ -19,7 +19,7 @@ from clients.device import (
     save_settings,
     sidecar_path,
 )
-from clients.folder import FolderSync, load_state, state_path
+from clients.folder import FolderState, FolderSync, load_state, state_path
 from clients.http import check_relay_url
 from replica.errors import StoreError
 
@@ -72,31 +72,48 @@ def move_to_relay(
     keys to the relay), then a reseed there, which registers the account with this device's
     keys if the relay has none (as `init` would) or logs this device in, and gives the relay
     every version it holds (the relay's other devices reseed too). The folder state ends
-    only once that is done; a move that fails before changes nothing, and one cut short is
-    finished by running it again."""
+    only once that is done. A move the relay refuses before it took this device in changes
+    nothing; once it did (the session is kept, so the device stays one device there), or
+    when cut short, running it again finishes it."""
     path = settings.replica_path
     with user_errors():
         relay = RelaySettings(check_relay_url(relay_url, insecure=insecure), account, insecure)
-        state = load_state(path)
-        if state is None:
-            raise StoreError(
-                f"{path} syncs through no folder",
-                hint="`sealsync login --relay URL --account NAME` moves it to another relay",
-            )
-        saved = load_settings(path) if sidecar_path(path).exists() else None
-    if saved is None:  # else a move cut short, whose session stays
+        state, saved = folder_and_relay_settings(path, relay)
+    if saved is None:  # else a move cut short: finished
         last_folder_round(settings, Path(state.folder))
         with user_errors():
             name = default_device_name()
             save_settings(path, RelaySettings(relay.url, account, insecure, device_name=name))
     try:
         sync_through_relay(settings, True, False, invite, DEFAULT_RETRY_FOR_S, None, None)
-    except BaseException:  # a refusal's exit too: the device syncs through its folder still
-        if saved is None:
-            sidecar_path(path).unlink(missing_ok=True)
+    except BaseException:  # a refusal's exit too
+        if saved is None and load_settings(path).session is None:  # the relay took nothing
+            sidecar_path(path).unlink(missing_ok=True)  # so the folder still serves
         raise
     state_path(path).unlink(missing_ok=True)  # only once the relay holds everything
     out.print(f"moved to relay {relay.url} as account {account!r}: `sealsync sync` syncs there")
+
+
+def folder_and_relay_settings(
+    path: Path, relay: RelaySettings
+) -> tuple[FolderState, RelaySettings | None]:
+    """The folder state a move to `relay` leaves, and the relay settings of a move to it
+    cut short (None: none); `StoreError` for no folder, or settings of another relay."""
+    state = load_state(path)
+    if state is None:
+        raise StoreError(
+            f"{path} syncs through no folder",
+            hint="`sealsync login --relay URL --account NAME` moves it to another relay",
+        )
+    saved = load_settings(path) if sidecar_path(path).exists() else None
+    if saved is not None and (saved.url, saved.account) != (relay.url, relay.account):
+        raise StoreError(
+            f"{path} has settings for relay {saved.url}, account {saved.account!r} (a "
+            "move cut short?)",
+            hint=f"finish that one: `sealsync move --relay {saved.url} --account "
+            f"{saved.account}`; or `sealsync move --folder {state.folder}` to stay",
+        )
+    return state, saved
 
 
 def last_folder_round(settings: CliSettings, folder: Path) -> None:

@@ -23,6 +23,7 @@ from chat.limits import (
     MAX_DEPTH,
     MAX_MESSAGES_PER_THREAD,
     MAX_OPENINGS,
+    MAX_STRING_CHARS,
     MAX_THREADS,
     ImportLimitError,
     decode,
@@ -82,6 +83,17 @@ def test_each_ceiling_at_its_bound_and_past_it(
     started = time.perf_counter()
     with pytest.raises(ImportLimitError, match=rf"{bound + 1:,} items \(bound {bound:,}\)"):
         decode(encoded(make(bound + 1)))
+    assert time.perf_counter() - started < 1.0
+
+
+def test_brackets_in_strings_are_not_counted_as_lists() -> None:
+    code = "[" * (MAX_STRING_CHARS - 1) + "]"  # a message of code, at the bound of a string
+    value = export() | {"threads": [thread(messages=0) | {"messages": [
+        message(n, content=code) for n in range(MAX_OPENINGS // MAX_STRING_CHARS + 2)]}]}  # fmt: skip
+    data = encoded(value)
+    assert data.count(b"[") > MAX_OPENINGS
+    started = time.perf_counter()
+    assert len(decode(data).threads[0].messages) == MAX_OPENINGS // MAX_STRING_CHARS + 2
     assert time.perf_counter() - started < 1.0
 
 
@@ -189,11 +201,15 @@ CORPUS: dict[str, tuple[bytes, str]] = {
     ),
     "sixteen megabytes of empty objects": (
         GOOD.replace(b'"threads": [', b'"threads": [' + b"{}," * 5_000_000, 1),
-        r"the file: 5,000,\d{3} `{` and `\[` \(bound 1,500,000\)",
+        r"the file: 5,000,\d{3} `{` and `\[` outside strings \(bound 1,500,000\)",
     ),
     "sixty-four megabytes of empty lists": (
         GOOD.replace(b'"threads": [', b'"threads": [' + b"[]," * 22_000_000, 1),
-        r"the file: 22,000,\d{3} `{` and `\[` \(bound 1,500,000\)",
+        r"the file: 22,000,\d{3} `{` and `\[` outside strings \(bound 1,500,000\)",
+    ),
+    "ten million lists of a string each": (
+        GOOD.replace(b'"threads": [', b'"threads": [' + b'["a"],' * 10_000_000, 1),
+        r"the file: 10,000,\d{3} `{` and `\[` and 20,000,\d{3} quotes \(bounds",
     ),
     "as many objects as may be decoded": (
         GOOD.replace(b'"threads": [', b'"threads": [' + b"{}," * (MAX_OPENINGS - 100), 1),

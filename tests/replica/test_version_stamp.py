@@ -3,10 +3,12 @@ app may keep what it checked of a record while the stamp stays the same."""
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 
-from replica.errors import InvalidArgumentError
-from tests.conftest import ReplicaFactory
+from replica.errors import DegradedError, InvalidArgumentError
+from tests.conftest import FakeClock, ReplicaFactory
 from tests.replica.helpers import apply, dirty_envelopes
 
 
@@ -32,3 +34,32 @@ def test_a_stamp_changes_with_every_write_and_merge_and_only_then(
 def test_a_device_local_collection_has_no_stamp(make_replica: ReplicaFactory) -> None:
     with pytest.raises(InvalidArgumentError, match="device-local"):
         make_replica().version_stamp("drafts", "d")
+
+
+def test_a_rolled_back_write_and_the_one_in_its_place_have_other_stamps(
+    make_replica: ReplicaFactory,
+) -> None:
+    replica = make_replica(wall_clock_ms=FakeClock())  # the same dot is drawn again
+    replica.put("notes", "n", {"text": "kept"})
+    inside = None
+    with pytest.raises(RuntimeError), replica.batch():
+        replica.put("notes", "n", {"text": "rolled back"})
+        inside = replica.version_stamp("notes", "n")
+        raise RuntimeError("the app's batch fails")
+    replica.put("notes", "n", {"text": "in its place"})
+    after = replica.version_stamp("notes", "n")
+    assert inside is not None and [v[:2] for v in inside] == [v[:2] for v in after]
+    assert inside != after
+
+
+def test_a_degraded_record_has_no_stamp(make_replica: ReplicaFactory) -> None:
+    replica = make_replica()
+    replica.put("notes", "n", {"text": "soon damaged"})
+    with sqlite3.connect(replica.path) as db:
+        ((envelope,),) = db.execute("SELECT envelope FROM versions").fetchall()
+        damaged = envelope[:40] + bytes([envelope[40] ^ 1]) + envelope[41:]
+        db.execute("UPDATE versions SET envelope = ?", (damaged,))
+    with pytest.raises(DegradedError):
+        replica.get("notes", "n")  # latched degraded
+    with pytest.raises(DegradedError):
+        replica.version_stamp("notes", "n")

@@ -78,13 +78,13 @@ class Coordination:
             if spec.policy == "local":
                 raise InvalidArgumentError(f"{collection} is device-local: it has no versions")
             core.release_due()
-            key = core.record_key(identity)
-            if core.store.is_degraded(key):
+            stamp, degraded = core.store.version_ids(core.record_key(identity))
+            if degraded:
                 raise DegradedError(
                     "a record is degraded: one of its versions cannot be opened",
                     hint="run repair to quarantine the unreadable versions",
                 )
-            return core.store.version_ids(key)
+            return stamp
 
     def lease(self, name: str, *, ttl_s: float = 30.0, wait_s: float = 0.0) -> Lease:
         """Take the lease `name`: one holder at a time across threads and processes on this

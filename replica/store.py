@@ -265,15 +265,17 @@ class Store(AsideTables):
 
     # -- versions (siblings) ------------------------------------------------------------------
 
-    def version_ids(self, key: bytes) -> tuple[tuple[int, int, bytes], ...]:
-        """(node, hlc, AEAD tag) of each version of `key`, in order: the tag tells apart two
-        sealings of one dot (a rolled-back write's, and the one that took its place)."""
+    def version_ids(self, key: bytes) -> tuple[tuple[tuple[int, int, bytes], ...], bool]:
+        """(node, hlc, AEAD tag) of each version of `key`, in order (the tag tells apart two
+        sealings of one dot: a rolled-back write's, and the one that took its place), and
+        whether the record is latched degraded; one statement."""
         rows = self.db.execute(
-            "SELECT node, hlc, substr(envelope, -16) FROM versions WHERE key = ? "
-            "ORDER BY node, hlc",
+            "SELECT node, hlc, substr(envelope, -16), "
+            "EXISTS (SELECT 1 FROM degraded WHERE key = ?1) "
+            "FROM versions WHERE key = ?1 ORDER BY node, hlc",
             (key,),
         ).fetchall()
-        return tuple((node_from_i64(n), h, t) for n, h, t in rows)
+        return tuple((node_from_i64(n), h, t) for n, h, t, _ in rows), any(d for *_, d in rows)
 
     def versions_of(self, key: bytes) -> list[Row]:
         rows = self.db.execute(

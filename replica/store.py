@@ -59,6 +59,16 @@ class NewVersion(msgspec.Struct, frozen=True, gc=False):
     """The sequence number of its record's change that stored it (replica/feed.py)."""
 
 
+SQLITE_IOERR = 10
+SQLITE_FULL = 13
+
+
+def _is_disk_error(exc: sqlite3.Error) -> bool:
+    """An I/O error or a full disk (any extended code of either)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in (SQLITE_IOERR, SQLITE_FULL)
+
+
 class Store(AsideTables):
     """A connection to one replica file; not thread-safe on its own (the Replica locks)."""
 
@@ -76,18 +86,23 @@ class Store(AsideTables):
         """Meta values read or written in the open write transaction (no other connection
         writes meanwhile); emptied when it ends and when a savepoint rolls back."""
         self._next_lock_sweep_ms = 0
+        self._synchronous = synchronous
         try:
-            self.db = sqlite3.connect(
-                path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s
-            )
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute(f"PRAGMA synchronous={synchronous.upper()}")
-            self.db.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
-            self.db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
-            self.db.execute("PRAGMA foreign_keys=ON")
-            self.db.create_function("sha256", 1, sha256, deterministic=True)
+            self.db = self._connect()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{path} is not a SQLite database: {exc}") from exc
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout_s
+        )
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute(f"PRAGMA synchronous={self._synchronous.upper()}")
+        db.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
+        db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+        db.execute("PRAGMA foreign_keys=ON")
+        db.create_function("sha256", 1, sha256, deterministic=True)
+        return db
 
     def close(self) -> None:
         self.db.close()
@@ -161,6 +176,7 @@ class Store(AsideTables):
             self._meta.clear()
             self.transactions += 1
             self._roll_back(rollback, commit, exc)
+            self._after_disk_error(exc)
             raise
         self._depth -= 1
         if self._depth == 0:
@@ -170,7 +186,24 @@ class Store(AsideTables):
         except BaseException as exc:
             if self._depth == 0:  # a failed COMMIT may leave the transaction open: end it
                 self._roll_back(rollback, commit, exc)
+            self._after_disk_error(exc)
             raise
+
+    def _after_disk_error(self, exc: BaseException) -> None:
+        """After the disk failed a write or an fsync (SQLite's IOERR or FULL), the connection
+        is not trusted again (after a failed fsync, pages the OS dropped may still look
+        written to it: the ATC'20 fsync study): the outermost transaction reopens it and
+        raises `StoreError` naming the failure. Deeper, the error goes on up to it."""
+        if not isinstance(exc, sqlite3.Error) or not _is_disk_error(exc) or self._depth > 0:
+            return
+        name = getattr(exc, "sqlite_errorname", "disk error")
+        self.db.close()
+        self.db = self._connect()
+        raise StoreError(
+            f"{self.path}: the disk failed a write ({name}: {exc}); this transaction was not "
+            "committed, and the file was opened again",
+            hint="check the disk and its free space, then retry",
+        ) from exc
 
     @contextmanager
     def snapshot(self) -> Iterator[None]:

@@ -190,18 +190,24 @@ class Store(AsideTables):
             raise
 
     def _after_disk_error(self, exc: BaseException) -> None:
-        """After the disk failed a write or an fsync (SQLite's IOERR or FULL), the connection
-        is not trusted again (after a failed fsync, pages the OS dropped may still look
-        written to it: the ATC'20 fsync study): the outermost transaction reopens it and
-        raises `StoreError` naming the failure. Deeper, the error goes on up to it."""
+        """After SQLite failed a write or an fsync (its IOERR or FULL), the connection is not
+        trusted again (its cached pages and its view of the log may be what the disk never
+        took): the outermost transaction opens the file again and raises `StoreError` naming
+        the failure; deeper, the error goes on up to it. Whether the transaction is kept is
+        unknown: a failed fsync of the log leaves its frames whole in the file, and a later
+        open may recover them. It was not acknowledged; what was, stays."""
         if not isinstance(exc, sqlite3.Error) or not _is_disk_error(exc) or self._depth > 0:
             return
         name = getattr(exc, "sqlite_errorname", "disk error")
         self.db.close()
-        self.db = self._connect()
+        try:
+            self.db = self._connect()
+        except sqlite3.Error as reopen_error:
+            self.closed = True  # every later call: ReplicaClosedError
+            exc.add_note(f"opening the file again failed too: {reopen_error}")
         raise StoreError(
-            f"{self.path}: the disk failed a write ({name}: {exc}); this transaction was not "
-            "committed, and the file was opened again",
+            f"{self.path}: SQLite could not write ({name}: {exc}); whether this transaction "
+            "was kept is unknown, and the file was opened again",
             hint="check the disk and its free space, then retry",
         ) from exc
 
@@ -308,7 +314,8 @@ class Store(AsideTables):
             "FROM versions WHERE key = ?1 ORDER BY node, hlc",
             (key,),
         ).fetchall()
-        return tuple((node_from_i64(n), h, t) for n, h, t, _ in rows), any(d for *_, d in rows)
+        degraded = any(d for *_, d in rows) if rows else self.is_degraded(key)  # none: latched?
+        return tuple((node_from_i64(n), h, t) for n, h, t, _ in rows), degraded
 
     def versions_of(self, key: bytes) -> list[Row]:
         rows = self.db.execute(

@@ -3,8 +3,9 @@ strace into a child's system calls on its write-ahead log, once at the N-th call
 the N-th call on, for a failed fsync (EIO) and a full disk (ENOSPC on a write).
 
 Every write either commits (`ack`) or raises a sealsync error (`refused`): never another
-kind. Afterwards the file passes `integrity_check`, every acknowledged record is there and
-none refused is, and after a one-off fault the writes that follow commit again: the
+kind. Afterwards the file passes `integrity_check` and every acknowledged record is there
+(a refused one may be too: a failed fsync leaves the log's frames whole, and an open may
+recover them), and after a one-off fault the writes that follow commit again: the
 connection was opened again rather than trusted.
 """
 
@@ -74,6 +75,5 @@ def test_a_failing_disk_loses_nothing_acknowledged_and_raises_only_typed_errors(
     replica = Replica.open(path)
     with replica:
         replica.unlock_with_key(account.key)
-        for number in range(WRITES):
-            found = replica.get("notes", f"n{number}") is not None
-            assert found == (number in acked), (number, lines)
+        for number in sorted(acked):
+            assert replica.get("notes", f"n{number}") is not None, (number, lines)

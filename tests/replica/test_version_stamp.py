@@ -63,3 +63,18 @@ def test_a_degraded_record_has_no_stamp(make_replica: ReplicaFactory) -> None:
         replica.get("notes", "n")  # latched degraded
     with pytest.raises(DegradedError):
         replica.version_stamp("notes", "n")
+
+
+def test_a_record_latched_degraded_with_no_version_left_has_no_stamp(
+    make_replica: ReplicaFactory,
+) -> None:
+    replica = make_replica()
+    replica.put("notes", "n", {"text": "its key, latched"})
+    with sqlite3.connect(replica.path) as db:
+        ((key,),) = db.execute("SELECT key FROM versions").fetchall()
+        db.execute("INSERT INTO degraded (key, reason) VALUES (?, 'forged')", (key,))
+        db.execute("DELETE FROM versions")
+    with pytest.raises(DegradedError):
+        replica.get("notes", "n")
+    with pytest.raises(DegradedError):
+        replica.version_stamp("notes", "n")

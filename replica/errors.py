@@ -10,6 +10,7 @@ No message ever holds plaintext, keys or tokens.
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Literal
 
 
@@ -153,3 +154,14 @@ class StoreError(SealsyncError):
     """The replica file is not a sealsync replica, or is of a newer format than this code."""
 
     code = "store"
+
+
+SQLITE_IOERR = 10
+SQLITE_FULL = 13
+
+
+def is_disk_error(exc: sqlite3.Error) -> bool:
+    """Whether SQLite failed to write: an I/O error or a full file (any extended code of
+    either); the store then trusts its connection no more (`Store._after_disk_error`)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in (SQLITE_IOERR, SQLITE_FULL)

@@ -19,7 +19,7 @@ from typing import Literal
 import msgspec
 
 from replica.asides import AsideTables, Row, sha256
-from replica.errors import ReplicaClosedError, StoreError
+from replica.errors import ReplicaClosedError, StoreError, is_disk_error
 from replica.migrations import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION
 from replica.wire import node_from_i64, node_to_i64
 
@@ -57,16 +57,6 @@ class NewVersion(msgspec.Struct, frozen=True, gc=False):
     created: int | None = None
     changed: int = 0
     """The sequence number of its record's change that stored it (replica/feed.py)."""
-
-
-SQLITE_IOERR = 10
-SQLITE_FULL = 13
-
-
-def _is_disk_error(exc: sqlite3.Error) -> bool:
-    """An I/O error or a full disk (any extended code of either)."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    return code is not None and code & 0xFF in (SQLITE_IOERR, SQLITE_FULL)
 
 
 class Store(AsideTables):
@@ -196,7 +186,7 @@ class Store(AsideTables):
         the failure; deeper, the error goes on up to it. Whether the transaction is kept is
         unknown: a failed fsync of the log leaves its frames whole in the file, and a later
         open may recover them. It was not acknowledged; what was, stays."""
-        if not isinstance(exc, sqlite3.Error) or not _is_disk_error(exc) or self._depth > 0:
+        if not isinstance(exc, sqlite3.Error) or not is_disk_error(exc) or self._depth > 0:
             return
         name = getattr(exc, "sqlite_errorname", "disk error")
         self.db.close()

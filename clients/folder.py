@@ -215,9 +215,11 @@ class FolderReport:
     snapshot: str | None = None
     newer_keys: bytes | None = None
     """The folder's newer key bundle, when another device changed the keys: this device
-    writes nothing until it takes them (`Replica.adopt_bundle`, with the new passphrase)."""
+    neither writes nor reads until it takes them (`Replica.adopt_bundle`, with the new
+    passphrase)."""
     waiting: int = 0
-    """Files signed under those newer keys: read once this device takes them."""
+    """Files signed under newer keys whose bundle has not reached this copy of the folder:
+    read once it has, and this device took them."""
     retired: int = 0
     """Files signed under keys a rotation retired: never read (a revoked device's, or ones
     their device writes again under the new keys once it takes them)."""

@@ -1,29 +1,61 @@
-"""The child process of test_disk_faults: writes records to a real replica file, each in
-its own transaction, while strace fails its system calls on that file.
+"""The child process of test_disk_faults: writes to a real replica file, a transaction at a
+time, while strace fails its system calls on that file.
 
-Run as `python tests/faults/fault_child.py PATH BUNDLE_HEX KEY_HEX COUNT` with the project
-root on PYTHONPATH: joins the account at PATH (or opens it), unlocks it with the raw key (no
-Argon2id), and puts `n0` … `n{COUNT-1}`, printing `ack N` once a commit returned and
-`refused N TYPE` when it raised one of sealsync's errors. Any other error escapes as a
-traceback: what the test counts as untyped.
+Run as `python tests/faults/fault_child.py MODE PATH BUNDLE_HEX KEY_HEX ARG` with the project
+root on PYTHONPATH: joins the account at PATH (or opens it) and unlocks it with the raw key
+(no Argon2id). Modes:
+
+- `put COUNT`: puts `n0` … `n{COUNT-1}`, one transaction each;
+- `pull FILE`: merges the envelopes in FILE (MessagePack, a list) as pulled pages of
+  `PAGE` envelopes, one transaction each.
+
+After each transaction it prints `ack N` once it returned, or `refused N TYPE` when it
+raised one of sealsync's errors. Any other error escapes as a traceback: what the test
+counts as untyped.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+
+import msgspec
 
 from replica import Replica
 from replica.errors import SealsyncError
+from replica.sync import SyncSession
+from tests.replica.helpers import page_of
+
+PAGE = 2
 
 
-def main(path: Path, bundle: bytes, key: bytes, count: int) -> None:
+def put_note(replica: Replica, number: int) -> None:
+    replica.put("notes", f"n{number}", {"text": f"note {number}"})
+
+
+def pull_page(session: SyncSession, envelopes: list[bytes]) -> None:
+    session.apply_page(page_of(envelopes, session.cursor))
+
+
+def steps(replica: Replica, mode: str, arg: str) -> list[Callable[[], None]]:
+    """One callable per transaction."""
+    if mode == "put":
+        return [partial(put_note, replica, number) for number in range(int(arg))]
+    envelopes = msgspec.msgpack.decode(Path(arg).read_bytes(), type=list[bytes])
+    session = replica.sync_session()
+    pages = [envelopes[i : i + PAGE] for i in range(0, len(envelopes), PAGE)]
+    return [partial(pull_page, session, page) for page in pages]
+
+
+def main(mode: str, path: Path, bundle: bytes, key: bytes, arg: str) -> None:
     replica = Replica.open(path) if path.exists() else Replica.join(path, bundle)
     with replica:
         replica.unlock_with_key(key)
-        for number in range(count):
+        for number, step in enumerate(steps(replica, mode, arg)):
             try:
-                replica.put("notes", f"n{number}", {"text": f"note {number}"})
+                step()
             except SealsyncError as exc:
                 print(f"refused {number} {type(exc).__name__}", flush=True)
                 continue
@@ -31,6 +63,6 @@ def main(path: Path, bundle: bytes, key: bytes, count: int) -> None:
 
 
 if __name__ == "__main__":
-    main(
-        Path(sys.argv[1]), bytes.fromhex(sys.argv[2]), bytes.fromhex(sys.argv[3]), int(sys.argv[4])
-    )
+    arguments = sys.argv[1:]
+    main(arguments[0], Path(arguments[1]), bytes.fromhex(arguments[2]),
+         bytes.fromhex(arguments[3]), arguments[4])  # fmt: skip

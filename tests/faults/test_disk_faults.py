@@ -1,11 +1,12 @@
 """A disk that fails (issue 15, item 1): real faults on a real replica file, injected by
 strace into a child's system calls on its write-ahead log, once at the N-th call and from
-the N-th call on, for a failed fsync (EIO) and a full disk (ENOSPC on a write).
+the N-th call on, for a failed fsync (EIO) and a full disk (ENOSPC on a write), over local
+commits and over merging pulled pages.
 
-Every write either commits (`ack`) or raises a sealsync error (`refused`): never another
-kind. Afterwards the file passes `integrity_check` and every acknowledged record is there
-(a refused one may be too: a failed fsync leaves the log's frames whole, and an open may
-recover them), and after a one-off fault the writes that follow commit again: the
+Every transaction either commits (`ack`) or raises a sealsync error (`refused`): never
+another kind. Afterwards the file passes `integrity_check` and every acknowledged record is
+there (a refused one may be too: a failed fsync leaves the log's frames whole, and an open
+may recover them), and after a one-off fault the transactions that follow commit again: the
 connection was opened again rather than trusted.
 """
 
@@ -18,10 +19,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from replica import Replica
-from tests.conftest import Account
+from tests.conftest import Account, ReplicaFactory
+from tests.faults.fault_child import PAGE
+from tests.replica.helpers import dirty_envelopes
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).with_name("fault_child.py")
@@ -30,6 +34,7 @@ FAULTS = [("fsync,fdatasync", "EIO", when) for when in ("1", "2", "3", "2+")] + 
     ("pwrite64,write", "ENOSPC", when) for when in ("1", "3", "5", "2+")
 ]
 """(system calls, error, strace's `when`: the N-th call, or `N+` from it on)."""
+PULL_FAULTS = [FAULTS[0], FAULTS[3], FAULTS[4], FAULTS[7]]
 
 
 def strace() -> str:
@@ -43,10 +48,10 @@ def strace() -> str:
     return found
 
 
-def run_child(path: Path, account: Account, writes: int, *prefix: str) -> list[str]:
+def run_child(mode: str, path: Path, account: Account, arg: str, *prefix: str) -> list[str]:
     """The child's lines, once it ended; a traceback fails the test (an untyped error)."""
-    command = [*prefix, sys.executable, str(CHILD), str(path), account.bundle.hex(),
-               account.key.hex(), str(writes)]  # fmt: skip
+    command = [*prefix, sys.executable, str(CHILD), mode, str(path), account.bundle.hex(),
+               account.key.hex(), arg]  # fmt: skip
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         command, check=False, capture_output=True, text=True, timeout=120, env=environment
@@ -55,25 +60,58 @@ def run_child(path: Path, account: Account, writes: int, *prefix: str) -> list[s
     return done.stdout.splitlines()
 
 
-@pytest.mark.parametrize(("calls", "error", "when"), FAULTS)
-def test_a_failing_disk_loses_nothing_acknowledged_and_raises_only_typed_errors(
-    calls: str, error: str, when: str, account: Account, tmp_path: Path
-) -> None:
-    path = tmp_path / "replica.db"
-    run_child(path, account, 0)  # the file made before any fault
+def under_fault(
+    mode: str, path: Path, account: Account, arg: str, fault: tuple[str, str, str]
+) -> tuple[set[int], list[str]]:
+    """Run the child with `fault` injected on the replica's log; the transactions it saw
+    acknowledged, after checking every other one was refused by a sealsync error."""
+    calls, error, when = fault
     inject = ["-e", f"trace={calls}", "-e", f"inject={calls}:error={error}:when={when}"]
-    lines = run_child(path, account, WRITES, strace(), "-f", "-qq", "-o", os.devnull, *inject,
-                      "-P", f"{path}-wal")  # fmt: skip
+    lines = run_child(mode, path, account, arg, strace(), "-f", "-qq", "-o", os.devnull,
+                      *inject, "-P", f"{path}-wal")  # fmt: skip
     acked = {int(line.split()[1]) for line in lines if line.startswith("ack ")}
-    refused = {int(line.split()[1]) for line in lines if line.startswith("refused ")}
-    assert len(acked) + len(refused) == WRITES and refused, lines
-    assert all(line.endswith("StoreError") for line in lines if line.startswith("refused "))
-    if not when.endswith("+"):  # a one-off fault: the writes after it commit again
-        assert max(acked, default=-1) > min(refused), lines
+    refused = [line for line in lines if line.startswith("refused ")]
+    assert refused and all(line.endswith("StoreError") for line in refused), lines
+    if not when.endswith("+"):  # a one-off fault: the transactions after it commit again
+        assert max(acked, default=-1) > min(int(line.split()[1]) for line in refused), lines
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    return acked, lines
+
+
+def notes_found(path: Path, account: Account, numbers: set[int]) -> set[int]:
     replica = Replica.open(path)
     with replica:
         replica.unlock_with_key(account.key)
-        for number in sorted(acked):
-            assert replica.get("notes", f"n{number}") is not None, (number, lines)
+        return {n for n in numbers if replica.get("notes", f"n{n}") is not None}
+
+
+@pytest.mark.parametrize(("calls", "error", "when"), FAULTS)
+def test_a_failing_disk_loses_no_acknowledged_write_and_raises_only_typed_errors(
+    calls: str, error: str, when: str, account: Account, tmp_path: Path
+) -> None:
+    path = tmp_path / "replica.db"
+    run_child("put", path, account, "0")  # the file made before any fault
+    acked, lines = under_fault("put", path, account, str(WRITES), (calls, error, when))
+    assert notes_found(path, account, acked) == acked, lines
+
+
+@pytest.mark.parametrize(("calls", "error", "when"), PULL_FAULTS)
+def test_a_failing_disk_loses_no_acknowledged_page_and_raises_only_typed_errors(
+    calls: str,
+    error: str,
+    when: str,
+    account: Account,
+    make_replica: ReplicaFactory,
+    tmp_path: Path,
+) -> None:
+    writer = make_replica("writer")
+    for n in range(WRITES):
+        writer.put("notes", f"n{n}", {"text": f"note {n}"})
+    pulled = tmp_path / "pulled.msgpack"
+    pulled.write_bytes(msgspec.msgpack.encode(dirty_envelopes(writer)))
+    path = tmp_path / "replica.db"
+    run_child("put", path, account, "0")
+    acked, lines = under_fault("pull", path, account, str(pulled), (calls, error, when))
+    in_acked_pages = {n for page in acked for n in range(page * PAGE, (page + 1) * PAGE)}
+    assert notes_found(path, account, in_acked_pages) == in_acked_pages, lines

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from clients.device import write_atomically
 from clients.folder import DEVICES, KEYS, FolderReport, FolderSync, parse_file_name
+from replica import Replica
+from replica.bundles import generation_of, parse_bundle
 from replica.errors import InvalidArgumentError, StoreError
 from replica.folder import DEVICE_PATTERN, bundle_name
 
@@ -60,6 +62,18 @@ def check_revocable_in_folder(folder: Path, this_device: str, device_id: str) ->
         )
 
 
+def refuse_newer_keys(replica: Replica, report: FolderReport) -> None:
+    """`StoreError` naming both generations when the round found newer keys in the folder:
+    this device must take them before it changes the keys or leaves the folder."""
+    if report.newer_keys is not None:
+        theirs = generation_of(parse_bundle(report.newer_keys))
+        raise StoreError(
+            f"the folder holds key generation {theirs}, newer than this device's "
+            f"{replica.key_generation} (changed on another device)",
+            hint=KEYS_CHANGED_HINT,
+        )
+
+
 def rotate_in_folder(
     driver: FolderSync,
     new_passphrase: str,
@@ -75,8 +89,7 @@ def rotate_in_folder(
     (garbage, another account's) is set aside under a hidden name. `StoreError`, with
     nothing changed, when the folder holds a newer generation or gets one meanwhile."""
     replica = driver.replica
-    if driver.sync().newer_keys is not None:
-        raise StoreError("the folder holds newer keys than this device's", hint=KEYS_CHANGED_HINT)
+    refuse_newer_keys(replica, driver.sync())
     following = driver.folder / KEYS / bundle_name(replica.key_generation + 1)
     if following.exists():  # no bundle that follows this one (else newer_keys): set aside
         following.replace(following.with_name(f".{following.name}.refused"))

@@ -81,7 +81,7 @@ class Coordination:
             stamp, degraded = core.store.version_ids(core.record_key(identity))
             if degraded:
                 raise DegradedError(
-                    "a record is degraded: one of its versions cannot be opened",
+                    f"record {collection}/{id} is degraded: one of its versions cannot be opened",
                     hint="run repair to quarantine the unreadable versions",
                 )
             return stamp

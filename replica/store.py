@@ -297,7 +297,8 @@ class Store(AsideTables):
     def version_ids(self, key: bytes) -> tuple[tuple[tuple[int, int, bytes], ...], bool]:
         """(node, hlc, AEAD tag) of each version of `key`, in order (the tag tells apart two
         sealings of one dot: a rolled-back write's, and the one that took its place), and
-        whether the record is latched degraded; one statement."""
+        whether the record is latched degraded: one statement, and one more only for a key
+        with no version left."""
         rows = self.db.execute(
             "SELECT node, hlc, substr(envelope, -16), "
             "EXISTS (SELECT 1 FROM degraded WHERE key = ?1) "

@@ -10,7 +10,7 @@ import click
 
 from clients.cli.commands import DEFAULT_RETRY_FOR_S, default_device_name, sync_through_relay
 from clients.cli.console import out, user_errors
-from clients.cli.folder import move_to_folder, report_folder_round
+from clients.cli.folder import move_to_folder, refuse_relay_options, report_folder_round
 from clients.cli.settings import CliSettings
 from clients.device import (
     RelaySettings,
@@ -20,6 +20,7 @@ from clients.device import (
     sidecar_path,
 )
 from clients.folder import FolderState, FolderSync, load_state, state_path
+from clients.folder_keys import refuse_newer_keys
 from clients.http import check_relay_url
 from replica.errors import StoreError
 
@@ -52,16 +53,17 @@ def move(
 ) -> None:
     """Move this device between its relay and a shared folder: everything it holds is
     written to the other (a reseed into it), and it syncs through that from then on. Move
-    each device; what it leaves keeps its copy (a relay's until the account is removed
-    there, a folder's files until they are deleted)."""
+    each device; what it leaves keeps its copy until it is removed there."""
     if folder is not None:
-        if relay_url is not None or account is not None or insecure:
-            raise click.UsageError("give --folder DIR, or --relay URL and --account NAME")
-        move_to_folder(settings, folder)
-    elif relay_url is not None and account is not None:
-        move_to_relay(settings, relay_url, account, insecure, invite)
-    else:
+        refuse_relay_options(relay_url, account, invite)
+        if insecure:
+            raise click.UsageError("--insecure is a relay's: a folder takes none")
+        return move_to_folder(settings, folder)
+    if relay_url is None:
         raise click.UsageError("give --folder DIR, or --relay URL and --account NAME")
+    if account is None:
+        raise click.UsageError("--relay needs --account NAME")
+    move_to_relay(settings, relay_url, account, insecure, invite)
 
 
 def move_to_relay(
@@ -121,9 +123,5 @@ def last_folder_round(settings: CliSettings, folder: Path) -> None:
     newer keys than this device's."""
     with user_errors(), opened_replica(settings.replica_path, settings.passphrase) as replica:
         report = FolderSync(replica, folder).sync()
-        if report.newer_keys is not None:
-            raise StoreError(
-                "the folder holds newer keys than this device's (changed on another device)",
-                hint="`sealsync sync` takes them (with the new passphrase); then move",
-            )
+        refuse_newer_keys(replica, report)
     report_folder_round(report)

@@ -223,7 +223,9 @@ def test_two_rotations_at_once_are_named_and_a_later_one_waits(
     named = FolderSync(b, copy).sync()
     assert named.segments == 1 and any("two devices changed the keys" in r for r in named.refused)
     c = make_replica("c")
-    with pytest.raises(StoreError, match="the folder holds newer keys"):
+    with pytest.raises(
+        StoreError, match="the folder holds key generation 2, newer than this device's 1"
+    ):
         rotate_in_folder(FolderSync(c, shared), "a third passphrase", revoked=None)
     assert c.key_generation == 1 and not (shared / KEYS / bundle_name(3)).exists()
 

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from chat import undolog
@@ -21,6 +22,7 @@ from chat.models import Thread, build, parse, to_document
 from chat.schema import MESSAGES, THREADS, check_declared
 from replica import (
     DEFAULT_PROFILE,
+    ChangeMark,
     DegradedError,
     IndexStats,
     InvalidArgumentError,
@@ -35,6 +37,25 @@ _CHECKED_CHATS = 1024
 _POLL_S = 0.02
 Part = tuple[str, str, Any]
 """An undo journal's note: (collection, record id, the document it showed before or None)."""
+
+
+@dataclass
+class Operation:
+    """One chat operation in its transaction: the chat's last message place, when known
+    without reading it (after this store's own append), and the new message's place."""
+
+    last_at: int | None = None
+    appended_at: int | None = None
+
+
+@dataclass(frozen=True)
+class Appended:
+    """This store's last append: its chat, the file's change mark as it ended, and the
+    message's place."""
+
+    thread: str
+    mark: ChangeMark
+    at: int
 
 
 class ChatBase:
@@ -54,6 +75,7 @@ class ChatBase:
         self._wait_s = wait_s
         self._now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)
         self._journal = threading.local()
+        self._appended: Appended | None = None
         self._checked: dict[str, tuple[tuple[int, int, bytes], ...]] = {}
         """Chats whose record `_check_thread` found live and well-formed, by version stamp."""
         self._corpus_lock = threading.Lock()
@@ -81,7 +103,7 @@ class ChatBase:
         *,
         undo: str | None = None,
         lifts_damage: bool = False,
-    ) -> Iterator[None]:
+    ) -> Iterator[Operation]:
         """One transaction on chat `thread`: with `lease` (a job's), if it still holds it;
         else once no job holds the chat (waiting up to `wait_s`). With `undo` (the
         operation's name), what its writes replaced is kept to undo it. A chat with an
@@ -92,19 +114,48 @@ class ChatBase:
         deadline = time.monotonic() + self._wait_s
         while True:
             with self.replica.batch():
-                if lease is not None:
-                    lease.check()
-                if lease is not None or self.replica.lease_is_free(chat_lease(thread)):
-                    self._check_readable(thread, lifts_damage)
+                operation = self._begin(thread, lease, lifts_damage)
+                if operation is not None:
                     with self._journaled(thread, undo):
-                        yield
-                    return
+                        yield operation
+                    appended = self._marked(thread, operation)
+            if operation is not None:
+                self._appended = appended  # committed: what it checked and placed stands
+                return
             if time.monotonic() > deadline:
                 raise LeaseBusyError(
                     f"chat {thread} stayed busy with a job for {self._wait_s} s",
                     hint="try again once the job ends",
                 )
             time.sleep(_POLL_S)
+
+    def _begin(self, thread: str, lease: Lease | None, lifts_damage: bool) -> Operation | None:
+        """The operation, once the chat is the caller's to change (None: a job holds it)."""
+        if lease is not None:
+            lease.check()
+        last_at = self._unchanged_since_append(thread)
+        if last_at is not None:  # checked then, and nothing changed since
+            return Operation(last_at)
+        if lease is None and not self.replica.lease_is_free(chat_lease(thread)):
+            return None
+        self._check_readable(thread, lifts_damage)
+        return Operation()
+
+    def _unchanged_since_append(self, thread: str) -> int | None:
+        """The place of this store's last message if it was appended to `thread` and nothing
+        changed the file since (the same change mark): that append found the chat live,
+        well-formed, readable and free, and it still is; a chat is appended to again and
+        again, and reads none of that again."""
+        appended = self._appended
+        if appended is None or appended.thread != thread:
+            return None
+        return appended.at if self.replica.change_mark() == appended.mark else None
+
+    def _marked(self, thread: str, operation: Operation) -> Appended | None:
+        """What an append leaves for the next one, its writes done (None: not an append)."""
+        if operation.appended_at is None:
+            return None
+        return Appended(thread, self.replica.change_mark(), operation.appended_at)
 
     def _check_readable(self, thread: str, repair: bool) -> None:
         where = {"thread": thread}

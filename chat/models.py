@@ -113,7 +113,7 @@ Model = TypeVar("Model", bound=Document)
 def parse(model: type[Model], document: Any, where: str) -> Model:
     """A stored document as `model`, or `ChatDataError` naming `where` and the field."""
     try:
-        return model.model_validate(document)
+        return _validate(model, document)
     except ValidationError as exc:
         raise ChatDataError(f"{where}: {_first(exc)}", hint="repair or clear the chat") from None
 
@@ -122,9 +122,17 @@ def build(model: type[Model], **fields: Any) -> Model:
     """A new document from the caller's values, or `InvalidArgumentError` naming the field,
     the value and the bound (nothing is written)."""
     try:
-        return model.model_validate(fields)
+        return _validate(model, fields)
     except ValidationError as exc:
         raise InvalidArgumentError(f"{model.__name__.lower()} {_first(exc)}") from None
+
+
+def _validate(model: type[Model], document: Any) -> Model:
+    """`model.model_validate(document)` as sqlmodel does it for a model that is not a table,
+    without the wrapper only tables need: an append validates a message every time."""
+    validated: Model = model.__new__(model)
+    model.__pydantic_validator__.validate_python(document, self_instance=validated)
+    return validated
 
 
 def _first(exc: ValidationError) -> str:
@@ -136,5 +144,7 @@ def _first(exc: ValidationError) -> str:
 
 
 def to_document(model: Document) -> dict[str, Any]:
-    """What is stored: the model's fields and the unknown ones it kept."""
-    return model.model_dump()
+    """What is stored: the model's fields and the unknown ones it kept (`model_dump`, by
+    pydantic's core serializer directly)."""
+    document: dict[str, Any] = model.__pydantic_serializer__.to_python(model)
+    return document

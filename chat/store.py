@@ -165,10 +165,12 @@ class ChatStore(Reshaping, Jobs, Preferences, Reconciling, Searching, Undoing, C
         (appends of two devices never conflict there): the blind index counts messages."""
         check_id("chat", thread)
         now = self._now_ms()
-        with self._operation(thread, lease, undo="append"):
-            self._check_thread(thread)  # a deleted chat takes no message, nor a malformed one
-            where = {"thread": thread}
-            last = self.replica.last_created(MESSAGES, where=where, profile=self.profile)
+        with self._operation(thread, lease, undo="append") as operation:
+            last = operation.last_at
+            if last is None:
+                self._check_thread(thread)  # a deleted chat takes no message, nor a malformed one
+                where = {"thread": thread}
+                last = self.replica.last_created(MESSAGES, where=where, profile=self.profile)
             at = now * 1000 if last is None else max(now * 1000, last + 1)
             message_id = self._new_id()
             message = build(
@@ -182,6 +184,7 @@ class ChatStore(Reshaping, Jobs, Preferences, Reconciling, Searching, Undoing, C
                 created_ms=now,
             )
             self._write(MESSAGES, message_id, to_document(message), before=None)
+            operation.appended_at = at
         return message_id
 
     def edit(self, thread: str, message: str, content: str) -> None:

@@ -32,7 +32,8 @@ class Entry:
 def keep(replica: Replica, profile: str, thread: str, operation: str, parts: list[Any]) -> None:
     """Add an entry, dropping the oldest past `MAX_UNDO` (inside the caller's transaction)."""
     entry: dict[str, Any] = {"operation": operation, "parts": [list(p) for p in parts]}
-    if len(msgspec.msgpack.encode(entry)) > MAX_ENTRY_BYTES:
+    one_new_record = len(parts) == 1 and parts[0][2] is None  # an append: nothing to measure
+    if not one_new_record and len(msgspec.msgpack.encode(entry)) > MAX_ENTRY_BYTES:
         entry = {"operation": operation, "parts": [], "oversized": True}
     replica.journal_push(UNDO, thread, entry, keep=MAX_UNDO, profile=profile)
 

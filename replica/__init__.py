@@ -3,6 +3,7 @@
 No network code lives here: `relay/` serves envelopes and `clients/` moves them.
 """
 
+from replica.asides import ChangeMark
 from replica.bundles import NewAccount
 from replica.errors import (
     DegradedError,
@@ -66,6 +67,7 @@ __all__ = [
     "Applied",
     "Change",
     "ChangeEvent",
+    "ChangeMark",
     "ChangePage",
     "Collection",
     "Context",

@@ -63,7 +63,11 @@ class AsideTables:
     """The statements on held, locks, local, degraded and quarantine rows."""
 
     db: sqlite3.Connection
+    transactions: int
     _next_lock_sweep_ms: int
+    _data_version: tuple[int, int] | None = None
+    """(`transactions`, PRAGMA data_version) as read in the open write transaction: no other
+    connection commits while it holds the write lock, so it is read once per transaction."""
 
     # -- held ---------------------------------------------------------------------------------
 
@@ -309,3 +313,25 @@ class AsideTables:
             "SELECT 1 FROM leases WHERE name = ? AND expires_ms > ?", (name, now_ms)
         ).fetchone()
         return row is not None
+
+    def change_mark(self) -> ChangeMark:
+        """What names the file's contents as this connection sees them now (`ChangeMark`),
+        inside a write transaction."""
+        if self._data_version is None or self._data_version[0] != self.transactions:
+            (data_version,) = self.db.execute("PRAGMA data_version").fetchone()
+            self._data_version = (self.transactions, int(data_version))
+        return ChangeMark(self.db, self._data_version[1], self.db.total_changes)
+
+
+@dataclass(frozen=True)
+class ChangeMark:
+    """The same exactly while nothing changes the file: no row changed on this connection
+    (`total_changes`, any thread's), no commit of another connection (`data_version`, any
+    process's), and no new connection (a reopen after a disk error)."""
+
+    connection: sqlite3.Connection
+    data_version: int
+    changes: int
+
+    def __repr__(self) -> str:
+        return f"ChangeMark(data_version={self.data_version}, changes={self.changes})"

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from replica import feed, held, journal, leases
+from replica.asides import ChangeMark
 from replica.core import Core
 from replica.errors import DegradedError, InvalidArgumentError
 from replica.events import Subscriber
@@ -85,6 +86,19 @@ class Coordination:
                     hint="run repair to quarantine the unreadable versions",
                 )
             return stamp
+
+    def change_mark(self) -> ChangeMark:
+        """Inside `batch()`, once held versions that fell due have merged: a value that stays
+        the same exactly while nothing changes the file. An app that checked something in one
+        transaction, and finds the same mark at the start of the next, need not read it again
+        (the chat store appends so)."""
+        core = self._core
+        with core.mutex:
+            core.check_open()
+            if not core.store.in_transaction:
+                raise InvalidArgumentError("change_mark is read inside batch()")
+            core.release_due()
+            return core.store.change_mark()
 
     def lease(self, name: str, *, ttl_s: float = 30.0, wait_s: float = 0.0) -> Lease:
         """Take the lease `name`: one holder at a time across threads and processes on this

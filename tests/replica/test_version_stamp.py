@@ -78,3 +78,28 @@ def test_a_record_latched_degraded_with_no_version_left_has_no_stamp(
         replica.get("notes", "n")
     with pytest.raises(DegradedError):
         replica.version_stamp("notes", "n")
+
+
+def test_a_change_mark_stays_while_only_reads_happen_and_moves_with_any_write(
+    make_replica: ReplicaFactory,
+) -> None:
+    replica = make_replica()
+    replica.put("notes", "n", {"text": "one"})
+    with replica.batch():
+        before = replica.change_mark()
+    with replica.batch():
+        replica.get("notes", "n")
+        replica.scan("notes")
+        assert replica.change_mark() == before
+        replica.put("notes", "m", {"text": "two"})
+        written = replica.change_mark()
+    assert written != before
+    with sqlite3.connect(replica.path) as db:  # another connection's commit: a clock tick
+        db.execute("UPDATE meta SET value = value + 1 WHERE name = 'clock'")
+    with replica.batch():
+        assert replica.change_mark() not in (before, written)
+
+
+def test_a_change_mark_is_read_inside_a_batch(make_replica: ReplicaFactory) -> None:
+    with pytest.raises(InvalidArgumentError, match="inside batch"):
+        make_replica().change_mark()

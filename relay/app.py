@@ -30,7 +30,6 @@ from relay.bodylimit import BodyLimit
 from relay.config import RelayConfig
 from relay.errors import (
     BadCredentialsError,
-    CounterStaleError,
     ForbiddenError,
     InvalidError,
     NotFoundError,
@@ -41,6 +40,7 @@ from relay.errors import (
 )
 from relay.feed import HeadHub
 from relay.gate import Caller, Gate, in_worker_thread
+from relay.metrics import MetricsMiddleware, RelayMetrics, metrics_route
 from relay.openapi import openapi_document
 from relay.signing import Pusher, bundle_keys, check_key_change, check_plain_revoke
 from relay.storage import AccountRecord, Device, Storage, TokenRecord
@@ -51,7 +51,6 @@ from replica.wire import (
     DeleteAccount,
     DeviceInfo,
     DeviceList,
-    ErrorBody,
     ErrorCode,
     Health,
     KeyBundleValue,
@@ -104,6 +103,8 @@ class RelayApi:
         self.clock_ms = clock_ms
         self.hub = HeadHub()
         self.gate = Gate(storage, config, clock_ms)
+        self.metrics = RelayMetrics()
+        storage.observe_commits(self.metrics.committed)
 
     call = staticmethod(in_worker_thread)
 
@@ -352,7 +353,9 @@ class RelayApi:
                 f"{len(batch.envelopes)} envelopes in one push, bound "
                 f"{self.config.max_push_envelopes}"
             )
-        return codec.respond(request, await self.call(self._store_push, caller, batch))
+        result = await self.call(self._store_push, caller, batch)
+        self.metrics.moved("push", batch.envelopes)
+        return codec.respond(request, result)
 
     def _store_push(self, caller: Caller, batch: PushBatch) -> PushResult:
         """In a worker thread: hashing the envelopes for the signature takes time too. An
@@ -375,6 +378,7 @@ class RelayApi:
         cursor = codec.query_int(request, "cursor", 0, 0, MAX_HLC)
         limit = codec.query_int(request, "limit", self.config.page_size, 1, self.config.page_size)
         page = await self.call(self.storage.pull, caller.account, cursor, limit)
+        self.metrics.moved("pull", [entry.envelope for entry in page.entries])
         return codec.respond(request, page)
 
     async def events(self, request: Request) -> Response:
@@ -386,6 +390,7 @@ class RelayApi:
             """Head hints for as long as the token stays valid: it is checked again every
             heartbeat, so a revoked device or a deleted account stops hearing at once."""
             queue = self.hub.subscribe(caller.account)
+            self.metrics.stream(opened=True)
             try:
                 head = (await self.call(self.storage.state, caller.account)).head
                 if head != seen:
@@ -400,6 +405,7 @@ class RelayApi:
                         continue
                     yield _head_event(head)
             finally:
+                self.metrics.stream(opened=False)
                 self.hub.unsubscribe(caller.account, queue)
 
         return EventSourceResponse(hints(), ping=self.config.heartbeat_s)
@@ -528,24 +534,6 @@ ENDPOINTS = (
 )
 
 
-def _error_response(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, RelayError)
-    headers = {"retry-after": str(exc.retry_after_s)} if exc.retry_after_s else None
-    last_counter = exc.last_counter if isinstance(exc, CounterStaleError) else None
-    body = ErrorBody(exc.code, exc.message, last_counter)
-    return codec.respond(request, body, exc.status, headers)
-
-
-_CODE_BY_HTTP_STATUS = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}
-
-
-def _http_error(request: Request, exc: Exception) -> Response:
-    """Starlette's own 404/405 in the relay's error shape."""
-    assert isinstance(exc, HTTPException)
-    code = _CODE_BY_HTTP_STATUS.get(exc.status_code, ErrorCode.BAD_REQUEST)
-    return codec.respond(request, ErrorBody(code, str(exc.detail)), exc.status_code)
-
-
 def create_app(
     storage: Storage,
     config: RelayConfig | None = None,
@@ -569,9 +557,10 @@ def create_app(
         routes=_routes(api, config),
         middleware=[
             Middleware(AccessLog),
+            Middleware(MetricsMiddleware, metrics=api.metrics),
             Middleware(BodyLimit, max_bytes=config.max_body_bytes),
         ],
-        exception_handlers={RelayError: _error_response, HTTPException: _http_error},
+        exception_handlers={RelayError: codec.error_response, HTTPException: codec.http_error},
         lifespan=lifespan,
     )
     app.state.api = api
@@ -594,4 +583,6 @@ def _routes(api: RelayApi, config: RelayConfig) -> list[Route]:
 
     routes = [Route(e.path, bind(e), methods=[e.method]) for e in ENDPOINTS]
     routes.append(Route("/v1/openapi.json", openapi, methods=["GET"]))
+    if config.metrics:
+        routes.append(metrics_route(api.metrics))
     return routes

@@ -12,11 +12,20 @@ import unicodedata
 from typing import TypeVar
 
 import msgspec
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
 from relay import tokens
-from relay.errors import InvalidError, MalformedError, NotFoundError, UnsupportedMediaError
+from relay.errors import (
+    CounterStaleError,
+    InvalidError,
+    MalformedError,
+    NotFoundError,
+    RelayError,
+    UnsupportedMediaError,
+)
+from replica.wire import ErrorBody, ErrorCode
 
 MSGPACK = "application/msgpack"
 JSON = "application/json"
@@ -58,6 +67,25 @@ def respond(
     if wants_json(request):
         return Response(_json.encode(value), status, headers, media_type=JSON)
     return Response(_msgpack.encode(value), status, headers, media_type=MSGPACK)
+
+
+def error_response(request: Request, exc: Exception) -> Response:
+    """A refusal (`RelayError`) as its status and the relay's error body."""
+    assert isinstance(exc, RelayError)
+    headers = {"retry-after": str(exc.retry_after_s)} if exc.retry_after_s else None
+    last_counter = exc.last_counter if isinstance(exc, CounterStaleError) else None
+    body = ErrorBody(exc.code, exc.message, last_counter)
+    return respond(request, body, exc.status, headers)
+
+
+_CODE_BY_HTTP_STATUS = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}
+
+
+def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404/405 in the relay's error shape."""
+    assert isinstance(exc, HTTPException)
+    code = _CODE_BY_HTTP_STATUS.get(exc.status_code, ErrorCode.BAD_REQUEST)
+    return respond(request, ErrorBody(code, str(exc.detail)), exc.status_code)
 
 
 def check_name(value: str, what: str) -> str:

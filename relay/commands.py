@@ -144,6 +144,7 @@ def relay() -> None:
 @click.option("--port", default=DEFAULT_PORT, show_default=True, envvar="SEALSYNC_RELAY_PORT")
 @click.option("--open-signup", is_flag=True, default=None, help="Anyone may register.")
 @click.option("--trusted-proxy", multiple=True, help="Believe X-Forwarded-For from this address.")
+@click.option("--metrics", is_flag=True, default=None, help="Serve GET /metrics (Prometheus).")
 @click.option("--set", "pairs", multiple=True, metavar="NAME=VALUE", help="Any relay setting.")
 @click.option("--log-level", default="info", show_default=True)
 def relay_serve(
@@ -152,12 +153,17 @@ def relay_serve(
     host: str,
     port: int,
     open_signup: bool | None,
+    metrics: bool | None,
     trusted_proxy: tuple[str, ...],
     pairs: tuple[str, ...],
     log_level: str,
 ) -> None:
     """Serve the relay (SQLite by default, PostgreSQL with --database-url)."""
-    flags: dict[str, object] = {**settings_from_pairs(pairs), "open_signup": open_signup}
+    flags: dict[str, object] = {
+        **settings_from_pairs(pairs),
+        "open_signup": open_signup,
+        "metrics": metrics,
+    }
     if trusted_proxy:
         flags["trusted_proxies"] = trusted_proxy
     config = where.config(flags)

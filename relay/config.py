@@ -63,6 +63,9 @@ class RelayConfig:
     trusted_proxies: tuple[str, ...] = ()
     """Addresses whose X-Forwarded-For is believed; per-IP limits apply only behind them."""
     heartbeat_s: float = 15.0
+    metrics: bool = False
+    """Serve the relay's metrics at GET /metrics (Prometheus' text format, no token asked:
+    counts by route and status only; expose the port only where the scraper is)."""
     accept_unsigned_pushes: bool = False
     """Take unsigned pushes into version-1 accounts, which have no signing key: for a
     transition only, for a stolen token can then forge their versions. Off, their devices

@@ -33,6 +33,7 @@ from relay.storage import (
     DEFAULT_PAGE_SIZE,
     AccountRecord,
     AccountSummary,
+    CommitObserver,
     Device,
     HeadListener,
     LoginFailures,
@@ -127,6 +128,7 @@ class MemoryRelay:
         self._login_failures: dict[str, list[tuple[str, int]]] = {}
         """name → (address, at_ms) of each failed login still remembered."""
         self._listeners: list[HeadListener] = []
+        self._commit_observers: list[CommitObserver] = []
         self._mutex = threading.RLock()
 
     @property
@@ -394,6 +396,9 @@ class MemoryRelay:
     def listen(self, listener: HeadListener) -> None:
         self._listeners.append(listener)
 
+    def observe_commits(self, observer: CommitObserver) -> None:
+        self._commit_observers.append(observer)
+
     def close(self) -> None:
         """Nothing to release: the relay lives as long as the object."""
 
@@ -422,6 +427,8 @@ class MemoryRelay:
                     f"{self._rules.max_account_bytes} bytes"
                 )
             result = PushResult(receipts, self.state(name))
+        for observer in self._commit_observers:
+            observer(1)
         if account.head != before:
             for listener in self._listeners:
                 listener(name, account.head)

@@ -257,6 +257,7 @@ class PostgresStorage(SQLStorage):
         pending = self._check_batch(name, batch, pusher)
         with self._write() as tx:
             result, moved = self._apply_push(tx, pending)
+        self._committed(1)
         if pending.refusal is not None:  # over quota: raised once its counter is committed
             raise pending.refusal
         if moved:

@@ -33,6 +33,7 @@ from relay.sqlpush import PendingPush, authorized, push_plan, write_plan
 from relay.storage import (
     AccountRecord,
     AccountSummary,
+    CommitObserver,
     Device,
     HeadListener,
     LoginFailures,
@@ -93,6 +94,7 @@ class SQLStorage(ABC):
         self._rules = rules
         self._new_id = new_id
         self._listeners: list[HeadListener] = []
+        self._commit_observers: list[CommitObserver] = []
         self._storage_id = ""
         self._secret = b""
 
@@ -390,6 +392,13 @@ class SQLStorage(ABC):
 
     def listen(self, listener: HeadListener) -> None:
         self._listeners.append(listener)
+
+    def observe_commits(self, observer: CommitObserver) -> None:
+        self._commit_observers.append(observer)
+
+    def _committed(self, pushes: int) -> None:
+        for observer in self._commit_observers:
+            observer(pushes)
 
     def _tell_listeners(self, name: str, head: int) -> None:
         for listener in list(self._listeners):

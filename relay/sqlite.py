@@ -255,6 +255,7 @@ class SQLiteStorage(SQLStorage):
                     job.failure = exc
                 db.execute("RELEASE push")
             db.execute("COMMIT")
+            self._committed(len(jobs))
         except BaseException as exc:
             if db.in_transaction:
                 db.execute("ROLLBACK")

@@ -21,6 +21,8 @@ TokenKind = Literal["access", "refresh", "spent"]
 RefreshStep = Literal["spend", "replay", "refuse"]
 HeadListener = Callable[[str, int], None]
 """Called with (account, head) after a push that stored something has committed."""
+CommitObserver = Callable[[int], None]
+"""Called with the number of pushes a commit made durable."""
 
 
 @dataclass(frozen=True)
@@ -222,6 +224,11 @@ class Storage(Protocol):
     def listen(self, listener: HeadListener) -> None:
         """Call `listener` after every push that moved an account's head — also for pushes
         through other relay processes when the backend is shared (PostgreSQL)."""
+        ...
+
+    def observe_commits(self, observer: CommitObserver) -> None:
+        """Call `observer` after each commit of pushes with how many it made durable: several
+        when SQLite's group commit joins them, one elsewhere (the relay's metrics)."""
         ...
 
     def close(self) -> None: ...

@@ -112,15 +112,16 @@ class Sizes:
     sync_records: tuple[int, ...]  # sync.*: records two devices share, the "10k" then "100k"
     live_writes: int  # sync.live: writes timed from A to B
     chat_messages: tuple[int, int]  # chat.open and chat.search: messages, 200 a chat
+    scale_records: int  # sync.scale: records one device pushes and another joins
 
 
 FULL = Sizes(
     200_000, 200_000, 100_000, 5_000, 20_000, 1000, 1000, 5, 5, 50_000, 10.0, 200, 60.0,
-    (10_000, 100_000), 50, (20_000, 200_000),
+    (10_000, 100_000), 50, (20_000, 200_000), 1_000_000,
 )  # fmt: skip
 QUICK = Sizes(
     50_000, 50_000, 20_000, 2_000, 5_000, 1000, 300, 3, 2, 10_000, 3.0, 50, 10.0, (10_000,), 50,
-    (2_000, 20_000),
+    (2_000, 20_000), 100_000,
 )  # fmt: skip
 
 
@@ -143,6 +144,7 @@ def sizes_with_n(sizes: Sizes, n: int) -> Sizes:
         sync_records=(n,),
         live_writes=min(sizes.live_writes, n),
         chat_messages=(max(n, 200), max(n, 200) * 2),
+        scale_records=n,
     )
 
 

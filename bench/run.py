@@ -35,6 +35,7 @@ import chat_bench  # noqa: F401  (registers the chat store's benchmarks)
 import engine  # noqa: F401  (registers the replica's benchmarks, and the baselines)
 import folder_bench  # noqa: F401  (registers the folder sync benchmark)
 import relay_http  # noqa: F401  (registers the relay's HTTP benchmarks and their baseline)
+import scale_bench  # noqa: F401  (registers a million records pushed and joined)
 import sync_http  # noqa: F401  (registers the device-to-device sync benchmarks)
 from harness import (
     FULL,

@@ -291,7 +291,11 @@ def is_followed(finding: RollbackError) -> bool:
 
 
 def login_settings(
-    replica_path: Path, relay_url: str | None, account: str | None, insecure: bool
+    replica_path: Path,
+    relay_url: str | None,
+    account: str | None,
+    insecure: bool,
+    cacert: str | None = None,
 ) -> RelaySettings:
     """Where `login` logs in: the flags, else the sidecar's relay and account (a device whose
     tokens were lost keeps its sidecar; a restored backup at a new path has none); with the
@@ -301,12 +305,14 @@ def login_settings(
         same_relay = relay_url in (None, saved.url)  # --insecure was given for that URL only
         relay_url, account = relay_url or saved.url, account or saved.account
         insecure = insecure or (same_relay and saved.insecure)
+        cacert = cacert or (saved.cacert if same_relay else None)
     if relay_url is None or account is None:
         raise InvalidArgumentError(
             f"no relay settings for {replica_path}",
             hint="give --relay URL and --account NAME",
         )
-    relay = RelaySettings(check_relay_url(relay_url, insecure=insecure), account, insecure)
+    url = check_relay_url(relay_url, insecure=insecure)
+    relay = RelaySettings(url, account, insecure, cacert=cacert)
     if saved is not None and (saved.url, saved.account) == (relay.url, relay.account):
         return replace(relay, session=saved.session, device_name=saved.device_name)
     return relay

@@ -54,6 +54,9 @@ class RelaySettings:
     device_name: str | None = None
     """The name the relay lists this device under: a reseed registers it again under it, so
     the other devices name it right when they ask whether to trust it."""
+    cacert: str | None = None
+    """A CA certificate (PEM, an absolute path) the relay's TLS is verified with instead of
+    the system's: a relay behind a proxy with a self-signed certificate."""
 
     def __repr__(self) -> str:  # the session's tokens never reach a repr
         return f"RelaySettings(url={self.url!r}, account={self.account!r})"
@@ -69,6 +72,7 @@ def settings_to_json(settings: RelaySettings) -> bytes:
         "insecure": settings.insecure,
         "session": msgspec.to_builtins(settings.session),
         "device_name": settings.device_name,
+        "cacert": settings.cacert,
     }
     return json.dumps(value, indent=2).encode() + b"\n"
 
@@ -83,6 +87,7 @@ def settings_from_json(data: bytes, path: Path) -> RelaySettings:
             insecure=bool(value.get("insecure", False)),
             session=None if session is None else msgspec.convert(session, Session),
             device_name=_optional_str(value.get("device_name")),
+            cacert=_optional_str(value.get("cacert")),
         )
     except (ValueError, KeyError, TypeError, AttributeError, msgspec.ValidationError) as exc:
         raise StoreError(
@@ -93,7 +98,7 @@ def settings_from_json(data: bytes, path: Path) -> RelaySettings:
 
 def _optional_str(value: object) -> str | None:
     if value is not None and not isinstance(value, str):
-        raise TypeError("device_name")
+        raise TypeError(type(value).__name__)
     return value
 
 
@@ -187,13 +192,17 @@ class SessionSaver:
 def device_client(replica_path: Path, settings: RelaySettings) -> RelayClient:
     """A client for the device's relay, with its saved session, saving the ones to come and
     taking a newer one another process saved (`sync --watch` beside a one-off command)."""
-    return RelayClient(
-        settings.url,
+    return client_for(
+        settings,
         session=settings.session,
-        insecure=settings.insecure,
         on_session=SessionSaver(replica_path, settings),
         saved_session=lambda: saved_session(replica_path),
     )
+
+
+def client_for(relay: RelaySettings, **options: Any) -> RelayClient:
+    """A client of `relay`, trusting what its settings say (plain http, a CA of its own)."""
+    return RelayClient(relay.url, insecure=relay.insecure, ca_file=relay.cacert, **options)
 
 
 def saved_session(replica_path: Path) -> Session | None:

@@ -68,6 +68,13 @@ class InsecureRelayError(RelayClientError):
     code = "insecure_url"
 
 
+class UntrustedCertificateError(RelayClientError):
+    """The relay's TLS certificate did not verify: nothing was sent, and sending again will
+    not help until the device trusts what signed it (`--cacert`) or the relay's is fixed."""
+
+    code = "untrusted_certificate"
+
+
 class NoSessionError(RelayClientError):
     """A call that needs a device session before one was registered, logged in or given."""
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import ssl
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -29,6 +30,7 @@ from clients.errors import (
     ProtocolMismatchError,
     RelayRefusedError,
     UnknownOutcomeError,
+    UntrustedCertificateError,
 )
 from replica.errors import InvalidArgumentError
 from replica.wire import (
@@ -140,6 +142,29 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def trust(ca_file: str | None) -> ssl.SSLContext | bool:
+    """What the relay's certificate is verified against: `ca_file` alone, or the system."""
+    if ca_file is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise InvalidArgumentError(
+            f"cannot read the CA certificate {ca_file}: {exc}",
+            hint="give a PEM file holding the certificate the relay's was signed with",
+        ) from exc
+
+
+def untrusted_certificate(exc: BaseException) -> str | None:
+    """Why the TLS handshake refused the relay's certificate, if that is what failed."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return str(cause.verify_message)
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 class _Version(msgspec.Struct):
     """Just the protocol version of `/v1/info`, read before the rest: another version's
     limits may have another shape, and the mismatch is the error worth reporting."""
@@ -158,6 +183,7 @@ class RelayClient:
         on_session: Callable[[Session], None] | None = None,
         saved_session: Callable[[], Session | None] | None = None,
         insecure: bool = False,
+        ca_file: str | None = None,
         timeouts: Timeouts = Timeouts(),
         max_answer_bytes: int = MAX_ANSWER_BYTES,
         transport: httpx2.BaseTransport | None = None,
@@ -165,8 +191,11 @@ class RelayClient:
         """`saved_session` reads the session where `on_session` keeps it: before refreshing,
         the client takes a newer one another process saved there (two processes refreshing
         from one refresh token would look like a stolen copy, and end the device's tokens).
-        `transport` is the seam for tests (a real transport with injected faults)."""
+        `ca_file` (PEM) is the only CA the relay's certificate is checked against (a
+        self-signed one); else the system's. `transport` is the seam for tests (a real
+        transport with injected faults)."""
         self.url = check_relay_url(url, insecure=insecure)
+        verify = trust(ca_file)
         self._session = session
         self._on_session = on_session
         self._saved_session = saved_session
@@ -183,6 +212,7 @@ class RelayClient:
             limits=httpx2.Limits(max_keepalive_connections=4, keepalive_expiry=30.0),
             follow_redirects=False,
             trust_env=False,  # libraries take explicit arguments; only the CLI reads the world
+            verify=verify,
         )
 
     def __repr__(self) -> str:
@@ -412,6 +442,18 @@ class RelayClient:
         except httpx2.TimeoutException as exc:
             raise UnknownOutcomeError(
                 f"{method} {path}: no answer within the timeout", hint=UNKNOWN_OUTCOME_HINT
+            ) from exc
+        except httpx2.ConnectError as exc:
+            reason = untrusted_certificate(exc)
+            if reason is not None:
+                raise UntrustedCertificateError(
+                    f"{method} {path}: the certificate of {self.url} is not trusted: {reason}",
+                    hint="for a relay whose certificate a CA of its own signed, pass --cacert "
+                    "with that CA's certificate (PEM)",
+                ) from exc
+            raise UnknownOutcomeError(
+                f"{method} {path}: {type(exc).__name__} talking to {self.url}",
+                hint=UNKNOWN_OUTCOME_HINT,
             ) from exc
         except httpx2.RequestError as exc:
             raise UnknownOutcomeError(

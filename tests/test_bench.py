@@ -142,3 +142,12 @@ def test_without_json_a_table_shows_each_line_with_its_unit_ratio_and_baseline()
     assert rows["raw.upsert_aead"][2] == "rows/s" and "n=50" in rows["raw.upsert_aead"]
     merge = rows["replica.merge"]
     assert merge[2] == "rows/s" and merge[4] == "raw.upsert_aead" and float(merge[3]) > 0
+
+
+def test_bench_scale_reports_each_device_s_peak_memory() -> None:
+    lines = run_bench("--n", "50", "--only", "scale")
+    check_lines(lines)
+    assert [line["name"] for line in lines] == ["sync.push_50", "sync.join_50"]
+    for line in lines:
+        assert line["n"] == 50 and line["unit"] == "records/s"
+        assert 10 < line["peak_rss_mib"] < line["bound_mib"] == 200

@@ -53,6 +53,7 @@ from clients.device import (
     CLI_OPTIONS,
     RelaySettings,
     SessionSaver,
+    client_for,
     device_client,
     load_settings,
     opened_replica,
@@ -102,10 +103,17 @@ def with_options(options: Sequence[Callable[[Any], Any]]) -> Callable[[Any], Any
     return add
 
 
+CA_FILE = click.Path(dir_okay=False, exists=True, resolve_path=True)
+"""A CA certificate file (PEM), kept in the settings by its absolute path."""
 RELAY_OPTIONS = (
     click.option("--relay", "relay_url", help="The relay's URL."),
     click.option("--account", help="The account's name on the relay."),
     click.option("--insecure", is_flag=True, help="Allow plain http to a host not loopback."),
+    click.option(
+        "--cacert",
+        type=CA_FILE,
+        help="Verify the relay's TLS with this CA certificate (PEM), e.g. a self-signed one.",
+    ),
     click.option(
         "--device-name", default=default_device_name, help="How the relay lists this device."
     ),
@@ -167,6 +175,7 @@ def init(
     relay_url: str | None,
     account: str | None,
     insecure: bool,
+    cacert: str | None,
     device_name: str,
     folder: Path | None,
     invite: str | None,
@@ -177,23 +186,18 @@ def init(
         init_in_folder(settings, folder)
     else:
         relay_url, account = require_relay(relay_url, account)
-        init_on_relay(settings, relay_url, account, insecure, device_name, invite)
+        with user_errors():
+            url = check_relay_url(relay_url, insecure=insecure)
+        relay = RelaySettings(url, account, insecure, device_name=device_name, cacert=cacert)
+        init_on_relay(settings, relay, invite)
 
 
-def init_on_relay(
-    settings: CliSettings,
-    relay_url: str,
-    account: str,
-    insecure: bool,
-    device_name: str,
-    invite: str | None,
-) -> None:
+def init_on_relay(settings: CliSettings, relay: RelaySettings, invite: str | None) -> None:
     path = settings.replica_path
+    account, device_name = relay.account, relay.device_name or default_device_name()
     with user_errors():
         refuse_existing(path)
-        url = check_relay_url(relay_url, insecure=insecure)
-        relay = RelaySettings(url, account, insecure, device_name=device_name)
-        with RelayClient(relay.url, insecure=insecure) as client:
+        with client_for(relay) as client:
             client.info()  # unreachable, or another protocol: said before a file exists
             passphrase = settings.passphrase(confirm=True)
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -221,6 +225,7 @@ def join(
     relay_url: str | None,
     account: str | None,
     insecure: bool,
+    cacert: str | None,
     device_name: str,
     folder: Path | None,
     recovery_key: bool,
@@ -232,27 +237,21 @@ def join(
         join_from_folder(settings, folder)
     else:
         relay_url, account = require_relay(relay_url, account)
-        join_on_relay(
-            settings, relay_url, account, insecure, device_name, recovery_key, retry_for_s
-        )
+        with user_errors():
+            url = check_relay_url(relay_url, insecure=insecure)
+        relay = RelaySettings(url, account, insecure, device_name=device_name, cacert=cacert)
+        join_on_relay(settings, relay, recovery_key, retry_for_s)
 
 
 def join_on_relay(
-    settings: CliSettings,
-    relay_url: str,
-    account: str,
-    insecure: bool,
-    device_name: str,
-    recovery_key: bool,
-    retry_for_s: float,
+    settings: CliSettings, relay: RelaySettings, recovery_key: bool, retry_for_s: float
 ) -> None:
     path = settings.replica_path
+    account, device_name = relay.account, relay.device_name or default_device_name()
     with user_errors():
         refuse_existing(path)
-        url = check_relay_url(relay_url, insecure=insecure)
-        relay = RelaySettings(url, account, insecure, device_name=device_name)
         saver = SessionSaver(path, relay)
-        with RelayClient(relay.url, insecure=insecure, on_session=saver) as client:
+        with client_for(relay, on_session=saver) as client:
             client.info()  # unreachable, or another protocol: said before asking a secret
             secret = login_secret(settings, recovery_key)
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -264,13 +263,25 @@ def join_on_relay(
                 report_sync(run_sync(replica, client, retry_for_s))
 
 
+LOGIN_OPTIONS = (
+    click.option(
+        "--relay", "relay_url", help="The relay's URL (default: this replica's settings)."
+    ),
+    click.option("--account", help="The account's name (default: this replica's settings)."),
+    click.option("--insecure", is_flag=True, help="Allow plain http to a host not loopback."),
+    click.option(
+        "--cacert",
+        type=CA_FILE,
+        help="Verify the relay's TLS with this CA certificate (default: this replica's settings).",
+    ),
+    click.option("--device-name", help="How the relay lists this device (default: as it was)."),
+    click.option("--recovery-key", is_flag=True, help="Prove the account with its recovery key."),
+    click.option("--trust-account", is_flag=True, help=TRUST_ACCOUNT_HELP),
+)
+
+
 @click.command("login")
-@click.option("--relay", "relay_url", help="The relay's URL (default: this replica's settings).")
-@click.option("--account", help="The account's name (default: this replica's settings).")
-@click.option("--insecure", is_flag=True, help="Allow plain http to a host not loopback.")
-@click.option("--device-name", help="How the relay lists this device (default: as it was).")
-@click.option("--recovery-key", is_flag=True, help="Prove the account with its recovery key.")
-@click.option("--trust-account", is_flag=True, help=TRUST_ACCOUNT_HELP)
+@with_options(LOGIN_OPTIONS)
 @click.pass_obj
 def login(
     settings: CliSettings,
@@ -278,6 +289,7 @@ def login(
     relay_url: str | None,
     account: str | None,
     insecure: bool,
+    cacert: str | None,
     device_name: str | None,
     recovery_key: bool,
     trust_account: bool,
@@ -286,12 +298,12 @@ def login(
     when the relay still lists it, else as a new one (a restored backup always is)."""
     path = settings.replica_path
     with user_errors(), opened_replica(path) as replica:
-        relay = login_settings(path, relay_url, account, insecure)
+        relay = login_settings(path, relay_url, account, insecure, cacert)
         name = device_name or relay.device_name or default_device_name()
         relay = dataclasses.replace(relay, device_name=name)
         was = relay.session.device_id if relay.session else None
         saver = SessionSaver(path, relay)  # the sidecar is written once the relay said yes
-        with RelayClient(relay.url, insecure=relay.insecure, on_session=saver) as client:
+        with client_for(relay, on_session=saver) as client:
             client.info()  # unreachable, or another protocol: said before asking a secret
             secret = login_secret(settings, recovery_key)
             session = login_again(client, replica, relay.account, secret, name,

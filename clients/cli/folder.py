@@ -63,6 +63,8 @@ def require_relay(relay_url: str | None, account: str | None) -> tuple[str, str]
 def refuse_relay_options(relay_url: str | None, account: str | None, invite: str | None) -> None:
     if relay_url is not None or account is not None:
         raise click.UsageError("--folder takes the place of --relay and --account")
+    if click.get_current_context().params.get("cacert") is not None:
+        raise click.UsageError("--cacert is a relay's: a folder takes none")
     given = click.get_current_context().get_parameter_source("invite")
     if invite is not None and given is click.core.ParameterSource.COMMANDLINE:
         raise click.UsageError("--invite is a relay's: a folder takes no invite")

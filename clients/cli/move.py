@@ -4,11 +4,18 @@ there); an account syncs through one transport at a time, so each device is move
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
 
-from clients.cli.commands import DEFAULT_RETRY_FOR_S, default_device_name, sync_through_relay
+from clients.cli.commands import (
+    CA_FILE,
+    DEFAULT_RETRY_FOR_S,
+    default_device_name,
+    sync_through_relay,
+    with_options,
+)
 from clients.cli.console import out, user_errors
 from clients.cli.folder import move_to_folder, refuse_relay_options, report_folder_round
 from clients.cli.settings import CliSettings
@@ -24,24 +31,31 @@ from clients.folder_keys import refuse_newer_keys
 from clients.http import check_relay_url
 from replica.errors import StoreError
 
+MOVE_OPTIONS = (
+    click.option(
+        "--folder",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="The shared folder to sync through from now on (made a sealsync folder if empty).",
+    ),
+    click.option("--relay", "relay_url", help="The relay to sync through from now on."),
+    click.option("--account", help="With --relay: the account's name there."),
+    click.option(
+        "--insecure", is_flag=True, help="With --relay: allow plain http to a host not loopback."
+    ),
+    click.option(
+        "--cacert", type=CA_FILE, help="With --relay: verify its TLS with this CA certificate."
+    ),
+    click.option(
+        "--invite",
+        envvar="SEALSYNC_INVITE",
+        help="With --relay: an invite, if the relay has no such account and takes new ones by "
+        "invite only.",
+    ),
+)
+
 
 @click.command("move")
-@click.option(
-    "--folder",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="The shared folder to sync through from now on (made a sealsync folder if empty).",
-)
-@click.option("--relay", "relay_url", help="The relay to sync through from now on.")
-@click.option("--account", help="With --relay: the account's name there.")
-@click.option(
-    "--insecure", is_flag=True, help="With --relay: allow plain http to a host not loopback."
-)
-@click.option(
-    "--invite",
-    envvar="SEALSYNC_INVITE",
-    help="With --relay: an invite, if the relay has no such account and takes new ones by "
-    "invite only.",
-)
+@with_options(MOVE_OPTIONS)
 @click.pass_obj
 def move(
     settings: CliSettings,
@@ -49,6 +63,7 @@ def move(
     relay_url: str | None,
     account: str | None,
     insecure: bool,
+    cacert: str | None,
     invite: str | None,
 ) -> None:
     """Move this device between its relay and a shared folder: everything it holds is
@@ -63,12 +78,12 @@ def move(
         raise click.UsageError("give --folder DIR, or --relay URL and --account NAME")
     if account is None:
         raise click.UsageError("--relay needs --account NAME")
-    move_to_relay(settings, relay_url, account, insecure, invite)
+    with user_errors():
+        url = check_relay_url(relay_url, insecure=insecure)
+    move_to_relay(settings, RelaySettings(url, account, insecure, cacert=cacert), invite)
 
 
-def move_to_relay(
-    settings: CliSettings, relay_url: str, account: str, insecure: bool, invite: str | None
-) -> None:
+def move_to_relay(settings: CliSettings, relay: RelaySettings, invite: str | None) -> None:
     """Move this device from its folder to a relay: a last round through the folder (a
     device whose keys are behind the folder's takes them first: it must not carry retired
     keys to the relay), then a reseed there, which registers the account with this device's
@@ -77,15 +92,13 @@ def move_to_relay(
     only once that is done. A move the relay refuses before it took this device in changes
     nothing; once it did (the session is kept, so the device stays one device there), or
     when cut short, running it again finishes it."""
-    path = settings.replica_path
+    path, account = settings.replica_path, relay.account
     with user_errors():
-        relay = RelaySettings(check_relay_url(relay_url, insecure=insecure), account, insecure)
         state, saved = folder_and_relay_settings(path, relay)
     if saved is None:  # else a move cut short: finished
         last_folder_round(settings, Path(state.folder))
         with user_errors():
-            name = default_device_name()
-            save_settings(path, RelaySettings(relay.url, account, insecure, device_name=name))
+            save_settings(path, dataclasses.replace(relay, device_name=default_device_name()))
     try:
         sync_through_relay(settings, True, False, invite, DEFAULT_RETRY_FOR_S, None, None)
     except BaseException:  # a refusal's exit too

@@ -84,23 +84,23 @@ StoredRow = tuple[str, Row, bytes | None, bytes | None]
 
 
 def _stored_rows(core: Core, scope: bytes | None) -> Iterator[StoredRow]:
-    """Every stored row."""
+    """Every stored row, read as it is checked (a million rows are not held at once)."""
     store = core.store
     where, args = ("", ()) if scope is None else (" WHERE scope = ?", (scope,))
     for key, node, hlc, vector, envelope in store.db.execute(
         f"SELECT key, node, hlc, vector, envelope FROM versions{where}", args
-    ).fetchall():
+    ):
         yield "versions", Row(key, node_from_i64(node), hlc, envelope), vector, None
     for key, envelope in store.db.execute(f"SELECT key, envelope FROM local{where}", args):
         yield "local", local_row(key, envelope), None, None
     for log, seq, key, envelope in store.db.execute(
         f"SELECT log, seq, key, envelope FROM journal{where}", args
-    ).fetchall():
+    ):
         yield "journal", journal_row(key, seq, envelope), None, log
     if scope is None:
         for key, node, hlc, envelope in store.db.execute(
             "SELECT key, node, hlc, envelope FROM history"
-        ).fetchall():
+        ):
             yield "history", Row(key, node_from_i64(node), hlc, envelope), None, None
 
 

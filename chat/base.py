@@ -118,7 +118,7 @@ class ChatBase:
                 if operation is not None:
                     with self._journaled(thread, undo):
                         yield operation
-                    appended = self._marked(thread, operation)
+                    appended = None if lease is not None else self._marked(thread, operation)
             if operation is not None:
                 self._appended = appended  # committed: what it checked and placed stands
                 return
@@ -152,7 +152,8 @@ class ChatBase:
         return appended.at if self.replica.change_mark() == appended.mark else None
 
     def _marked(self, thread: str, operation: Operation) -> Appended | None:
-        """What an append leaves for the next one, its writes done (None: not an append)."""
+        """What an append leaves for the next one, its writes done (None: not an append).
+        Not after a job's append: it checked its own lease, not that the chat is free."""
         if operation.appended_at is None:
             return None
         return Appended(thread, self.replica.change_mark(), operation.appended_at)

@@ -32,6 +32,7 @@ from clients.manifest import (
     write_manifest,
 )
 from clients.retention import KeepPolicy, kept
+from clients.rowdigests import ROWS_SUFFIX, rows_path
 from clients.verify import Verdict, verify_backup
 from replica import Merged, Replica, backup_replica_file, copy_replica_file
 from replica.errors import StoreError
@@ -53,7 +54,7 @@ def temp_beside(target: Path) -> Iterator[Path]:
     try:
         yield temp
     finally:
-        for suffix in ("", *SIDE_FILES):
+        for suffix in ("", *SIDE_FILES, ROWS_SUFFIX):
             Path(name + suffix).unlink(missing_ok=True)
 
 
@@ -121,10 +122,12 @@ def _backup(
         raise StoreError(f"{target} already exists", hint="run `sealsync backup` again")
     with temp_beside(target) as temp:
         backup_replica_file(replica_path, temp, keep=scope.keep, progress=progress)
-        manifest = describe(temp, target.name, node, now, scope.name)
+        digests = Path(f"{temp}{ROWS_SUFFIX}")  # removed with the temporary file
+        manifest = describe(temp, target.name, node, now, scope.name, digests_to=digests)
         newest = newest_good_manifest(folder, manifest.node, scope) if skip_unchanged else None
         if newest is not None and newest.same_content(manifest):
             return None
+        os.replace(digests, rows_path(target))  # then the manifest, then the backup
         write_manifest(manifest, manifest_path(target))
         try:
             os.link(temp, target)  # never over another backup of the same name
@@ -219,6 +222,7 @@ def forget_backups(folder: Path, policy: KeepPolicy, *, dry_run: bool) -> Forgot
         for path in removed:  # the backup first: a crash leaves its manifest, which verify names
             path.unlink(missing_ok=True)  # another forget may have been first
             manifest_path(path).unlink(missing_ok=True)
+            rows_path(path).unlink(missing_ok=True)
         fsync_folder(folder)
     return Forgotten(
         sorted(p.name for p in kept_paths), sorted(p.name for p in removed), left_alone

@@ -3,8 +3,9 @@ without the passphrase (`clients/verify.py`).
 
 A backup is `NAME.db` with `NAME.json` beside it. The manifest names its file, the file's
 size and SHA-256, the replica format, the node it was taken from, when, how many rows each
-table of shared data holds, and the SHA-256 of every envelope in `versions` and `history`
-(so that a damaged file names the records it damaged); its own SHA-256 (over the other
+table of shared data holds, and the SHA-256 of `NAME.rows`, which holds the SHA-256 of every
+envelope in `versions` and `history` (so that a damaged file names the records it damaged,
+clients/rowdigests.py); its own SHA-256 (over the other
 fields) catches a manifest changed by accident (anyone can compute it again: it is no
 defence against a forger). It is written before the backup file takes its name, so a crash
 leaves a manifest without its backup, never a backup that looks cut short.
@@ -24,14 +25,15 @@ from typing import Any
 import msgspec
 
 from clients.device import write_atomically
+from clients.rowdigests import write_row_digests
 from replica.errors import StoreError
 from replica.files import read_only_uri
 
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2
+"""Written: 2, the envelopes' digests in `NAME.rows`. Read: 2, and 1, which held them all in
+the manifest, read whole (hundreds of MiB for a million records)."""
 COUNTED_TABLES = ("versions", "history", "held", "quarantine")
 """The tables of shared data a backup keeps (device-local ones are left out of it)."""
-DIGESTED_TABLES = ("versions", "history")
-"""The tables whose envelopes are the records' data; each envelope's SHA-256 is kept."""
 _CHUNK = 1 << 20
 
 
@@ -46,21 +48,24 @@ class Manifest:
     taken_at: str
     """ISO 8601, UTC."""
     rows: dict[str, int]
-    envelopes: dict[str, dict[str, str]]
-    """Per table of `DIGESTED_TABLES`: each row's `row_name` and its envelope's SHA-256."""
     bundle_sha256: str
     """Of the key bundle the backup holds: a backup with the same rows but another bundle
     (the passphrase changed, or the keys rotated) is another backup."""
     scope: str
     """What it holds: `all`, or `profile-TAG`, one profile's records (TAG: 8 hex digits of
     a local HMAC of its name, which the file never holds in clear)."""
+    rows_sha256: str = ""
+    """Of the row digests file (`rows_path`): the SHA-256 of each envelope, by row."""
+    envelopes: dict[str, dict[str, str]] | None = None
+    """Format 1 only, in place of the row digests file: per table, each row's `row_name`
+    and its envelope's SHA-256 (read whole; still checked, no longer written)."""
 
     def same_content(self, other: Manifest) -> bool:
         """Whether both backups hold the same rows and key bundle (whenever, whatever node)."""
         return all(getattr(self, name) == getattr(other, name) for name in _CONTENT)
 
 
-_CONTENT = ("replica_format", "rows", "envelopes", "bundle_sha256", "scope")
+_CONTENT = ("replica_format", "rows", "rows_sha256", "bundle_sha256", "scope")
 """The fields that say what a backup holds (not where, when, or from which node)."""
 
 
@@ -69,33 +74,34 @@ def row_name(key: bytes, node: int, hlc: int) -> str:
     return f"{key.hex()}/{node & 0xFFFF_FFFF_FFFF_FFFF:016x}/{hlc}"
 
 
-def envelope_digests(db: sqlite3.Connection, table: str) -> dict[str, str]:
-    """`row_name` → SHA-256 of its envelope, for a table of well-typed rows."""
-    rows = db.execute(f"SELECT key, node, hlc, envelope FROM {table}")
-    return {row_name(k, n, h): hashlib.sha256(e).hexdigest() for k, n, h, e in rows}
-
-
 def manifest_path(backup: Path) -> Path:
     return backup.with_suffix(".json")
 
 
 def describe(
-    backup: Path, name: str, node: int, taken_at: datetime.datetime, scope: str = "all"
+    backup: Path,
+    name: str,
+    node: int,
+    taken_at: datetime.datetime,
+    scope: str = "all",
+    *,
+    digests_to: Path,
 ) -> Manifest:
-    """The manifest of the backup file at `backup` (to be named `name`), as it is now."""
+    """The manifest of the backup file at `backup` (to be named `name`), as it is now; the
+    digests of its rows are written to `digests_to` (its `rows_path`)."""
     size, digest = file_digest(backup)
     with closing(sqlite3.connect(read_only_uri(backup), uri=True)) as db:
         replica_format = int(db.execute("PRAGMA user_version").fetchone()[0])
         rows = {
             t: int(db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]) for t in COUNTED_TABLES
         }
-        envelopes = {t: envelope_digests(db, t) for t in DIGESTED_TABLES}
+        rows_sha256 = write_row_digests(db, digests_to)
         bundle = db.execute("SELECT value FROM meta WHERE name = 'bundle'").fetchone() or (b"",)
     stamp = taken_at.astimezone(datetime.UTC).isoformat(timespec="microseconds")
     bundle_sha256 = hashlib.sha256(bundle[0]).hexdigest()
     node_hex = f"{node:016x}"
     return Manifest(
-        name, size, digest, replica_format, node_hex, stamp, rows, envelopes, bundle_sha256, scope
+        name, size, digest, replica_format, node_hex, stamp, rows, bundle_sha256, scope, rows_sha256
     )
 
 
@@ -111,7 +117,7 @@ def file_digest(path: Path) -> tuple[int, str]:
 
 
 def write_manifest(manifest: Manifest, path: Path) -> None:
-    fields = asdict(manifest)
+    fields = {k: v for k, v in asdict(manifest).items() if k != "envelopes"}
     document = {"sealsync_backup": MANIFEST_FORMAT, **fields, "self_sha256": _seal(fields)}
     write_atomically(path, json.dumps(document, indent=2, sort_keys=True).encode() + b"\n")
 
@@ -123,20 +129,21 @@ def read_manifest(path: Path) -> Manifest:
         document = json.loads(path.read_bytes())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise StoreError(f"{path} is not a manifest: {exc}") from None
-    if not isinstance(document, dict) or document.get("sealsync_backup") != MANIFEST_FORMAT:
-        raise StoreError(f"{path} is not a sealsync backup manifest of format {MANIFEST_FORMAT}")
+    if not isinstance(document, dict) or document.get("sealsync_backup") not in (1, 2):
+        raise StoreError(f"{path} is not a sealsync backup manifest of format 1 or 2")
     fields = {k: v for k, v in document.items() if k not in ("sealsync_backup", "self_sha256")}
     if document.get("self_sha256") != _seal(fields):
         raise StoreError(f"{path} was changed after it was written (its own SHA-256 differs)")
+    digested_by, other = ("envelopes", "rows_sha256")[
+        :: 1 if document["sealsync_backup"] == 1 else -1
+    ]
+    if digested_by not in fields or other in fields:
+        raise StoreError(f"{path}: a manifest of format {document['sealsync_backup']} says "
+                         f"its rows' digests in {digested_by}, and only there")  # fmt: skip
     try:  # every field, of its type (strict: no string taken for a number)
         manifest = msgspec.convert(fields, Manifest, strict=True)
     except msgspec.ValidationError as exc:
         raise StoreError(f"{path} is not a manifest of this format: {exc}") from None
-    if set(manifest.envelopes) != set(DIGESTED_TABLES):
-        raise StoreError(
-            f"{path} has envelope digests of {sorted(manifest.envelopes)}, "
-            f"not of {list(DIGESTED_TABLES)}"
-        )
     taken_at(manifest, path)
     return manifest
 

@@ -16,19 +16,19 @@ import sqlite3
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from clients.manifest import (
     COUNTED_TABLES,
-    DIGESTED_TABLES,
     Manifest,
     file_digest,
     manifest_path,
     read_manifest,
     row_name,
 )
+from clients.rowdigests import DIGESTED_TABLES, Position, ordered_rows, read_row_digests, rows_path
 from replica import Replica, copy_replica_file
 from replica.errors import ProtocolError, StoreError, WrongKeyError
 from replica.files import read_only_uri
@@ -59,11 +59,11 @@ def verify_folder(folder: Path, check: Callable[[Path], Verdict] | None = None) 
             continue  # a copy in progress (temporary names begin with a dot), or a folder
         if path.suffix == ".db":
             verdicts.append(check(path))
-        elif path.suffix == ".json" and not path.with_suffix(".db").exists():
+        elif path.suffix in (".json", ".rows") and not path.with_suffix(".db").exists():
             verdicts.append(
                 Verdict(path, "damaged", ("the backup file of this manifest is missing",))
             )
-        elif path.suffix != ".json":
+        elif path.suffix not in (".json", ".rows"):
             verdicts.append(Verdict(path, "damaged", ("a file that is no part of a backup",)))
     return verdicts
 
@@ -142,33 +142,90 @@ def _database_problems(backup: Path, manifest: Manifest) -> Iterator[str]:
                 count = db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
                 if count != (said := manifest.rows.get(table)):
                     yield f"{table} holds {count} rows, the manifest says {said}"
-            yield from _row_problems(db, manifest.envelopes)
+            yield from _row_problems(db, backup, manifest)
             yield from _held_problems(db)
     except sqlite3.DatabaseError as exc:
         yield f"not a readable SQLite file: {exc}"
 
 
-def _row_problems(db: sqlite3.Connection, digests: dict[str, dict[str, str]]) -> Iterator[str]:
+def _row_problems(db: sqlite3.Connection, backup: Path, manifest: Manifest) -> Iterator[str]:
     """Every envelope's header parses and names its row (key, node, hlc), and every row is
-    the one the manifest names, with the envelope it had: what differs is named, by row."""
-    damaged: list[str] = []
+    the one the row digests name, with the envelope it had: what differs is named, by row.
+    The rows and the digests are walked side by side in one order, never held at once."""
+    digests = rows_path(backup)
+    if manifest.envelopes is None:
+        try:
+            if file_digest(digests)[1] != manifest.rows_sha256:
+                yield f"{digests.name} is not what was written (its SHA-256 differs)"
+                return
+        except FileNotFoundError:
+            yield f"{digests.name}, the digests of the backup's rows, is missing"
+            return
+    damaged = Tally()
     for table in DIGESTED_TABLES:
-        expected = dict(digests[table])
-        for key, node, hlc, envelope in db.execute(f"SELECT key, node, hlc, envelope FROM {table}"):
-            if not _fits(key, node, hlc, envelope):
-                shown = bytes(key).hex() if isinstance(key, bytes) else repr(key)
-                damaged.append(f"{table} row {shown} {node!r}:{hlc!r} is damaged")
-                continue
-            name = row_name(key, node, hlc)
-            digest = expected.pop(name, None)
-            if digest is None:
-                damaged.append(f"{table} row {name} was not in the backup when it was taken")
-            elif digest != hashlib.sha256(envelope).hexdigest():
-                damaged.append(f"{table} row {name}: its envelope changed since the backup")
-        damaged.extend(f"{table} row {name} is missing" for name in sorted(expected))
-    yield from damaged[:MAX_NAMED]
-    if len(damaged) > MAX_NAMED:
-        yield f"and {len(damaged) - MAX_NAMED} more damaged rows"
+        expected = (
+            read_row_digests(digests, table)
+            if manifest.envelopes is None
+            else _in_order(manifest.envelopes.get(table, {}))
+        )
+        _walk(table, ordered_rows(db, table), expected, damaged)
+    yield from damaged.named
+    if damaged.more:
+        yield f"and {damaged.more} more damaged rows"
+
+
+def _in_order(digests: dict[str, str]) -> Iterator[tuple[Position, str]]:
+    """A format-1 manifest's digests (by `row_name`), in the order of the rows' walk."""
+    places = []
+    for name, digest in digests.items():
+        key, node, hlc = name.split("/")
+        unsigned = int(node, 16)
+        places.append(((bytes.fromhex(key), unsigned - (unsigned >> 63 << 64), int(hlc)), digest))
+    return iter(sorted(places))
+
+
+@dataclass
+class Tally:
+    """The first `MAX_NAMED` damaged rows by name, and how many more."""
+
+    named: list[str] = field(default_factory=list)
+    more: int = 0
+
+    def add(self, problem: str) -> None:
+        if len(self.named) < MAX_NAMED:
+            self.named.append(problem)
+        else:
+            self.more += 1
+
+
+def _walk(
+    table: str,
+    rows: Iterator[tuple[object, object, object, object]],
+    expected: Iterator[tuple[Position, str]],
+    damaged: Tally,
+) -> None:
+    """Merge the table's rows with their digests, both in (key, node, hlc) order."""
+    want = next(expected, None)
+    for key, node, hlc, envelope in rows:
+        if not _fits(key, node, hlc, envelope):
+            shown = bytes(key).hex() if isinstance(key, bytes) else repr(key)
+            damaged.add(f"{table} row {shown} {node!r}:{hlc!r} is damaged")
+            continue
+        assert isinstance(key, bytes) and isinstance(envelope, bytes)
+        place: Position = (key, int(node), int(hlc))  # type: ignore[call-overload]
+        while want is not None and want[0] < place:
+            damaged.add(f"{table} row {row_name(*want[0])} is missing")
+            want = next(expected, None)
+        name = row_name(*place)
+        if want is None or want[0] != place:
+            damaged.add(f"{table} row {name} was not in the backup when it was taken")
+            continue
+        if want[1] != hashlib.sha256(envelope).hexdigest():
+            damaged.add(f"{table} row {name}: its envelope changed since the backup")
+        want = next(expected, None)
+    while want is not None:
+        damaged.add(f"{table} row {row_name(*want[0])} is missing")
+        want = next(expected, None)
 
 
 def _held_problems(db: sqlite3.Connection) -> Iterator[str]:

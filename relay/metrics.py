@@ -25,6 +25,9 @@ LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10
 COMMIT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 STREAMING_ROUTES = frozenset({"/v1/events"})
 """Requests that last as long as a device listens: counted, but not in the latency."""
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+"""Methods counted by name; any other a client makes up is "other" (a label per invented
+method would let anyone grow the relay's memory and every scrape)."""
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PREFIX = "sealsync_relay_"
 
@@ -154,7 +157,8 @@ class MetricsMiddleware:
             route = scope.get("route")
             template = route.path if isinstance(route, Route) else "unmatched"
             seconds = time.perf_counter() - started
-            self.metrics.request(template, scope["method"], status, seconds)
+            method = scope["method"] if scope["method"] in METHODS else "other"
+            self.metrics.request(template, method, status, seconds)
 
 
 def is_storage_error(exc: Exception) -> bool:

@@ -65,6 +65,9 @@ class AsideTables:
     db: sqlite3.Connection
     transactions: int
     _next_lock_sweep_ms: int
+    rollbacks = 0
+    """Rollbacks of a transaction or a savepoint on this connection: one undoes rows that
+    `total_changes` counted, and another connection's `data_version` never sees it."""
     _data_version: tuple[int, int] | None = None
     """(`transactions`, PRAGMA data_version) as read in the open write transaction: no other
     connection commits while it holds the write lock, so it is read once per transaction."""
@@ -320,18 +323,20 @@ class AsideTables:
         if self._data_version is None or self._data_version[0] != self.transactions:
             (data_version,) = self.db.execute("PRAGMA data_version").fetchone()
             self._data_version = (self.transactions, int(data_version))
-        return ChangeMark(self.db, self._data_version[1], self.db.total_changes)
+        return ChangeMark(self.db, self._data_version[1], self.db.total_changes, self.rollbacks)
 
 
 @dataclass(frozen=True)
 class ChangeMark:
     """The same exactly while nothing changes the file: no row changed on this connection
-    (`total_changes`, any thread's), no commit of another connection (`data_version`, any
-    process's), and no new connection (a reopen after a disk error)."""
+    (`total_changes`, any thread's) and none rolled back, no commit of another connection
+    (`data_version`, any process's), and no new connection (a reopen after a disk error)."""
 
     connection: sqlite3.Connection
     data_version: int
     changes: int
+    rollbacks: int
 
     def __repr__(self) -> str:
-        return f"ChangeMark(data_version={self.data_version}, changes={self.changes})"
+        counts = f"changes={self.changes}, rollbacks={self.rollbacks}"
+        return f"ChangeMark(data_version={self.data_version}, {counts})"

@@ -217,6 +217,7 @@ class Store(AsideTables):
             self.db.execute("COMMIT")
 
     def _roll_back(self, rollback: str, release: str, original: BaseException) -> None:
+        self.rollbacks += 1
         try:
             self.db.execute(rollback)
             if self._depth > 0:

@@ -53,6 +53,33 @@ def test_a_job_another_store_took_on_this_replica_is_waited_for(
     ]
 
 
+def test_an_append_after_a_job_s_own_append_still_waits_for_the_job(
+    make_store: StoreFactory,
+) -> None:
+    """The job's append checked its lease, not that the chat is free: nothing may skip that."""
+    store = make_store("here")
+    here = ChatStore(store.replica, wait_s=0.2)
+    thread = here.new_chat("a job's")
+    with here.job(thread) as job:
+        here.append(thread, "assistant", "from the job", lease=job)
+        with pytest.raises(LeaseBusyError, match="busy with a job"):
+            here.append(thread, "user", "while the job holds the chat")
+
+
+def test_an_append_whose_batch_rolled_back_leaves_nothing_to_trust(
+    make_store: StoreFactory,
+) -> None:
+    """A review found it: the chat made and appended to in the app's batch is gone once the
+    batch rolls back, though no other connection committed and no row count went down."""
+    store = make_store("here")
+    with pytest.raises(RuntimeError), store.replica.batch():
+        thread = store.new_chat("rolled back")
+        store.append(thread, "user", "first")
+        raise RuntimeError("the app's batch fails")
+    with pytest.raises(NoSuchChatError, match="no chat"):
+        store.append(thread, "user", "into a chat that never was")
+
+
 def test_a_held_delete_that_falls_due_stops_the_next_append(
     make_replica: ReplicaFactory, make_store: StoreFactory
 ) -> None:

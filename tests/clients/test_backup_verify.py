@@ -4,6 +4,7 @@ folder of backups is found and named, and a damaged backup is restored only when
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import random
@@ -19,6 +20,7 @@ import pytest
 from clients.backup import backup_replica, forget_backups, restore_replica
 from clients.manifest import describe, read_manifest, row_name, taken_at, write_manifest
 from clients.retention import KeepPolicy
+from clients.rowdigests import rows_path
 from clients.verify import verify_folder
 from replica.errors import StoreError
 from tests.clients.test_cli import Cli
@@ -82,13 +84,19 @@ DAMAGE: dict[str, Damage] = {
     "missing manifest": lambda folder, rng: (
         rng.choice(backups(folder)).with_suffix(".json").unlink()
     ),
+    "flipped byte in row digests": lambda folder, rng: flip_a_byte(
+        rng.choice(backups(folder)).with_suffix(".rows"), rng
+    ),
+    "missing row digests": lambda folder, rng: (
+        rng.choice(backups(folder)).with_suffix(".rows").unlink()
+    ),
     "extra file": lambda folder, rng: (folder / f"stray-{rng.randrange(1000)}.txt").touch(),
     "swapped backups": lambda folder, rng: swap(*backups(folder)),
     "swapped manifests": lambda folder, rng: swap(
         *(b.with_suffix(".json") for b in backups(folder))
     ),
 }
-RANDOM = ("flipped byte", "flipped byte in a manifest", "truncation")
+RANDOM = ("flipped byte", "flipped byte in a manifest", "flipped byte in row digests", "truncation")
 
 
 @pytest.mark.parametrize("kind", sorted(DAMAGE))
@@ -194,7 +202,9 @@ def test_forget_removes_what_no_rule_keeps_and_never_counts_a_bad_backup(
     assert done["removed"] == [made[0].name, made[1].name]
     assert done["left_alone"] == [newest_bad.name]
     assert sorted(p.name for p in folder.iterdir()) == sorted(
-        n for b in (made[2], made[3], newest_bad) for n in (b.name, b.with_suffix(".json").name)
+        n
+        for b in (made[2], made[3], newest_bad)
+        for n in (b.name, b.with_suffix(".json").name, b.with_suffix(".rows").name)
     )
     nothing = cli(replica.path, "backup", "forget", str(folder))
     assert nothing.exit_code == 1 and "needs a rule" in nothing.stderr
@@ -239,7 +249,9 @@ def rewrite_manifest(backup: Path) -> None:
     """Write the backup's manifest again to match what the file holds now (what a forger
     can do: a manifest is no defence against one)."""
     old = read_manifest(backup.with_suffix(".json"))
-    again = describe(backup, backup.name, int(old.node, 16), taken_at(old, backup), old.scope)
+    rows_path(backup).unlink()
+    again = describe(backup, backup.name, int(old.node, 16), taken_at(old, backup), old.scope,
+                     digests_to=rows_path(backup))  # fmt: skip
     write_manifest(again, backup.with_suffix(".json"))
 
 
@@ -282,3 +294,35 @@ def test_read_data_opens_every_envelope_and_tells_a_wrong_key(
     assert [v["backup"] for v in damaged] == [str(backup)]
     assert damaged[0]["problems"][0].startswith(f"versions row {name} is undecryptable")
     assert replica.exists() is False  # verify needs no replica, and makes none
+
+
+def as_format_1(backup: Path) -> None:
+    """Write the backup's manifest as sealsync wrote it before the `.rows` file: every row's
+    digest in the manifest, by `row_name`."""
+    path = backup.with_suffix(".json")
+    fields = json.loads(path.read_bytes())
+    with closing(sqlite3.connect(backup)) as db:
+        fields["envelopes"] = {
+            table: {
+                row_name(k, n, h): hashlib.sha256(e).hexdigest()
+                for k, n, h, e in db.execute(f"SELECT key, node, hlc, envelope FROM {table}")
+            }
+            for table in ("versions", "history")
+        }
+    for name in ("sealsync_backup", "self_sha256", "rows_sha256"):
+        del fields[name]
+    seal = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+    document = {"sealsync_backup": 1, **fields, "self_sha256": seal}
+    path.write_text(json.dumps(document, indent=2, sort_keys=True))
+    rows_path(backup).unlink()
+
+
+def test_a_backup_an_earlier_version_took_still_verifies_and_names_its_damage(
+    pristine: Path,
+) -> None:
+    backup = backups(pristine)[0]
+    as_format_1(backup)
+    assert [v.state for v in verify_folder(pristine)] == ["ok", "ok"]
+    name = _change_an_envelope(backup)
+    (verdict,) = [v for v in verify_folder(pristine) if v.backup == backup]
+    assert f"versions row {name}: its envelope changed since the backup" in verdict.problems

@@ -61,6 +61,8 @@ def test_metrics_count_what_the_relay_did_and_name_no_account(relays: Relays) ->
     assert client.get("/v1/pull?cursor=0", headers=bearer(session)).status_code == 200
     assert client.get("/v1/pull?cursor=0").status_code == 401
     assert client.get("/v1/no-such-route").status_code == 404
+    for invented in ("BREW", "WHEN"):  # no series per method a client makes up
+        assert client.request(invented, "/v1/pull").status_code == 405
     text = client.get("/metrics").text
     assert "alice" not in text and session.access_token not in text
     found = scrape(client)
@@ -69,8 +71,9 @@ def test_metrics_count_what_the_relay_did_and_name_no_account(relays: Relays) ->
     assert found[requests % ("/v1/pull", "GET", 200)] == 1
     assert found[requests % ("/v1/pull", "GET", 401)] == 1
     assert found[requests % ("unmatched", "GET", 404)] == 1
-    assert found['sealsync_relay_request_seconds_count{route="/v1/pull"}'] == 2
-    assert found['sealsync_relay_request_seconds_bucket{route="/v1/pull",le="+Inf"}'] == 2
+    assert found[requests % ("/v1/pull", "other", 405)] == 2
+    assert found['sealsync_relay_request_seconds_count{route="/v1/pull"}'] == 4
+    assert found['sealsync_relay_request_seconds_bucket{route="/v1/pull",le="+Inf"}'] == 4
     assert found["sealsync_relay_push_envelopes_total"] == 3
     assert found["sealsync_relay_push_bytes_total"] == sum(map(len, pushed))
     assert found["sealsync_relay_pull_envelopes_total"] == 3

@@ -120,23 +120,41 @@ def _backup(
     target = folder / backup_name(replica_path, now, node, scope.name)
     if target.exists():
         raise StoreError(f"{target} already exists", hint="run `sealsync backup` again")
-    with temp_beside(target) as temp:
+    with disk_errors(target), temp_beside(target) as temp:
         backup_replica_file(replica_path, temp, keep=scope.keep, progress=progress)
         digests = Path(f"{temp}{ROWS_SUFFIX}")  # removed with the temporary file
         manifest = describe(temp, target.name, node, now, scope.name, digests_to=digests)
         newest = newest_good_manifest(folder, manifest.node, scope) if skip_unchanged else None
         if newest is not None and newest.same_content(manifest):
             return None
-        os.replace(digests, rows_path(target))  # then the manifest, then the backup
-        write_manifest(manifest, manifest_path(target))
         try:
+            os.replace(digests, rows_path(target))  # then the manifest, then the backup
+            write_manifest(manifest, manifest_path(target))
             os.link(temp, target)  # never over another backup of the same name
         except FileExistsError:
             raise StoreError(
                 f"{target} already exists", hint="run `sealsync backup` again"
             ) from None
-    fsync_folder(folder)
+        except BaseException:  # a failed backup leaves none of its files (a crash may)
+            for beside in (rows_path(target), manifest_path(target)):
+                beside.unlink(missing_ok=True)
+            raise
+        fsync_folder(folder)
     return target
+
+
+@contextmanager
+def disk_errors(target: Path) -> Iterator[None]:
+    """A disk that failed or filled up while `target` was written, as `StoreError`. What
+    was there before stays whole; so does the new file if it had taken its place (only the
+    folder's sync failed), but whether that lasts a power cut is unknown."""
+    try:
+        yield
+    except OSError as exc:
+        raise StoreError(
+            f"{target}: the disk refused a write or a sync ({exc.strerror or exc})",
+            hint="check the disk (free space, errors in the system log), then try again",
+        ) from exc
 
 
 def newest_good_manifest(folder: Path, node: str, scope: BackupScope) -> Manifest | None:
@@ -252,14 +270,14 @@ def restore_replica(
             "not synced yet are lost), or another --replica path",
         )
     replica_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with temp_beside(replica_path) as temp:
+    with disk_errors(replica_path), temp_beside(replica_path) as temp:
         copy_replica_file(backup, temp, read_only=True, progress=progress)
         with Replica.open(temp) as restored:  # refuses what is not a replica
             node = restored.take_new_node_id()
         for suffix in SIDE_FILES:  # a stale WAL must never be replayed into the restored file
             replica_path.with_name(replica_path.name + suffix).unlink(missing_ok=True)
         os.replace(temp, replica_path)
-    fsync_folder(replica_path.parent)
+        fsync_folder(replica_path.parent)
     forget_merged(replica_path)
     return node, verdict
 

@@ -34,6 +34,7 @@ from relay.errors import (
     InvalidError,
     NotFoundError,
     RelayError,
+    StoreFailedError,
     TooLargeError,
     UnauthorizedError,
     VersionConflictError,
@@ -560,7 +561,11 @@ def create_app(
             Middleware(MetricsMiddleware, metrics=api.metrics),
             Middleware(BodyLimit, max_bytes=config.max_body_bytes),
         ],
-        exception_handlers={RelayError: codec.error_response, HTTPException: codec.http_error},
+        exception_handlers={
+            RelayError: codec.error_response,
+            HTTPException: codec.http_error,
+            StoreFailedError: codec.storage_failure(api.metrics.storage_error),
+        },
         lifespan=lifespan,
     )
     app.state.api = api

@@ -8,13 +8,15 @@ does not parse is a 400 `malformed`; one that parses but breaks a type or bound 
 
 from __future__ import annotations
 
+import logging
 import unicodedata
+from collections.abc import Callable
 from typing import TypeVar
 
 import msgspec
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 
 from relay import tokens
 from relay.errors import (
@@ -27,6 +29,7 @@ from relay.errors import (
 )
 from replica.wire import ErrorBody, ErrorCode
 
+log = logging.getLogger(f"sealsync.{__name__}")
 MSGPACK = "application/msgpack"
 JSON = "application/json"
 _MSGPACK_TYPES = {MSGPACK, "application/x-msgpack", "application/vnd.msgpack"}
@@ -86,6 +89,19 @@ def http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = _CODE_BY_HTTP_STATUS.get(exc.status_code, ErrorCode.BAD_REQUEST)
     return respond(request, ErrorBody(code, str(exc.detail)), exc.status_code)
+
+
+def storage_failure(count: Callable[[], None]) -> Callable[[Request, Exception], Response]:
+    """The handler of `StoreFailedError`: logged with its cause, `count`ed, answered 500 (a
+    device's unknown outcome, retried). Answered here, not raised on to the server, which
+    would close the connection a device keeps alive."""
+
+    def answer(request: Request, exc: Exception) -> Response:
+        log.error("storage failed", exc_info=exc)
+        count()
+        return PlainTextResponse("the relay's storage failed\n", status_code=500)
+
+    return answer
 
 
 def check_name(value: str, what: str) -> str:

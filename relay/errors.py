@@ -9,6 +9,8 @@ can act.
 
 from __future__ import annotations
 
+import sqlite3
+
 from replica.errors import SealsyncError
 from replica.wire import ErrorCode
 
@@ -150,11 +152,17 @@ STORE_FAILED_HINT = (
 class StoreFailedError(SealsyncError):
     """Storage failed under the relay (a disk error, a lost database): a 500, not a refusal.
 
-    Not a `RelayError` on purpose: the app maps only refusals to a 4xx, so this one reaches
-    Starlette's error middleware, which logs it and answers 500 (the client's "unknown
-    outcome", retried)."""
+    Not a `RelayError` on purpose: the app maps only refusals to a 4xx; this one is logged
+    with its cause, counted, and answered 500 (the client's "unknown outcome", retried). A
+    storage call whose database raised anything (`is_storage_error`) ends as this one."""
 
     code = "store_failed"
 
     def __init__(self, message: str, *, hint: str | None = STORE_FAILED_HINT) -> None:
         super().__init__(message, hint=hint)
+
+
+def is_storage_error(exc: BaseException) -> bool:
+    """A failure of the database under the relay (SQLite's or PostgreSQL's)."""
+    database = type(exc).__module__.split(".")[0] == "psycopg"
+    return database or isinstance(exc, (StoreFailedError, sqlite3.Error))

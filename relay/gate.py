@@ -22,7 +22,13 @@ from starlette.requests import Request
 
 from relay import tokens
 from relay.config import RelayConfig
-from relay.errors import DeviceRevokedError, RateLimitedError, UnauthorizedError
+from relay.errors import (
+    DeviceRevokedError,
+    RateLimitedError,
+    StoreFailedError,
+    UnauthorizedError,
+    is_storage_error,
+)
 from relay.storage import LoginFailures, Storage
 from relay.throttle import TokenBuckets
 
@@ -51,8 +57,14 @@ def _printable(address: str) -> str:
 
 
 async def in_worker_thread(function: Callable[..., T], *args: Any) -> T:
-    """Run a storage call in a worker thread: storage is synchronous."""
-    return await anyio.to_thread.run_sync(function, *args)
+    """Run a storage call in a worker thread (storage is synchronous); its database's
+    failure, whatever the backend raised, as `StoreFailedError`."""
+    try:
+        return await anyio.to_thread.run_sync(function, *args)
+    except Exception as exc:
+        if not is_storage_error(exc) or isinstance(exc, StoreFailedError):
+            raise
+        raise StoreFailedError(f"the relay's storage failed: {exc}") from exc
 
 
 def _peer(request: Request) -> str:

@@ -8,7 +8,6 @@ a token or a cursor: a scrape tells nothing of any one account, and the series s
 from __future__ import annotations
 
 import bisect
-import sqlite3
 import threading
 import time
 from collections import Counter
@@ -18,8 +17,6 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from relay.errors import StoreFailedError
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 COMMIT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -149,22 +146,12 @@ class MetricsMiddleware:
 
         try:
             await self.app(scope, receive, send_and_note)
-        except Exception as exc:
-            if is_storage_error(exc):
-                self.metrics.storage_error()
-            raise
         finally:
             route = scope.get("route")
             template = route.path if isinstance(route, Route) else "unmatched"
             seconds = time.perf_counter() - started
             method = scope["method"] if scope["method"] in METHODS else "other"
             self.metrics.request(template, method, status, seconds)
-
-
-def is_storage_error(exc: Exception) -> bool:
-    """A failure of the storage under the relay (SQLite's or PostgreSQL's), not of a request."""
-    database = type(exc).__module__.split(".")[0] == "psycopg"
-    return database or isinstance(exc, (StoreFailedError, sqlite3.Error))
 
 
 def metrics_route(metrics: RelayMetrics) -> Route:

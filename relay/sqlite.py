@@ -10,6 +10,7 @@ transaction.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sqlite3
 import threading
@@ -25,7 +26,7 @@ from relay.signing import Pusher
 from relay.sql import SQLStorage
 from relay.sqlpush import PendingPush
 from relay.storage import VersionRules, new_random_id
-from replica.errors import InvalidArgumentError
+from replica.errors import InvalidArgumentError, is_disk_error
 from replica.wire import PushBatch, PushResult
 
 WAL_CHECKPOINT_PAGES = 10_000
@@ -106,6 +107,9 @@ class SQLiteTransaction(dialect.Transaction):
         """Nothing to do: one process, whose listeners hear each push after its commit."""
 
 
+log = logging.getLogger(f"sealsync.{__name__}")
+
+
 @dataclass
 class _Push:
     """One push waiting for the group commit, and what became of it."""
@@ -151,6 +155,22 @@ class SQLiteStorage(SQLStorage):
         db.execute("PRAGMA foreign_keys=ON")
         return db
 
+    def _after_failure(self, exc: BaseException) -> None:
+        """End the writer's failed transaction (a rollback that fails too is noted on `exc`,
+        never raised over it). After SQLite failed a write or a sync (IOERR, FULL), the
+        writer is not trusted again: its cached pages and its view of the log may be what
+        the disk never took. It is opened again, as the replica's store does."""
+        try:
+            if self._writer.in_transaction:
+                self._writer.execute("ROLLBACK")
+        except sqlite3.Error as rollback_error:
+            exc.add_note(f"rollback also failed: {rollback_error}")
+        if isinstance(exc, sqlite3.Error) and is_disk_error(exc):
+            self._writer.close()
+            self._writer = self._connect()
+            self._writer.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
+            log.warning("disk error: the database was opened again", extra={"error": str(exc)})
+
     def _reader(self) -> sqlite3.Connection:
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
         if db is None:
@@ -167,10 +187,10 @@ class SQLiteStorage(SQLStorage):
             db.execute("BEGIN IMMEDIATE")
             try:
                 yield SQLiteTransaction(db)
-            except BaseException:
-                db.execute("ROLLBACK")
+                db.execute("COMMIT")
+            except BaseException as exc:
+                self._after_failure(exc)
                 raise
-            db.execute("COMMIT")
 
     @contextmanager
     def _read(self) -> Iterator[dialect.Transaction]:
@@ -257,10 +277,9 @@ class SQLiteStorage(SQLStorage):
             db.execute("COMMIT")
             self._committed(len(jobs))
         except BaseException as exc:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
             for job in jobs:  # nothing of the group was committed: no receipt may go out
                 job.result, job.group_failure = None, exc
+            self._after_failure(exc)
             raise
         finally:
             for job in jobs:

@@ -9,6 +9,7 @@ locks in `replica.held`, the shared internals in `replica.core`.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -113,7 +114,11 @@ class Replica(KeyOperations, Coordination, Transfers):
         if not path.is_file():
             raise StoreError(f"no replica at {path}", hint="create one with Replica.create or join")
         store = Store(path, synchronous=options.synchronous, busy_timeout_s=options.busy_timeout_s)
-        store.check_format()
+        try:
+            store.check_format()
+        except sqlite3.Error as exc:  # the disk failed or filled up as the file was opened
+            store.close()
+            raise StoreError(f"{path} could not be opened: {exc}") from exc
         return cls(store, options)
 
     @classmethod

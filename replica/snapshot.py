@@ -85,11 +85,14 @@ def backup_replica_file(
     anything."""
     Replica.open(source).close()
     copy_replica_file(source, target, progress=progress)
-    with closing(sqlite3.connect(target, isolation_level=None)) as copy:
-        copy.execute("PRAGMA secure_delete=ON")
-        copy.executescript(f"BEGIN IMMEDIATE; {_DROP_DEVICE_LOCAL} COMMIT;")
-        if keep is not None:
-            _keep_only(copy, keep)
+    try:
+        with closing(sqlite3.connect(target, isolation_level=None)) as copy:
+            copy.execute("PRAGMA secure_delete=ON")
+            copy.executescript(f"BEGIN IMMEDIATE; {_DROP_DEVICE_LOCAL} COMMIT;")
+            if keep is not None:
+                _keep_only(copy, keep)
+    except sqlite3.Error as exc:  # the copy's disk failed or filled up: the copy is refused
+        raise StoreError(f"{target} could not be written: {exc}") from exc
     _fsync(target)
 
 

@@ -36,11 +36,14 @@ class RelayProcess:
         *options: str,
         open_signup: bool = True,
         accept_unsigned: bool = False,
+        prefix: tuple[str, ...] = (),
     ) -> None:
         """SQLite at `db`, or whatever storage `options` name (`--database-url …`); anyone
         may register unless `open_signup` is False (then by invite only); unsigned pushes
-        (of accounts registered with a placeholder bundle) only with `accept_unsigned`."""
+        (of accounts registered with a placeholder bundle) only with `accept_unsigned`;
+        `prefix` runs the relay under another program (strace injecting faults)."""
         self.db = db
+        self.prefix = prefix
         self.log_path = log_path
         self.options = (
             *(("--db", str(db)) if db else ()),
@@ -69,12 +72,18 @@ class RelayProcess:
 
     def _start_once(self) -> RelayProcess:
         command = [
-            sys.executable, "-m", "clients.cli", "relay", "serve", *self.options,
+            *self.prefix, sys.executable, "-m", "clients.cli", "relay", "serve", *self.options,
             "--port", str(self.port), "--set", "requests_per_second=100000",
             "--set", "burst=100000", "--log-level", "debug",
         ]  # fmt: skip
         log = self.log_path.open("ab")
-        self._process = subprocess.Popen(command, stdout=log, stderr=log, env=os.environ.copy())
+        self._process = subprocess.Popen(  # under a prefix, its own group: killed whole
+            command,
+            stdout=log,
+            stderr=log,
+            env=os.environ.copy(),
+            start_new_session=bool(self.prefix),
+        )
         log.close()
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -94,7 +103,10 @@ class RelayProcess:
     def kill(self) -> None:
         """SIGKILL: no shutdown, no flush — what a power cut or OOM kill does to the process."""
         if self._process is not None:
-            self._process.send_signal(signal.SIGKILL)
+            if self.prefix:  # strace's tracee would outlive strace
+                os.killpg(self._process.pid, signal.SIGKILL)
+            else:
+                self._process.send_signal(signal.SIGKILL)
             self._process.wait()
             self._process = None
 

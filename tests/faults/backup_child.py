@@ -1,0 +1,34 @@
+"""The child process of test_backup_faults: takes a backup of a replica, or restores one,
+while strace fails its system calls. The outcome is the exit status, not a line printed: a
+write to standard output would be one of the calls that fail.
+
+Run as `python tests/faults/backup_child.py backup REPLICA FOLDER` or `... restore BACKUP
+TARGET` with the project root on PYTHONPATH. Exit 0: done; 3: refused with one of
+sealsync's errors (typed); anything else (a traceback): an untyped error.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from pathlib import Path
+
+from clients.backup import backup_replica, restore_replica
+from replica.errors import SealsyncError
+
+REFUSED = 3
+
+
+def main(mode: str, source: Path, target: Path) -> int:
+    try:
+        if mode == "backup":
+            backup_replica(source, target, datetime.datetime.now(datetime.UTC))
+        else:
+            restore_replica(source, target, force=True)
+    except SealsyncError:
+        return REFUSED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])))

@@ -28,7 +28,13 @@ from clients.manifest import (
     read_manifest,
     row_name,
 )
-from clients.rowdigests import DIGESTED_TABLES, Position, ordered_rows, read_row_digests, rows_path
+from clients.rowdigests import (
+    DIGESTED_TABLES,
+    Position,
+    ordered_rows,
+    read_row_digests,
+    rows_path,
+)
 from replica import Replica, copy_replica_file
 from replica.errors import ProtocolError, StoreError, WrongKeyError
 from replica.files import read_only_uri

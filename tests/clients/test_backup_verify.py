@@ -326,3 +326,19 @@ def test_a_backup_an_earlier_version_took_still_verifies_and_names_its_damage(
     name = _change_an_envelope(backup)
     (verdict,) = [v for v in verify_folder(pristine) if v.backup == backup]
     assert f"versions row {name}: its envelope changed since the backup" in verdict.problems
+
+
+def test_a_replica_holding_a_row_of_the_wrong_types_is_backed_up_with_its_damage_named(
+    make_replica: ReplicaFactory, tmp_path: Path
+) -> None:
+    """A review found it: the row digests wrote such a row's key as `bytes(int)`."""
+    replica = make_replica()
+    replica.put("threads", "t", {"title": "kept"})
+    replica.close()
+    with closing(sqlite3.connect(replica.path)) as db, db:
+        db.execute("UPDATE versions SET key = 4611686018427387904")  # bytes(it): no memory
+    folder = tmp_path / "backups"
+    backup_replica(replica.path, folder, datetime.datetime.now(datetime.UTC))
+    (verdict,) = verify_folder(folder)
+    assert verdict.state == "damaged"
+    assert any("row 4611686018427387904" in p and "is damaged" in p for p in verdict.problems)

@@ -9,6 +9,8 @@ root on PYTHONPATH: joins the account at PATH (or opens it) and unlocks it with 
 - `pull FILE`: merges the envelopes in FILE (MessagePack, a list) as pulled pages of
   `PAGE` envelopes, one transaction each.
 
+With `SEALSYNC_TEST_FILE_SIZE_CEILING` set, no file may grow past that many bytes.
+
 After each transaction it prints `ack N` once it returned, or `refused N TYPE` when it
 raised one of sealsync's errors. Any other error escapes as a traceback: what the test
 counts as untyped.
@@ -16,6 +18,8 @@ counts as untyped.
 
 from __future__ import annotations
 
+import os
+import resource
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -29,6 +33,9 @@ from replica.sync import SyncSession
 from tests.replica.helpers import page_of
 
 PAGE = 2
+FILE_SIZE_CEILING = "SEALSYNC_TEST_FILE_SIZE_CEILING"
+"""Bytes no file of the child may grow past (RLIMIT_FSIZE; Python ignores SIGXFSZ, so a
+write past it fails with EFBIG, as on a file system with a file size limit)."""
 
 
 def put_note(replica: Replica, number: int) -> None:
@@ -50,6 +57,8 @@ def steps(replica: Replica, mode: str, arg: str) -> list[Callable[[], None]]:
 
 
 def main(mode: str, path: Path, bundle: bytes, key: bytes, arg: str) -> None:
+    if ceiling := os.environ.get(FILE_SIZE_CEILING):  # past it, a write fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (int(ceiling), int(ceiling)))
     replica = Replica.open(path) if path.exists() else Replica.join(path, bundle)
     with replica:
         replica.unlock_with_key(key)

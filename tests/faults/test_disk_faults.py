@@ -24,7 +24,7 @@ import pytest
 
 from replica import Replica
 from tests.conftest import Account, ReplicaFactory
-from tests.faults.fault_child import PAGE
+from tests.faults.fault_child import FILE_SIZE_CEILING, PAGE
 from tests.replica.helpers import dirty_envelopes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,11 +49,13 @@ def strace() -> str:
     return found
 
 
-def run_child(mode: str, path: Path, account: Account, arg: str, *prefix: str) -> list[str]:
+def run_child(
+    mode: str, path: Path, account: Account, arg: str, *prefix: str, **env: str
+) -> list[str]:
     """The child's lines, once it ended; a traceback fails the test (an untyped error)."""
     command = [*prefix, sys.executable, str(CHILD), mode, str(path), account.bundle.hex(),
                account.key.hex(), arg]  # fmt: skip
-    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), **env}
     done = subprocess.run(
         command, check=False, capture_output=True, text=True, timeout=120, env=environment
     )
@@ -116,3 +118,21 @@ def test_a_failing_disk_loses_no_acknowledged_page_and_raises_only_typed_errors(
     acked, lines = under_fault("pull", path, account, str(pulled), (calls, error, when))
     in_acked_pages = {n for page in acked for n in range(page * PAGE, (page + 1) * PAGE)}
     assert notes_found(path, account, in_acked_pages) == in_acked_pages, lines
+
+
+def test_a_file_size_ceiling_refuses_writes_as_a_full_disk(
+    account: Account, tmp_path: Path
+) -> None:
+    """RLIMIT_FSIZE: the log cannot grow past the ceiling, and a write past it fails with
+    EFBIG. Each transaction commits or is refused, typed (once the log was copied back into
+    the file and starts over, it has room again)."""
+    path = tmp_path / "replica.db"
+    run_child("put", path, account, "0")
+    ceiling = {FILE_SIZE_CEILING: str(path.stat().st_size + 48 * 1024)}
+    lines = run_child("put", path, account, "30", **ceiling)
+    acked = {int(line.split()[1]) for line in lines if line.startswith("ack ")}
+    refused = [line for line in lines if line.startswith("refused ")]
+    assert acked and refused and all(line.endswith("StoreError") for line in refused), lines
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    assert notes_found(path, account, acked) == acked, lines

@@ -22,7 +22,13 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
 from clients.errors import UnknownOutcomeError
-from replica.errors import ReplicaLockedError, SealsyncError, StoreError, WrongKeyError
+from replica.errors import (
+    ReplicaLockedError,
+    SealsyncError,
+    StoreError,
+    WrongKeyError,
+    is_disk_error,
+)
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
@@ -77,9 +83,18 @@ def user_errors() -> Iterator[None]:
     except SealsyncError as exc:
         fail(str(exc), exc.hint or HINT_BY_ERROR.get(type(exc)))
     except sqlite3.Error as exc:
-        fail(f"SQLite: {exc}", "another process may hold the replica; check the --replica path")
+        fail(f"SQLite: {exc}", sqlite_hint(exc))
     except OSError as exc:
         fail(str(exc), "check the path and its permissions")
+
+
+def sqlite_hint(exc: sqlite3.Error) -> str:
+    """What to do about an error SQLite raised: a disk's, a lock's, or the file's."""
+    if is_disk_error(exc):
+        return "the disk failed or is full: check its free space and the system log"
+    if getattr(exc, "sqlite_errorcode", 0) & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        return "another process holds the file; try again once it is done"
+    return "check the path; `sealsync diagnose` checks a replica file"
 
 
 @contextmanager

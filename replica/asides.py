@@ -317,6 +317,14 @@ class AsideTables:
         ).fetchone()
         return row is not None
 
+    def version_envelope_bytes(self) -> int:
+        """The bytes of every current and held envelope, summed by SQLite (none is read)."""
+        (total,) = self.db.execute(
+            "SELECT (SELECT coalesce(sum(length(envelope)), 0) FROM versions)"
+            " + (SELECT coalesce(sum(length(envelope)), 0) FROM held)"
+        ).fetchone()
+        return int(total)
+
     def change_mark(self) -> ChangeMark:
         """What names the file's contents as this connection sees them now (`ChangeMark`),
         inside a write transaction."""

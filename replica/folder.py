@@ -137,6 +137,11 @@ class FolderSession:
         took it for the files it covers would never get the good copy)."""
         with self._core.mutex:
             keys = self._core.keys()
+            held_bytes = self._core.store.version_envelope_bytes()
+            if held_bytes > MAX_FILE_BYTES:  # refused before a byte of them is read
+                raise ProtocolError(
+                    f"{held_bytes:,} bytes of versions, above the bound of {MAX_FILE_BYTES:,}"
+                )
             envelopes = self._core.store.all_version_envelopes()
         for envelope in envelopes:
             try:

@@ -189,6 +189,19 @@ def test_a_driver_kept_across_rounds_writes_every_edit(
     assert reader.get("notes", "n").document == {"text": "v2"}  # type: ignore[union-attr]
 
 
+def test_a_replica_past_the_bound_is_refused_a_snapshot_before_it_is_read(
+    make_replica: ReplicaFactory, shared: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sum of its envelopes' sizes says so (a million records are never loaded to be
+    refused); a smaller bound stands in for 256 MiB."""
+    monkeypatch.setattr(replica.folder, "MAX_FILE_BYTES", 1_000)
+    writer = make_replica("writer")
+    for n in range(4):
+        writer.put("notes", f"n{n}", {"text": "x" * 600})
+        report = FolderSync(writer, shared, snapshot_every=4).sync()
+    assert report.snapshot is None and "bytes of versions, above the bound" in report.refused[0]
+
+
 def test_a_snapshot_no_reader_could_open_is_not_written(
     make_replica: ReplicaFactory, shared: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

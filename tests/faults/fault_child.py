@@ -7,7 +7,9 @@ root on PYTHONPATH: joins the account at PATH (or opens it) and unlocks it with 
 
 - `put COUNT`: puts `n0` … `n{COUNT-1}`, one transaction each;
 - `pull FILE`: merges the envelopes in FILE (MessagePack, a list) as pulled pages of
-  `PAGE` envelopes, one transaction each.
+  `PAGE` envelopes, one transaction each;
+- `repair COUNT`: runs `repair` COUNT times (the first does the work, the others find
+  nothing left, or finish what a refused one did not).
 
 With `SEALSYNC_TEST_FILE_SIZE_CEILING` set, no file may grow past that many bytes.
 
@@ -46,10 +48,12 @@ def pull_page(session: SyncSession, envelopes: list[bytes]) -> None:
     session.apply_page(page_of(envelopes, session.cursor))
 
 
-def steps(replica: Replica, mode: str, arg: str) -> list[Callable[[], None]]:
+def steps(replica: Replica, mode: str, arg: str) -> list[Callable[[], object]]:
     """One callable per transaction."""
     if mode == "put":
         return [partial(put_note, replica, number) for number in range(int(arg))]
+    if mode == "repair":
+        return [replica.repair for _ in range(int(arg))]
     envelopes = msgspec.msgpack.decode(Path(arg).read_bytes(), type=list[bytes])
     session = replica.sync_session()
     pages = [envelopes[i : i + PAGE] for i in range(0, len(envelopes), PAGE)]

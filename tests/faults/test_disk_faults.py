@@ -17,6 +17,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import msgspec
@@ -136,3 +137,38 @@ def test_a_file_size_ceiling_refuses_writes_as_a_full_disk(
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     assert notes_found(path, account, acked) == acked, lines
+
+
+REPAIR_FAULTS = [("fsync,fdatasync", "EIO", when) for when in ("1", "1+")] + [
+    ("pwrite64,write", "ENOSPC", when) for when in ("2", "1+")
+]
+
+
+@pytest.mark.parametrize(("calls", "error", "when"), REPAIR_FAULTS)
+def test_a_failing_disk_under_a_repair_quarantines_all_or_nothing(
+    calls: str, error: str, when: str, account: Account, tmp_path: Path
+) -> None:
+    """A repair refused by the disk leaves the damaged row where it was (and its record
+    read-only), never half moved; the repair after it does the work whole."""
+    path = tmp_path / "replica.db"
+    run_child("put", path, account, str(WRITES))
+    with closing(sqlite3.connect(path)) as db, db:
+        rowid, envelope = db.execute(
+            "SELECT id, envelope FROM versions ORDER BY id DESC LIMIT 1"
+        ).fetchone()
+        damaged = envelope[:-1] + bytes([envelope[-1] ^ 1])
+        db.execute("UPDATE versions SET envelope = ? WHERE id = ?", (damaged, rowid))
+    under_fault("repair", path, account, "2", (calls, error, when))
+    with closing(sqlite3.connect(path)) as db:  # in one place: the file, or quarantine
+        places = db.execute(
+            "SELECT (SELECT count(*) FROM versions WHERE envelope = ?1)"
+            " + (SELECT count(*) FROM quarantine WHERE envelope = ?1)",
+            (damaged,),
+        ).fetchone()
+    assert places == (1,)
+    assert run_child("repair", path, account, "1") == ["ack 0"]
+    replica = Replica.open(path)
+    with replica:
+        replica.unlock_with_key(account.key)
+        assert replica.status().quarantined == 1
+        assert len(replica.scan("notes", skip_degraded=True)) == WRITES - 1

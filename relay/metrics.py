@@ -102,7 +102,8 @@ class RelayMetrics:
             yield from histogram.lines(f"{PREFIX}request_seconds", f'route="{route}"')
         for (direction, unit), count in sorted(self._moved.items()):
             name = f"{direction}_{unit}_total"
-            yield from _header(name, "counter", f"{unit} of envelopes in {direction}es")
+            what = "envelopes" if unit == "envelopes" else "bytes of envelopes"
+            yield from _header(name, "counter", f"{what} {direction}ed")
             yield f"{PREFIX}{name} {count}"
         yield from _header("pushes_per_commit", "histogram", "pushes one commit made durable")
         yield from self._commits.lines(f"{PREFIX}pushes_per_commit")

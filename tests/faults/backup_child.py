@@ -2,9 +2,10 @@
 while strace fails its system calls. The outcome is the exit status, not a line printed: a
 write to standard output would be one of the calls that fail.
 
-Run as `python tests/faults/backup_child.py backup REPLICA FOLDER` or `... restore BACKUP
-TARGET` with the project root on PYTHONPATH. Exit 0: done; 3: refused with one of
-sealsync's errors (typed); anything else (a traceback): an untyped error.
+Run as `python tests/faults/backup_child.py backup REPLICA FOLDER`, `... restore BACKUP
+TARGET` or `... verify BACKUP -` with the project root on PYTHONPATH. Exit 0: done (a
+backup that verifies); 3: refused with one of sealsync's errors (typed); 5: `verify` found
+the backup damaged or unreadable; anything else (a traceback): an untyped error.
 """
 
 from __future__ import annotations
@@ -14,12 +15,17 @@ import sys
 from pathlib import Path
 
 from clients.backup import backup_replica, restore_replica
+from clients.verify import verify_backup
 from replica.errors import SealsyncError
 
 REFUSED = 3
+NOT_GOOD = 5
+"""`verify`: the backup was found damaged or unreadable."""
 
 
 def main(mode: str, source: Path, target: Path) -> int:
+    if mode == "verify":
+        return 0 if verify_backup(source).state == "ok" else NOT_GOOD
     try:
         if mode == "backup":
             backup_replica(source, target, datetime.datetime.now(datetime.UTC))

@@ -27,10 +27,12 @@ from pathlib import Path
 import pytest
 
 from clients.backup import backup_replica
+from clients.manifest import manifest_path
+from clients.rowdigests import rows_path
 from clients.verify import verify_folder
 from replica import Replica
 from tests.conftest import Account
-from tests.faults.backup_child import REFUSED
+from tests.faults.backup_child import NOT_GOOD, REFUSED
 from tests.faults.test_disk_faults import ROOT, strace
 
 CHILD = Path(__file__).with_name("backup_child.py")
@@ -142,3 +144,37 @@ def test_a_failing_disk_under_a_restore_keeps_the_replica_it_was_to_replace(
         print(f"\nrestore under faults: {len(outcomes)} runs, {outcomes.count(0)} done, "
               f"{outcomes.count(REFUSED)} refused (typed), 0 untyped")  # fmt: skip
     assert outcomes.count(REFUSED) > 0 and outcomes.count(0) > 0
+
+
+def test_a_failing_read_never_lets_a_backup_pass_as_good(
+    source: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """EIO on the N-th read of the backup's files (strace's `-P`): `verify` says damaged or
+    unreadable whenever a read failed, never "ok" on what it could not read, never a
+    traceback."""
+    backup = backup_replica(source, tmp_path / "backups", datetime.datetime.now(datetime.UTC))
+    files = [
+        arg for p in (backup, rows_path(backup), manifest_path(backup)) for arg in ("-P", str(p))
+    ]
+    verdicts = []
+    for n in WHENS:
+        for when in (str(n), f"{n}+"):
+            log = tmp_path / "strace.log"
+            inject = [
+                "-e",
+                "trace=read,pread64",
+                "-e",
+                f"inject=read,pread64:error=EIO:when={when}",
+            ]
+            command = [strace(), "-qq", "-o", str(log), *inject, *files, sys.executable,
+                       str(CHILD), "verify", str(backup), "-"]  # fmt: skip
+            environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+            done = subprocess.run(command, check=False, capture_output=True, text=True,
+                                  timeout=120, env=environment)  # fmt: skip
+            fired = "INJECTED" in log.read_text()
+            assert done.returncode == (NOT_GOOD if fired else 0), (when, done.stderr[-1500:])
+            verdicts.append(done.returncode)
+    with capsys.disabled():
+        print(f"\nverify under read faults: {len(verdicts)} runs, "
+              f"{verdicts.count(NOT_GOOD)} not good, {verdicts.count(0)} ok (none fired)")  # fmt: skip
+    assert verdicts.count(NOT_GOOD) > 0

@@ -14,12 +14,12 @@ from pathlib import Path
 from types import TracebackType
 
 import httpx2
-import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from tests.conftest import unavailable
 from tests.relay.server import free_port
 
 CONFIG = """
@@ -61,10 +61,7 @@ def nginx_binary() -> str:
         (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(p, os.X_OK)), None
     )
     if found is None:
-        message = "nginx is not installed: the TLS proxy drill runs a real one"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable("nginx is not installed: the TLS proxy drill runs a real one")
     return found
 
 

@@ -24,7 +24,7 @@ import msgspec
 import pytest
 
 from replica import Replica
-from tests.conftest import Account, ReplicaFactory
+from tests.conftest import Account, ReplicaFactory, unavailable
 from tests.faults.fault_child import FILE_SIZE_CEILING, PAGE
 from tests.replica.helpers import dirty_envelopes
 
@@ -43,10 +43,7 @@ def strace() -> str:
     """strace's path: a skip without it, a failure in CI (never a silent pass)."""
     found = shutil.which("strace")
     if found is None:
-        message = "strace is not installed: the disk-fault tests inject faults with it"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable("strace is not installed: the disk-fault tests inject faults with it")
     return found
 
 

@@ -8,7 +8,6 @@ it are persisted even if it rolls back, and subscribers hear of its changes only
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,6 +30,7 @@ from replica.errors import (
 )
 from replica.events import ChangeEvent, Subscribers
 from replica.frontier import frontier_of
+from replica.guard import StoreMutex
 from replica.inbound import InboundContext, InboundResult, merge_inbound
 from replica.keys import AccountKeys, open_local_schema, seal_local_schema
 from replica.limits import check_name
@@ -57,7 +57,7 @@ class Core:
     def __init__(self, store: Store, options: ReplicaOptions) -> None:
         self.store = store
         self.options = options
-        self.mutex = threading.RLock()
+        self.mutex = StoreMutex(store)
         self.opener: Opener | None = None
         self.subscribers = Subscribers()
         self.lock_listeners: list[weakref.WeakMethod[Callable[[], None]]] = []
@@ -114,6 +114,12 @@ class Core:
     def check_open(self) -> None:
         if self.closed:
             raise ReplicaClosedError("the replica is closed")
+        if self.store.closed:  # after a failure, its file could not be opened again
+            raise ReplicaClosedError(
+                f"the replica at {self.store.path} was closed: after a failure, its file "
+                "could not be opened again",
+                hint="open it again",
+            )
 
     def opener_or_raise(self) -> Opener:
         self.check_open()

@@ -162,6 +162,6 @@ SQLITE_FULL = 13
 
 def is_disk_error(exc: sqlite3.Error) -> bool:
     """Whether SQLite failed to write: an I/O error or a full file (any extended code of
-    either); the store then trusts its connection no more (`Store._after_disk_error`)."""
+    either); the store then trusts its connection no more (`Store._after_failure`)."""
     code = getattr(exc, "sqlite_errorcode", None)
     return code is not None and code & 0xFF in (SQLITE_IOERR, SQLITE_FULL)

@@ -19,6 +19,7 @@ from typing import Literal
 import msgspec
 
 from replica.asides import AsideTables, Row, sha256
+from replica.blindtables import BlindTables
 from replica.errors import ReplicaClosedError, StoreError, is_disk_error
 from replica.migrations import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION
 from replica.wire import node_from_i64, node_to_i64
@@ -59,7 +60,7 @@ class NewVersion(msgspec.Struct, frozen=True, gc=False):
     """The sequence number of its record's change that stored it (replica/feed.py)."""
 
 
-class Store(AsideTables):
+class Store(AsideTables, BlindTables):
     """A connection to one replica file; not thread-safe on its own (the Replica locks)."""
 
     def __init__(
@@ -166,7 +167,7 @@ class Store(AsideTables):
             self._meta.clear()
             self.transactions += 1
             self._roll_back(rollback, commit, exc)
-            self._after_disk_error(exc)
+            self._after_failure(exc)
             raise
         self._depth -= 1
         if self._depth == 0:
@@ -176,25 +177,34 @@ class Store(AsideTables):
         except BaseException as exc:
             if self._depth == 0:  # a failed COMMIT may leave the transaction open: end it
                 self._roll_back(rollback, commit, exc)
-            self._after_disk_error(exc)
+            self._after_failure(exc)
             raise
 
-    def _after_disk_error(self, exc: BaseException) -> None:
-        """After SQLite failed a write or an fsync (its IOERR or FULL), the connection is not
-        trusted again (its cached pages and its view of the log may be what the disk never
-        took): the outermost transaction opens the file again and raises `StoreError` naming
-        the failure; deeper, the error goes on up to it. Whether the transaction is kept is
-        unknown: a failed fsync of the log leaves its frames whole in the file, and a later
-        open may recover them. It was not acknowledged; what was, stays."""
-        if not isinstance(exc, sqlite3.Error) or not is_disk_error(exc) or self._depth > 0:
+    def _after_failure(self, exc: BaseException) -> None:
+        """After SQLite failed a write or an fsync (its IOERR or FULL), or could not end a
+        failed transaction (out of memory), the connection is not trusted again (its cached
+        pages and its view of the log may be what the disk never took): the outermost
+        transaction opens the file again and raises `StoreError` naming the failure; deeper,
+        the error goes on up to it. Whether a transaction whose fsync failed is kept is
+        unknown: the log's frames are whole in the file, and a later open may recover them.
+        It was not acknowledged; what was, stays."""
+        if self._depth > 0:
             return
-        name = getattr(exc, "sqlite_errorname", "disk error")
-        self.db.close()
+        disk_error = isinstance(exc, sqlite3.Error) and is_disk_error(exc)
+        if not disk_error and not self.db.in_transaction:
+            return
+        self.db.close()  # an open transaction ends with the connection, undone
         try:
             self.db = self._connect()
-        except sqlite3.Error as reopen_error:
+        except (sqlite3.Error, MemoryError) as reopen_error:
             self.closed = True  # every later call: ReplicaClosedError
-            exc.add_note(f"opening the file again failed too: {reopen_error}")
+            exc.add_note(f"opening the file again failed too: {reopen_error!r}")
+        if not disk_error:
+            raise StoreError(
+                f"{self.path}: a failed transaction could not be rolled back ({exc!r}); "
+                "the file was opened again, which undid it"
+            ) from exc
+        name = getattr(exc, "sqlite_errorname", "disk error")
         raise StoreError(
             f"{self.path}: SQLite could not write ({name}: {exc}); whether this transaction "
             "was kept is unknown, and the file was opened again",
@@ -222,8 +232,8 @@ class Store(AsideTables):
             self.db.execute(rollback)
             if self._depth > 0:
                 self.db.execute(release)
-        except sqlite3.Error as rollback_error:  # keep the original error; note the second
-            original.add_note(f"rollback also failed: {rollback_error}")
+        except (sqlite3.Error, MemoryError) as rollback_error:  # keep the original error
+            original.add_note(f"rollback also failed: {rollback_error!r}")
 
     def _execute_or_busy(self, statement: str) -> None:
         try:
@@ -391,85 +401,6 @@ class Store(AsideTables):
                 for rowid, new in pairs
             ],
         )
-
-    def blind_keys(
-        self, blind: bytes, after: tuple[int, bytes] | None, newest_first: bool, limit: int
-    ) -> list[tuple[int, bytes]]:
-        """(created, key) of versions under a blind index entry, in creation order (then
-        key order), after the position `after` (replica/blind.py)."""
-        order, beyond = ("DESC", "<") if newest_first else ("ASC", ">")
-        where = "" if after is None else f" AND (created, key) {beyond} (?, ?)"
-        rows = self.db.execute(
-            f"SELECT created, key FROM versions WHERE blind = ?{where}"
-            f" ORDER BY created {order}, key {order} LIMIT ?",
-            (blind, *(after or ()), limit),
-        ).fetchall()
-        return [(created, bytes(key)) for created, key in rows]
-
-    def blind_listed_before(
-        self, blind: bytes, key: bytes, position: tuple[int, bytes], newest_first: bool
-    ) -> bool:
-        """Whether record `key` has an entry under `blind` at or before `position` in the
-        read order: a page that starts after `position` listed it already."""
-        upto = ">=" if newest_first else "<="
-        row = self.db.execute(
-            f"SELECT 1 FROM versions WHERE blind = ? AND key = ? AND (created, key) {upto} (?, ?)",
-            (blind, key, *position),
-        ).fetchone()
-        return row is not None
-
-    def blind_last(self, blind: bytes) -> int | None:
-        """The greatest `created` under a blind index entry (one step down the index)."""
-        row = self.db.execute("SELECT max(created) FROM versions WHERE blind = ?", (blind,))
-        last = row.fetchone()[0]
-        return None if last is None else int(last)
-
-    def blind_degraded(self, blind: bytes) -> int:
-        """How many degraded records have a version under a blind index entry (the degraded
-        table is small: it is read whole)."""
-        row = self.db.execute(
-            "SELECT count(*) FROM degraded d WHERE EXISTS"
-            " (SELECT 1 FROM versions v WHERE v.key = d.key AND v.blind = ?)",
-            (blind,),
-        ).fetchone()
-        return int(row[0])
-
-    def blind_stats(
-        self, blind: bytes, with_bytes: bool
-    ) -> tuple[int, int | None, int | None, int]:
-        """(records, first created, last created, envelope bytes or 0) under a blind index
-        entry: from the index alone, but for the bytes (which read every row)."""
-        records, first, last = self.db.execute(
-            "SELECT count(DISTINCT key), min(created), max(created) FROM versions WHERE blind = ?",
-            (blind,),
-        ).fetchone()
-        size = 0
-        if with_bytes:
-            size = self.db.execute(
-                "SELECT coalesce(sum(length(envelope)), 0) FROM versions WHERE key IN"
-                " (SELECT key FROM versions WHERE blind = ?)",
-                (blind,),
-            ).fetchone()[0]
-        return int(records), first, last, int(size)
-
-    def rows_for_index(
-        self, scopes: Iterable[bytes] | None
-    ) -> Iterator[tuple[int, Row, bytes, tuple[bytes, int] | None]]:
-        """(row id, version, scope, index entry) of every stored version, or of `scopes`."""
-        where, args = "", tuple[bytes, ...]()
-        if scopes is not None:
-            args = tuple(scopes)
-            where = f" WHERE scope IN ({','.join('?' * len(args))})"
-        for rowid, key, node, hlc, scope, envelope, blind, created in self.db.execute(
-            f"SELECT id, key, node, hlc, scope, envelope, blind, created FROM versions{where}",
-            args,
-        ):
-            entry = None if blind is None else (bytes(blind), created)
-            yield rowid, Row(key, node_from_i64(node), hlc, envelope), scope, entry
-
-    def set_blind(self, updates: Iterable[tuple[bytes | None, int | None, int]]) -> None:
-        """Set (blind, created) of versions by row id."""
-        self.db.executemany("UPDATE versions SET blind = ?, created = ? WHERE id = ?", updates)
 
     def set_changed(self, changes: Iterable[tuple[int, bytes]]) -> None:
         """Give every row of each record (key) its latest change's sequence number."""

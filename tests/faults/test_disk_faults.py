@@ -25,12 +25,11 @@ import pytest
 
 from replica import Replica
 from tests.conftest import Account, ReplicaFactory, unavailable
-from tests.faults.fault_child import FILE_SIZE_CEILING, PAGE
+from tests.faults.fault_child import FILE_SIZE_CEILING, PAGE, WRITES
 from tests.replica.helpers import dirty_envelopes
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).with_name("fault_child.py")
-WRITES = 6
 FAULTS = [("fsync,fdatasync", "EIO", when) for when in ("1", "2", "3", "2+")] + [
     ("pwrite64,write", "ENOSPC", when) for when in ("1", "3", "5", "2+")
 ]
@@ -97,6 +96,16 @@ def test_a_failing_disk_loses_no_acknowledged_write_and_raises_only_typed_errors
     assert notes_found(path, account, acked) == acked, lines
 
 
+def pages_to_pull(make_replica: ReplicaFactory, tmp_path: Path) -> Path:
+    """A file of another device's `WRITES` notes, as the `pull` mode reads them."""
+    writer = make_replica("writer")
+    for n in range(WRITES):
+        writer.put("notes", f"n{n}", {"text": f"note {n}"})
+    pulled = tmp_path / "pulled.msgpack"
+    pulled.write_bytes(msgspec.msgpack.encode(dirty_envelopes(writer)))
+    return pulled
+
+
 @pytest.mark.parametrize(("calls", "error", "when"), PULL_FAULTS)
 def test_a_failing_disk_loses_no_acknowledged_page_and_raises_only_typed_errors(
     calls: str,
@@ -106,11 +115,7 @@ def test_a_failing_disk_loses_no_acknowledged_page_and_raises_only_typed_errors(
     make_replica: ReplicaFactory,
     tmp_path: Path,
 ) -> None:
-    writer = make_replica("writer")
-    for n in range(WRITES):
-        writer.put("notes", f"n{n}", {"text": f"note {n}"})
-    pulled = tmp_path / "pulled.msgpack"
-    pulled.write_bytes(msgspec.msgpack.encode(dirty_envelopes(writer)))
+    pulled = pages_to_pull(make_replica, tmp_path)
     path = tmp_path / "replica.db"
     run_child("put", path, account, "0")
     acked, lines = under_fault("pull", path, account, str(pulled), (calls, error, when))
@@ -149,23 +154,34 @@ def test_a_failing_disk_under_a_repair_quarantines_all_or_nothing(
     read-only), never half moved; the repair after it does the work whole."""
     path = tmp_path / "replica.db"
     run_child("put", path, account, str(WRITES))
-    with closing(sqlite3.connect(path)) as db, db:
-        rowid, envelope = db.execute(
-            "SELECT id, envelope FROM versions ORDER BY id DESC LIMIT 1"
-        ).fetchone()
-        damaged = envelope[:-1] + bytes([envelope[-1] ^ 1])
-        db.execute("UPDATE versions SET envelope = ? WHERE id = ?", (damaged, rowid))
+    damaged = damage_newest(path)
     under_fault("repair", path, account, "2", (calls, error, when))
-    with closing(sqlite3.connect(path)) as db:  # in one place: the file, or quarantine
-        places = db.execute(
-            "SELECT (SELECT count(*) FROM versions WHERE envelope = ?1)"
-            " + (SELECT count(*) FROM quarantine WHERE envelope = ?1)",
-            (damaged,),
-        ).fetchone()
-    assert places == (1,)
+    assert places_of(path, damaged) == 1  # in one place: the file, or quarantine
     assert run_child("repair", path, account, "1") == ["ack 0"]
     replica = Replica.open(path)
     with replica:
         replica.unlock_with_key(account.key)
         assert replica.status().quarantined == 1
         assert len(replica.scan("notes", skip_degraded=True)) == WRITES - 1
+
+
+def damage_newest(path: Path) -> bytes:
+    """Flip a bit of the newest version's tag: its damaged envelope."""
+    with closing(sqlite3.connect(path)) as db, db:
+        rowid, envelope = db.execute(
+            "SELECT id, envelope FROM versions ORDER BY id DESC LIMIT 1"
+        ).fetchone()
+        damaged: bytes = envelope[:-1] + bytes([envelope[-1] ^ 1])
+        db.execute("UPDATE versions SET envelope = ? WHERE id = ?", (damaged, rowid))
+    return damaged
+
+
+def places_of(path: Path, envelope: bytes) -> int:
+    """In how many places of the file `envelope` is: its versions, and quarantine."""
+    with closing(sqlite3.connect(path)) as db:
+        (places,) = db.execute(
+            "SELECT (SELECT count(*) FROM versions WHERE envelope = ?1)"
+            " + (SELECT count(*) FROM quarantine WHERE envelope = ?1)",
+            (envelope,),
+        ).fetchone()
+    return int(places)

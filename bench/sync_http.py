@@ -235,6 +235,13 @@ def e2e_line(label: str, n: int, times: Timeline, wire_bytes: int, batch: int) -
     return Line(f"sync.e2e_{label}", n / wall_s, "records/s", "replica.merge", extra)
 
 
+def join_line(label: str, n: int, times: Timeline) -> Line:
+    """B's part of the run: it pulls and merges every record into its empty replica."""
+    join_s = times.b_done - times.pushed
+    extra = {"n": n, "join_s": round(join_s, 6)}
+    return Line(f"sync.join_{label}", n / join_s, "records/s", "replica.merge", extra)
+
+
 # ---- sync.incremental -----------------------------------------------------------------------
 
 
@@ -369,8 +376,9 @@ def live_line(latencies: list[float]) -> Line:
 
 @benchmark("sync.e2e", needs=("replica.merge",))
 def bench_sync_e2e(bench: Bench) -> list[Line]:
-    """`sync.e2e_<size>` for each size, each on a new account; then `sync.incremental` on the
-    same two devices, which now share N records. One relay for all sizes."""
+    """`sync.e2e_<size>` for each size, each on a new account, and `sync.join_<size>`, B's
+    pull and merge of them all into its empty replica; then `sync.incremental` on the same two
+    devices, which now share N records. One relay for all sizes."""
     lines: list[Line] = []
     rounds: dict[str, Round] = {}
     n_by_label: dict[str, int] = {}
@@ -385,6 +393,7 @@ def bench_sync_e2e(bench: Bench) -> list[Line]:
                 verify_shared(b, n)
                 line = e2e_line(label, n, times, a.wire.total + b.wire.total, batch)
                 lines.append(replace(line, extra=line.extra | note))
+                lines.append(join_line(label, n, times))
                 rounds[label] = best_round(a, b, bench.sizes.repeats)
                 n_by_label[label] = n
     return [*lines, incremental_line(rounds, n_by_label)]

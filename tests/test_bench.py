@@ -27,6 +27,7 @@ REQUIRED = {
     "relay.pull",
     "relay.load",
     "sync.e2e_10k",
+    "sync.join_10k",
     "sync.incremental",
     "sync.live",
     "folder.e2e_10k",
@@ -120,11 +121,14 @@ def test_bench_sync_reports_e2e_incremental_and_live_with_the_merge_baseline() -
     check_lines(lines)
     by_name = {line["name"]: line for line in lines}
     assert list(by_name) == [
-        "raw.upsert_aead", "replica.merge", "sync.e2e_10k", "sync.incremental", "sync.live"
+        "raw.upsert_aead", "replica.merge", "sync.e2e_10k", "sync.join_10k",
+        "sync.incremental", "sync.live",
     ]  # fmt: skip
-    e2e = by_name["sync.e2e_10k"]
+    e2e, join = by_name["sync.e2e_10k"], by_name["sync.join_10k"]
     assert e2e["unit"] == "records/s" and e2e["baseline"] == "replica.merge" and "ratio" in e2e
     assert e2e["n"] == 20 and "100k not run" in e2e["note"]
+    assert join["baseline"] == "replica.merge" and join["n"] == 20
+    assert join["value"] == pytest.approx(20 / join["join_s"], rel=0.05)
     incremental = by_name["sync.incremental"]
     assert (
         incremental["value"] == pytest.approx(incremental["ms_10k"], abs=0.01)

@@ -157,11 +157,23 @@ class AsideTables:
             self._next_lock_sweep_ms = now_ms + 1000
         self.add_lock("auto", key, expires_ms, dot)
 
-    def active_locks(self, now_ms: int) -> list[Lock]:
+    def active_locks(self, now_ms: int, keys: Sequence[bytes]) -> list[Lock]:
+        """The unexpired locks that may hold back a version of records `keys`: those records'
+        own (`auto`, `record`), and every lock of a scope or profile (an app takes those by
+        hand: a few). Not every record's: a device that just wrote a million records holds a
+        million automatic locks, and a page of a thousand versions needs at most its own."""
+        columns = "SELECT id, kind, target, expires_ms, dot_node, dot_hlc FROM locks"
         rows = self.db.execute(
-            "SELECT id, kind, target, expires_ms, dot_node, dot_hlc FROM locks WHERE expires_ms > ?",
-            (now_ms,),
+            f"{columns} WHERE expires_ms > ? AND kind NOT IN ('auto', 'record')", (now_ms,)
         ).fetchall()
+        unique = list(dict.fromkeys(keys))
+        for start in range(0, len(unique), 500):
+            chunk = unique[start : start + 500]
+            rows += self.db.execute(
+                f"{columns} WHERE target IN ({','.join('?' * len(chunk))})"
+                " AND kind IN ('auto', 'record') AND expires_ms > ?",
+                (*chunk, now_ms),
+            ).fetchall()
         return [
             Lock(i, kind, target, exp, None if n is None else (node_from_i64(n), h))
             for i, kind, target, exp, n, h in rows

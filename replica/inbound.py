@@ -147,9 +147,9 @@ class _Merger:
         """An inbound hlc above this is ahead of the wall clock by more than the bound."""
         self.result = InboundResult()
         self.clock = ctx.store.get_int("clock")
-        locks = LockIndex(ctx.store.active_locks(now_ms))
-        self.locks = locks if locks else None
-        """None when no lock is active (the usual case): nothing to check per version."""
+        self.locks: LockIndex | None = None
+        """The active locks of the page's records and of every scope and profile (set by
+        `run`); None when none is (the usual case): nothing to check per version."""
         self.holds: list[HeldVersion] = []
         self.scope_cache: dict[tuple[str, str], bytes] = {}
         self.blinds: BlindMemo = {}
@@ -161,9 +161,10 @@ class _Merger:
 
     def run(self, envelopes: Sequence[bytes]) -> InboundResult:
         dots = [peek_dot(envelope) for envelope in envelopes]
-        records = self.records = _load_records(
-            self.ctx.store, [d[0] for d in dots if d is not None]
-        )
+        keys = [d[0] for d in dots if d is not None]
+        records = self.records = _load_records(self.ctx.store, keys)
+        locks = LockIndex(self.ctx.store.active_locks(self.now_ms, keys))
+        self.locks = locks if locks else None
         result = self.result
         for index, (envelope, dot) in enumerate(zip(envelopes, dots, strict=True)):
             record = None if dot is None else records.get(dot[0])

@@ -59,13 +59,16 @@ def echo_app() -> Starlette:
     return Starlette(routes=[Route("/echo", echo, methods=["POST"])])
 
 
-def relay_app(db_path: str) -> Starlette:
-    """The relay as shipped (SQLite, WAL, synchronous=FULL), with rate limits out of reach;
-    it takes the unsigned pushes of the version-1 accounts that `relay.load` and the
-    `relay.push.unsigned` baseline register (`relay.push` and `sync.e2e` sign theirs)."""
+def relay_app(db: str, schema: str | None = None) -> Starlette:
+    """The relay as shipped (SQLite, WAL, synchronous=FULL; or PostgreSQL when `db` is a
+    `postgresql://` URL, in `schema`), with rate limits out of reach; it takes the unsigned
+    pushes of the version-1 accounts that `relay.load` and the `relay.push.unsigned`
+    baseline register (`relay.push` and `sync.e2e` sign theirs)."""
     from relay.app import create_app
     from relay.config import RelayConfig
+    from relay.postgres import PostgresStorage
     from relay.sqlite import SQLiteStorage
+    from relay.storage import Storage
     from replica.wire import system_clock_ms
 
     config = RelayConfig(
@@ -74,7 +77,13 @@ def relay_app(db_path: str) -> Starlette:
         burst=int(BENCH_RATE),
         accept_unsigned_pushes=True,
     )
-    return create_app(SQLiteStorage(db_path, config.version_rules(system_clock_ms)), config)
+    rules = config.version_rules(system_clock_ms)
+    storage: Storage = (
+        PostgresStorage(db, rules, schema=schema or "public")
+        if db.startswith("postgresql://")
+        else SQLiteStorage(db, rules)
+    )
+    return create_app(storage, config)
 
 
 def serve(app: Starlette, fd: int) -> None:
@@ -95,7 +104,7 @@ def serve(app: Starlette, fd: int) -> None:
 
 def main(argv: Sequence[str]) -> None:
     kind, fd = argv[0], int(argv[1])
-    serve(echo_app() if kind == "echo" else relay_app(argv[2]), fd)
+    serve(echo_app() if kind == "echo" else relay_app(*argv[2:4]), fd)
 
 
 # ---- the parent: start, wait, stop ----------------------------------------------------------
@@ -155,12 +164,16 @@ def stop(child: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def serving(kind: str, log_path: Path, db_path: Path | None = None) -> Iterator[Served]:
-    """Serve `kind` ("echo" or "relay") on a fresh loopback port for the `with` block."""
+def serving(
+    kind: str, log_path: Path, db: Path | str | None = None, schema: str | None = None
+) -> Iterator[Served]:
+    """Serve `kind` ("echo" or "relay": its SQLite file, or a PostgreSQL URL and schema) on
+    a fresh loopback port for the `with` block."""
     listener = socket.create_server(("127.0.0.1", 0), backlog=4096)
     port = listener.getsockname()[1]
     args = [sys.executable, __file__, kind, str(listener.fileno())]
-    args += [str(db_path)] if db_path is not None else []
+    args += [str(db)] if db is not None else []
+    args += [schema] if schema is not None else []
     with log_path.open("wb") as log:
         child = subprocess.Popen(args, pass_fds=[listener.fileno()], stderr=log, stdout=log)
     listener.close()  # the child holds its own copy

@@ -231,10 +231,12 @@ class _Merger:
             self.locks, opener, header, envelope, scope, identity
         ):
             return
-        if record is None:
-            record = self.records[header.key] = _Record([], [], scope)
         blind = None if collection.index is None else self._blind(opener, scope, collection, opened)
-        _fold(record, header, envelope, scope, identity, blind)
+        if record is None:  # a record new here: this version is all of it (no sibling work)
+            added = {(header.node, header.hlc): (header, envelope, blind)}
+            self.records[header.key] = _Record([header], [], scope, added, identity)
+        else:
+            _fold(record, header, envelope, scope, identity, blind)
         if collection.max_items is not None:
             self.result.per_item_scopes.add((identity.profile, identity.collection))
         self.result.merged += 1
@@ -372,6 +374,10 @@ class _Merger:
             if self.ctx.want_events:
                 self._announce(record)
             record.changed, seq = seq, seq + 1
+            if not record.stored and len(record.added) == 1 and len(record.siblings) == 1:
+                ((header, envelope, blind),) = record.added.values()  # a record new here
+                inserts.append(self._new_version(key, record, header, envelope, blind))
+                continue
             replacement = self._in_place(key, record)
             if replacement is None:
                 gone, new = self._difference(key, record)

@@ -1,17 +1,17 @@
 """Two real devices syncing through the relay over HTTP: throughput, an incremental round, live.
 
-Device A and device B are real replicas of one account (keys from the run's shared account,
-so no Argon2id per replica), each with its own `RelayClient` and `SyncDriver`, as an app
-runs them; the relay is the shipped one under uvicorn in a child process on loopback
-(`server.py`, SQLite in the scratch folder). Everything that is not the relay runs in this
-process, so A, B and the bench share one interpreter (and its GIL).
+The devices are real replicas of one account (keys from the run's shared account, so no
+Argon2id per replica), each with its own `RelayClient` and `SyncDriver`, as an app runs
+them; the relay is the shipped one under uvicorn in a child process on loopback
+(`server.py`, SQLite in the scratch folder). Device A and device C run in this process;
+`sync.e2e`'s device B runs in a process of its own (`follower.py`).
 
 - `sync.e2e_<size>`: A writes N ~500-byte records (untimed, `put_batch` per transaction),
-  then the clock runs from A's first push to B's last merge. B starts its sync the moment A's
-  last push is acknowledged, while A pulls its own versions back (a driver's round always
-  pulls after pushing); the wall time is not shortened by leaving that out. Baseline:
+  then the clock runs from A's first push to B's last merge. B follows the relay live from
+  the start (`SyncDriver.watch`), merging pages while A still pushes. Baseline:
   `replica.merge` of the same run (merging alone, no HTTP, no encryption of new writes).
-- `sync.incremental`: then one record changed on A; one sync round of A, then one of B.
+- `sync.join_<size>`: then C, a new device, pulls and merges all N into its empty replica.
+- `sync.incremental`: then one record changed on A; one sync round of A, then one of C.
   Time, and bytes on the wire both ways, counted at the HTTP layer (request line, headers
   and body of every request and answer; TCP/IP framing not counted). Flat in N is the aim.
 - `sync.live`: B in `SyncDriver.watch` in a thread; A writes one record and syncs, 50 times
@@ -33,12 +33,13 @@ from typing import Any
 
 import httpx2
 from engine import count_versions, document, put_in_batches, record_id
+from follower import following
 from harness import COLLECTION, Bench, BenchmarkError, Line, benchmark, check_equal
 from load import percentile
 from relay_http import relay_server
 
 from clients.http import RelayClient
-from clients.sync import Progress, SyncDriver
+from clients.sync import SyncDriver
 from replica import ChangeEvent, Replica, ReplicaOptions
 from replica.wire import KdfParams, LoginRequest, RegisterRequest
 
@@ -125,6 +126,8 @@ class SyncDevice:
     client: RelayClient
     driver: SyncDriver
     wire: WireCounter = field(default_factory=WireCounter)
+    access: tuple[str, str, bytes] = ("", "", b"")
+    """(relay URL, account, auth key): what another device of the account logs in with."""
 
     def close(self) -> None:
         self.client.close()
@@ -144,7 +147,8 @@ def new_device(bench: Bench, url: str, name: str, account: str, auth_key: bytes)
         client.register(RegisterRequest(account, auth_key, os.urandom(32), kdf, bundle, name))
     else:
         client.login(LoginRequest(account, auth_key, name))
-    return SyncDevice(replica, path, client, SyncDriver(replica, client), wire)
+    driver = SyncDriver(replica, client)
+    return SyncDevice(replica, path, client, driver, wire, (url, account, auth_key))
 
 
 @contextmanager
@@ -169,48 +173,31 @@ def device_pair(bench: Bench, port: int) -> Iterator[tuple[SyncDevice, SyncDevic
 
 @dataclass
 class Timeline:
-    """perf_counter stamps of one end-to-end run."""
+    """perf_counter stamps of one end-to-end run (B's from its own process: one clock)."""
 
     start: float = 0.0
-    pushed: float = 0.0
     a_done: float = 0.0
     b_done: float = 0.0
 
 
-def run_e2e(bench: Bench, a: SyncDevice, b: SyncDevice, n: int) -> Timeline:
-    """A syncs; when its last push is acknowledged, B syncs in a thread of its own.
+def run_e2e(bench: Bench, a: SyncDevice, n: int) -> Timeline:
+    """A syncs while B, in its own process, follows the relay until it merged all `n`.
 
-    `--profile` sees A's thread only (cProfile follows the thread that enabled it)."""
+    `--profile` sees A only."""
+    folder = bench.folder / f"follower-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    account = bench.account()
+    (folder / "bundle").write_bytes(account.bundle)
+    (folder / "key").write_bytes(account.key)
     times = Timeline()
-    pushed = threading.Event()
-    failures: list[BaseException] = []
-
-    def on_progress(progress: Progress) -> None:
-        if progress.pushed >= n and not pushed.is_set():
-            times.pushed = time.perf_counter()
-            pushed.set()
-
-    def sync_b() -> None:
+    with following(*a.access, folder, n) as b:
+        times.start = time.perf_counter()
+        b.start()
         try:
-            pushed.wait()
-            b.driver.sync()
-        except BaseException as exc:  # reported below, in the bench's thread
-            failures.append(exc)
+            bench.seconds(a.driver.sync)
         finally:
-            times.b_done = time.perf_counter()
-
-    a.driver = SyncDriver(a.replica, a.client, progress=on_progress)
-    thread = threading.Thread(target=sync_b, name="device-b")
-    thread.start()
-    times.start = time.perf_counter()
-    try:
-        bench.seconds(a.driver.sync)
-    finally:
-        times.a_done = time.perf_counter()
-        pushed.set()  # never leave B waiting on a failed push
-        thread.join()
-    if failures:
-        raise BenchmarkError(f"sync.e2e: device B failed: {failures[0]!r}") from failures[0]
+            times.a_done = time.perf_counter()
+        times.b_done = b.done()
     return times
 
 
@@ -226,18 +213,16 @@ def e2e_line(label: str, n: int, times: Timeline, wire_bytes: int, batch: int) -
     extra = {
         "n": n,
         "put_batch": batch,
-        "push_s": round(times.pushed - times.start, 3),
-        "b_pull_merge_s": round(times.b_done - times.pushed, 3),
         "a_round_s": round(times.a_done - times.start, 3),
+        "b_after_a_s": round(times.b_done - times.a_done, 3),
         "wall_s": round(wall_s, 3),
         "wire_bytes": wire_bytes,
     }
     return Line(f"sync.e2e_{label}", n / wall_s, "records/s", "replica.merge", extra)
 
 
-def join_line(label: str, n: int, times: Timeline) -> Line:
-    """B's part of the run: it pulls and merges every record into its empty replica."""
-    join_s = times.b_done - times.pushed
+def join_line(label: str, n: int, join_s: float) -> Line:
+    """C's pull and merge of every record into its empty replica."""
     extra = {"n": n, "join_s": round(join_s, 6)}
     return Line(f"sync.join_{label}", n / join_s, "records/s", "replica.merge", extra)
 
@@ -376,9 +361,8 @@ def live_line(latencies: list[float]) -> Line:
 
 @benchmark("sync.e2e", needs=("replica.merge",))
 def bench_sync_e2e(bench: Bench) -> list[Line]:
-    """`sync.e2e_<size>` for each size, each on a new account, and `sync.join_<size>`, B's
-    pull and merge of them all into its empty replica; then `sync.incremental` on the same two
-    devices, which now share N records. One relay for all sizes."""
+    """`sync.e2e_<size>` and `sync.join_<size>` for each size, each on a new account; then
+    `sync.incremental` on A and C, which now share N records. One relay for all sizes."""
     lines: list[Line] = []
     rounds: dict[str, Round] = {}
     n_by_label: dict[str, int] = {}
@@ -387,14 +371,15 @@ def bench_sync_e2e(bench: Bench) -> list[Line]:
     note = {"note": "sync.e2e_100k not run (--quick or --n)"} if skipped else {}
     with relay_server(bench, "relay-sync") as served:
         for label, n in zip(LABEL_BY_POSITION, bench.sizes.sync_records, strict=False):
-            with device_pair(bench, served.port) as (a, b):
+            with device_pair(bench, served.port) as (a, c):
                 put_in_batches(a.replica, range(n), batch)
-                times = run_e2e(bench, a, b, n)
-                verify_shared(b, n)
-                line = e2e_line(label, n, times, a.wire.total + b.wire.total, batch)
+                times = run_e2e(bench, a, n)
+                join_s = bench.seconds(c.driver.sync)
+                verify_shared(c, n)
+                line = e2e_line(label, n, times, a.wire.total + c.wire.total, batch)
                 lines.append(replace(line, extra=line.extra | note))
-                lines.append(join_line(label, n, times))
-                rounds[label] = best_round(a, b, bench.sizes.repeats)
+                lines.append(join_line(label, n, join_s))
+                rounds[label] = best_round(a, c, bench.sizes.repeats)
                 n_by_label[label] = n
     return [*lines, incremental_line(rounds, n_by_label)]
 

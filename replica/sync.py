@@ -44,6 +44,9 @@ Identity = tuple[bytes, int, int]
 """A version's (opaque key, node, hlc)."""
 
 DEFAULT_BATCH_COUNT = 4000
+COUNTER_BLOCK = 64
+"""Push counters a session takes at once: a round of up to 64 batches writes the file once
+for them; numbers a session leaves unused are skipped (counters only need to increase)."""
 DEFAULT_BATCH_BYTES = 4 * 1024 * 1024
 
 
@@ -94,6 +97,8 @@ class SyncSession:
         """Per table, the row id of the last version offered in this pass."""
         self._superseded: set[Identity] = set()
         """Versions the relay called superseded in this pass, not yet proven so here."""
+        self._counters: list[int] | None = None
+        """[next, last] push counter of the block this session took (`_next_counter`)."""
 
     # -- push -----------------------------------------------------------------------------------
 
@@ -275,17 +280,17 @@ class SyncSession:
     def sign(self, batch: PushBatch, account: str, device_id: str) -> PushBatch:
         """`batch` signed for this device and the relay last seen, under a counter above every
         one this file used, committed before the batch is sent: a crash skips numbers, never
-        reuses one. A version-1 account signs nothing (specs/protocol.md §4.7)."""
+        reuses one. Counters are taken `COUNTER_BLOCK` at a time, in one transaction, so a
+        push costs one transaction per batch (its acknowledgement), not two. A version-1
+        account signs nothing (specs/protocol.md §4.7)."""
         with self._core.mutex:
             keys = self._core.keys()
             self._core.refuse_stale_keys()
             signing_key = keys.signing_key
             if signing_key is None:
                 return batch
-            with self._store.transaction():
-                stored = self._store.get_bytes("relay_state")
-                counter = self._store.get_int("push_counter") + 1
-                self._store.set_meta("push_counter", counter)
+            stored = self._store.get_bytes("relay_state")
+            counter = self._next_counter()
         if stored is None:
             raise ProtocolError(
                 "no relay state is known to sign a push for", hint="pull before pushing"
@@ -293,6 +298,18 @@ class SyncSession:
         state = msgspec.msgpack.decode(stored, type=RelayState)
         signer = PushSigner(account, device_id, state)
         return sign_push(batch, signing_key, keys.generation, counter, signer)
+
+    def _next_counter(self) -> int:
+        """The next counter of the block this session took, or of a new block: the file
+        keeps the block's last number, so another session (any process) takes the next."""
+        if self._counters is None or self._counters[0] > self._counters[1]:
+            with self._store.transaction():
+                first = self._store.get_int("push_counter") + 1
+                self._store.set_meta("push_counter", first + COUNTER_BLOCK - 1)
+            self._counters = [first, first + COUNTER_BLOCK - 1]
+        counter = self._counters[0]
+        self._counters[0] += 1
+        return counter
 
     def sign_above(self, last_counter: int) -> None:
         """Sign from above `last_counter` on: the relay's last counter of this device, higher
@@ -304,6 +321,7 @@ class SyncSession:
         with self._core.mutex, self._store.transaction():
             if self._store.get_int("push_counter") < last_counter:
                 self._store.set_meta("push_counter", last_counter)
+            self._counters = None  # the block may lie below it: take a new one
 
     # -- relay state: wipe and rollback ---------------------------------------------------------
 

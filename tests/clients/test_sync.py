@@ -41,7 +41,9 @@ def test_a_replica_whose_push_counter_went_back_signs_again_above_the_relays(
     start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet]
 ) -> None:
     """A file restored from an older copy reuses counters the relay has seen: the relay
-    answers `counter_stale` with its last one, and the device signs again above it."""
+    answers `counter_stale` with its last one, and the device signs again above it. (The
+    restored file is opened afresh: a running session would go on with the counters it
+    took before, which are above the relay's too.)"""
     relay = start_relay()
     device = fleets(relay.url).add("laptop")
     for round in range(3):
@@ -52,9 +54,9 @@ def test_a_replica_whose_push_counter_went_back_signs_again_above_the_relays(
         db.execute("UPDATE meta SET value = 1 WHERE name = 'push_counter'")
     db.close()
     device.replica.put("notes", "after", {"title": "restored"})
-    report = device.driver.sync()
+    report = SyncDriver(device.replica, device.client).sync()
     assert (report.stored, report.refused, device.replica.status().dirty) == (1, 0, 0)
-    assert push_counter(device.replica) == seen + 1
+    assert push_counter(device.replica) > seen
 
 
 def relay_contents(fleet: Fleet) -> tuple[list[tuple[bytes, int, int]], list[int], int]:

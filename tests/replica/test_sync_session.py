@@ -329,3 +329,35 @@ def test_a_write_superseded_by_a_version_it_then_pulls_stops_being_pushed(
     assert sync_round(laptop, relay) == 0
     record = laptop.get("notes", "n")
     assert laptop.status().dirty == 0 and record is not None and record.document == {"v": 2}
+
+
+def signed_counters(replica: Replica, batches: int) -> tuple[list[int], int]:
+    """The counters of `batches` batches signed by one new session, and how many write
+    transactions signing them took."""
+    session = replica.sync_session(max_batch_count=1)
+    session.check_relay_state(STATE)
+    store = replica._core.store  # the file's write transactions, counted
+    before = store.transactions
+    counters = [session.sign(PushBatch([b"e"]), ACCOUNT, "device").counter for _ in range(batches)]
+    return counters, store.transactions - before
+
+
+def test_signing_takes_counters_a_block_at_a_time_and_never_twice(
+    make_replica: ReplicaFactory,
+) -> None:
+    """A push costs one transaction per batch, its acknowledgement: signing 100 batches
+    writes the file twice (a block of 64 counters, then another), not 100 times. Two
+    sessions on one file, one after the other or side by side, never sign with one
+    counter, and each signs in increasing order."""
+    replica = make_replica()
+    counters, transactions = signed_counters(replica, 100)
+    assert transactions == 2 and counters == sorted(set(counters))
+    first, second = replica.sync_session(), replica.sync_session()
+    for session in (first, second):
+        session.check_relay_state(STATE)
+    side_by_side = [
+        s.sign(PushBatch([b"e"]), ACCOUNT, "device").counter for s in (first, second) * 70
+    ]
+    assert len(set(side_by_side + counters)) == len(side_by_side) + len(counters)
+    assert side_by_side[0::2] == sorted(side_by_side[0::2]) > counters
+    assert side_by_side[1::2] == sorted(side_by_side[1::2])

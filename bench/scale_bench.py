@@ -21,9 +21,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-import psycopg
 from harness import Bench, BenchmarkError, Line, benchmark, check_equal
-from psycopg import sql
 from relay_http import relay_server
 from server import Served, serving
 
@@ -31,8 +29,11 @@ CHILD = Path(__file__).with_name("scale_child.py")
 ROOT = CHILD.parent.parent
 PEAK_RSS_BOUND_MIB = 200
 POSTGRES_URL = os.environ.get(
-    "SEALSYNC_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+    "SEALSYNC_BENCH_POSTGRES_URL",
+    os.environ.get("SEALSYNC_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"),
 )
+"""The tests' server unless told otherwise (psycopg comes with the `dev` or `postgres`
+extra; without it, the `_pg` lines are left out)."""
 
 
 def run_child(mode: str, url: str, folder: Path, n: int) -> dict[str, object]:
@@ -60,6 +61,9 @@ def scale_lines(
 @contextmanager
 def postgres_relay(bench: Bench) -> Iterator[Served]:
     """A relay on PostgreSQL, in a schema of its own that is dropped after."""
+    import psycopg
+    from psycopg import sql
+
     schema = f"bench_scale_{secrets.token_hex(6)}"
     try:
         log = bench.path("relay-scale-pg").with_suffix(".log")
@@ -72,6 +76,10 @@ def postgres_relay(bench: Bench) -> Iterator[Served]:
 
 def postgres_missing() -> str | None:
     """Why the PostgreSQL lines cannot run here, or None."""
+    try:
+        import psycopg
+    except ImportError:
+        return "psycopg is not installed (the dev or postgres extra): _pg lines not run"
     try:
         psycopg.connect(POSTGRES_URL, connect_timeout=3).close()
     except psycopg.Error as exc:

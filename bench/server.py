@@ -66,7 +66,6 @@ def relay_app(db: str, schema: str | None = None) -> Starlette:
     baseline register (`relay.push` and `sync.e2e` sign theirs)."""
     from relay.app import create_app
     from relay.config import RelayConfig
-    from relay.postgres import PostgresStorage
     from relay.sqlite import SQLiteStorage
     from relay.storage import Storage
     from replica.wire import system_clock_ms
@@ -78,11 +77,13 @@ def relay_app(db: str, schema: str | None = None) -> Starlette:
         accept_unsigned_pushes=True,
     )
     rules = config.version_rules(system_clock_ms)
-    storage: Storage = (
-        PostgresStorage(db, rules, schema=schema or "public")
-        if db.startswith("postgresql://")
-        else SQLiteStorage(db, rules)
-    )
+    storage: Storage
+    if db.startswith("postgresql://"):
+        from relay.postgres import PostgresStorage  # needs psycopg: only for this relay
+
+        storage = PostgresStorage(db, rules, schema=schema or "public")
+    else:
+        storage = SQLiteStorage(db, rules)
     return create_app(storage, config)
 
 

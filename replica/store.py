@@ -70,6 +70,8 @@ class Store(AsideTables, BlindTables):
         self.busy_timeout_s = busy_timeout_s
         self.closed = False
         self._depth = 0
+        self._ended_by_sqlite: BaseException | None = None
+        """The failure after which SQLite rolled back the open transaction itself."""
         self.transactions = 0
         """Counts write transactions begun, and rollbacks of any part of one, on this
         connection: what was done "once in this transaction" is undone when it changes."""
@@ -154,19 +156,30 @@ class Store(AsideTables, BlindTables):
         if self._depth == 0:
             self._execute_or_busy("BEGIN IMMEDIATE")
             self.transactions += 1
+            self._ended_by_sqlite = None
             commit, rollback = "COMMIT", "ROLLBACK"
         else:
+            self._check_not_ended()
             name = f"sp{self._depth}"
-            self.db.execute(f"SAVEPOINT {name}")
+            try:
+                self.db.execute(f"SAVEPOINT {name}")
+            except BaseException as exc:
+                if not self.db.in_transaction:
+                    self._ended_by_sqlite = exc
+                raise
             commit, rollback = f"RELEASE {name}", f"ROLLBACK TO {name}"
         self._depth += 1
         try:
             yield
+            if self._depth == 1:
+                self._check_not_ended()
         except BaseException as exc:
             self._depth -= 1
             self._meta.clear()
             self.transactions += 1
             self._roll_back(rollback, commit, exc)
+            if self._depth > 0 and not self.db.in_transaction and not self._ended_by_sqlite:
+                self._ended_by_sqlite = exc  # SQLite undid the whole transaction, not a part
             self._after_failure(exc)
             raise
         self._depth -= 1
@@ -179,6 +192,17 @@ class Store(AsideTables, BlindTables):
                 self._roll_back(rollback, commit, exc)
             self._after_failure(exc)
             raise
+
+    def _check_not_ended(self) -> None:
+        """Refuse to go on with a transaction SQLite itself rolled back: after an error
+        inside a savepoint (out of memory, a disk error) it may end the whole transaction,
+        and a savepoint opened then would start a new one, committed alone."""
+        if self._ended_by_sqlite is not None:
+            raise StoreError(
+                f"{self.path}: SQLite rolled this transaction back after a write inside it "
+                f"failed ({self._ended_by_sqlite!r}): nothing of it was kept",
+                hint="retry the whole transaction",
+            ) from self._ended_by_sqlite
 
     def _after_failure(self, exc: BaseException) -> None:
         """After SQLite failed a write or an fsync (its IOERR or FULL), or could not end a
@@ -224,7 +248,8 @@ class Store(AsideTables, BlindTables):
         try:
             yield
         finally:
-            self.db.execute("COMMIT")
+            if self.db.in_transaction:  # SQLite ends it itself after some errors (NOMEM)
+                self.db.execute("COMMIT")
 
     def _roll_back(self, rollback: str, release: str, original: BaseException) -> None:
         self.rollbacks += 1

@@ -328,11 +328,13 @@ class SyncSession:
     def knows_relay_state(self) -> bool:
         """Whether a relay state was seen since the last reseed (pushes are signed for it)."""
         with self._core.mutex:
+            self._core.check_open()
             return self._store.get_bytes("relay_state") is not None
 
     def last_relay_state(self) -> RelayState | None:
         """The relay state seen last since the last reseed (None: none yet)."""
         with self._core.mutex:
+            self._core.check_open()
             stored = self._store.get_bytes("relay_state")
         return None if stored is None else msgspec.msgpack.decode(stored, type=RelayState)
 

@@ -10,6 +10,10 @@ root on PYTHONPATH: joins the account at PATH (or opens it) and unlocks it with 
   `PAGE` envelopes, one transaction each;
 - `repair COUNT`: runs `repair` COUNT times (the first does the work, the others find
   nothing left, or finish what a refused one did not);
+- `changes COUNT`: reads the change feed COUNT times (a read transaction each);
+- `batch COUNT`: COUNT batches, each a put of `a{N}`, a put of a larger `b{N}` whose failure
+  the app catches and goes on from, and a put of `c{N}`: a batch is kept whole or not at
+  all;
 - `reseed TRIES`: reseeds onto a new, empty relay (in this process, as after a wipe): the
   reseed's transaction, tried up to TRIES times until it is taken, then pushes of `PAGE`
   versions, each acknowledged in one transaction, passes again until none is dirty (at
@@ -17,8 +21,8 @@ root on PYTHONPATH: joins the account at PATH (or opens it) and unlocks it with 
   `relay KEY…` (hex) lists the versions the relay holds.
 
 With `SEALSYNC_TEST_FILE_SIZE_CEILING` set, no file may grow past that many bytes; with
-`SEALSYNC_TEST_HEAP_LIMIT`, SQLite may allocate at most that many bytes once the replica is
-unlocked (`PRAGMA hard_heap_limit`, which holds for the whole process).
+`SEALSYNC_TEST_HEAP_LIMIT`, SQLite may allocate at most that many bytes more than it holds
+once the replica is unlocked (its hard heap limit, which holds for the whole process).
 
 After each transaction it prints `ack N` once it returned, or `refused N TYPE` when it
 raised one of sealsync's errors. Any other error escapes as a traceback: what the test
@@ -27,10 +31,11 @@ counts as untyped.
 
 from __future__ import annotations
 
+import _sqlite3
 import contextlib
+import ctypes
 import os
 import resource
-import sqlite3
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -65,12 +70,37 @@ def pull_page(session: SyncSession, envelopes: list[bytes]) -> None:
     session.apply_page(page_of(envelopes, session.cursor))
 
 
-def set_heap_limit(limit: int) -> None:
-    """`PRAGMA hard_heap_limit` through a connection of its own, opened first: below what
-    SQLite holds already, the statement that sets it fails to allocate its own answer."""
-    side = sqlite3.connect(":memory:")
-    with contextlib.suppress(MemoryError):  # the limit holds: its answer could not be made
-        side.execute(f"PRAGMA hard_heap_limit={limit}")
+def read_changes(replica: Replica) -> None:
+    replica.changes(limit=1000)
+
+
+def batch_of_three(replica: Replica, number: int) -> None:
+    """Three puts in one batch; the middle one's failure is caught, as an app might."""
+    with replica.batch():
+        replica.put("notes", f"a{number}", {"text": f"first of batch {number}"})
+        with contextlib.suppress(Exception):  # the app goes on without it
+            replica.put("notes", f"b{number}", {"text": "x" * 20_000})
+        replica.put("notes", f"c{number}", {"text": f"last of batch {number}"})
+
+
+def set_heap_limit(headroom: int) -> None:
+    """Let SQLite allocate at most `headroom` bytes more than it holds now (through its own
+    `sqlite3_hard_heap_limit64`, what `PRAGMA hard_heap_limit` sets): a limit above what it
+    holds, whatever that is on this machine and version."""
+    library = sqlite_library()
+    library.sqlite3_memory_used.restype = ctypes.c_int64
+    library.sqlite3_hard_heap_limit64.restype = ctypes.c_int64
+    library.sqlite3_hard_heap_limit64.argtypes = [ctypes.c_int64]
+    library.sqlite3_hard_heap_limit64(library.sqlite3_memory_used() + headroom)
+
+
+def sqlite_library() -> ctypes.CDLL:
+    """The SQLite library under this Python's sqlite3 module (or the module, where SQLite
+    is linked into it)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        if "libsqlite3" in line:
+            return ctypes.CDLL(line.split()[-1])
+    return ctypes.CDLL(_sqlite3.__file__)
 
 
 class Reseed:
@@ -137,6 +167,10 @@ def steps(
         return [replica.repair for _ in range(int(arg))]
     if mode == "reseed":
         return reseed(replica, relay, int(arg))
+    if mode == "changes":
+        return [partial(read_changes, replica) for _ in range(int(arg))]
+    if mode == "batch":
+        return [partial(batch_of_three, replica, number) for number in range(int(arg))]
     envelopes = msgspec.msgpack.decode(Path(arg).read_bytes(), type=list[bytes])
     session = replica.sync_session()
     pages = [envelopes[i : i + PAGE] for i in range(0, len(envelopes), PAGE)]

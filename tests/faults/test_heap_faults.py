@@ -1,11 +1,15 @@
 """SQLite out of memory (issue 15, item 1): a child works on a real replica file under
-`PRAGMA hard_heap_limit`, swept across the limits where SQLite's allocations start to fail
-(NOMEM), over local commits, merging pulled pages, a reseed and a repair.
+SQLite's hard heap limit (`PRAGMA hard_heap_limit`), set a swept headroom above what SQLite
+holds once the replica is open, from none (every allocation fails: NOMEM) to plenty, over
+local commits, merging pulled pages, a reseed, a repair, reads of the change feed and
+batches whose failed write the app catches and goes on from.
 
 Each transaction commits or is refused by a sealsync error (`StoreError`, or
 `ReplicaClosedError` once the file could not even be opened again): never a raw
 `MemoryError` or sqlite3 error. Afterwards the file passes `integrity_check` and holds every
-acknowledged write. The sweep is not vacuous: some runs are refused, some acknowledged.
+acknowledged write, and a batch is there whole or not at all (SQLite may end the whole
+transaction after a failed write inside it: the batch then refuses to go on). Each sweep
+has runs refused and runs acknowledged.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 
+from replica import Replica
 from tests.conftest import Account, ReplicaFactory
 from tests.faults.fault_child import HEAP_LIMIT, PAGE, WRITES
 from tests.faults.test_disk_faults import (
@@ -26,9 +31,11 @@ from tests.faults.test_disk_faults import (
 )
 from tests.faults.test_reseed_faults import TRIES, check_reseed, clean_replica
 
-LIMITS = range(100_000, 280_000, 30_000)
-"""Bytes: below SQLite's needs at the low end, enough at the high end (SQLite 3.40 here)."""
+LIMITS = (0, 20_000, 40_000, 60_000, 90_000, 120_000, 150_000, 1_000_000)
+"""Bytes SQLite may allocate above what it holds: none, the range where its needs lie for
+these operations (SQLite 3.40 here), and plenty."""
 TYPED = ("StoreError", "ReplicaClosedError")
+FEED_RECORDS = 2000
 Check = Callable[[Path, set[int], list[str]], None]
 
 
@@ -100,6 +107,40 @@ def test_out_of_memory_in_a_repair(account: Account, tmp_path: Path) -> None:
         return lambda path, acked, lines: check_one_place(path, damaged, lines)
 
     sweep("repair", prepare, account, "2", tmp_path)
+
+
+def test_out_of_memory_in_reading_the_change_feed(account: Account, tmp_path: Path) -> None:
+    def prepare(path: Path) -> Check:
+        run_child("put", path, account, "0")
+        replica = Replica.open(path)
+        with replica:
+            replica.unlock_with_key(account.key)
+            with replica.batch():  # pages of the feed to read: more than a few allocations
+                for number in range(FEED_RECORDS):
+                    replica.put("notes", f"f{number}", {"text": f"note {number}"})
+        return lambda path, acked, lines: None  # reads: typed refusals and a whole file
+
+    sweep("changes", prepare, account, str(WRITES), tmp_path)
+
+
+def test_out_of_memory_in_a_batch_keeps_it_whole_or_not_at_all(
+    account: Account, tmp_path: Path
+) -> None:
+    def prepare(path: Path) -> Check:
+        run_child("put", path, account, "0")
+        return lambda path, acked, lines: check_batches(path, account, acked, lines)
+
+    sweep("batch", prepare, account, str(WRITES), tmp_path)
+
+
+def check_batches(path: Path, account: Account, acked: set[int], lines: list[str]) -> None:
+    """An acknowledged batch kept its first and last write; a refused one kept neither."""
+    replica = Replica.open(path)
+    with replica:
+        replica.unlock_with_key(account.key)
+        for number in range(WRITES):
+            kept = [replica.get("notes", f"{part}{number}") is not None for part in "ac"]
+            assert kept == [number in acked] * 2, (number, kept, lines)
 
 
 def check_notes(path: Path, account: Account, numbers: set[int], lines: list[str]) -> None:

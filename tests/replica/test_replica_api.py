@@ -412,6 +412,9 @@ def test_a_closed_replicas_session_raises_the_typed_error(make_replica: ReplicaF
         session.next_batch,
         session.reseed,
         lambda: session.apply_page(page_of([])),
+        session.knows_relay_state,
+        session.last_relay_state,
+        session.count_dirty,
     ):
         with pytest.raises(ReplicaClosedError):
             call()

@@ -232,14 +232,27 @@ class _Merger:
         ):
             return
         blind = None if collection.index is None else self._blind(opener, scope, collection, opened)
-        if record is None:  # a record new here: this version is all of it (no sibling work)
+        self._merge(record, header, envelope, scope, identity, blind)
+        if collection.max_items is not None:
+            self.result.per_item_scopes.add((identity.profile, identity.collection))
+        self.result.merged += 1
+
+    def _merge(
+        self,
+        record: _Record | None,
+        header: Header,
+        envelope: bytes,
+        scope: bytes,
+        identity: Identity,
+        blind: Blind | None,
+    ) -> None:
+        """Fold the version into its record; a record new here is this version alone (no
+        sibling work: the usual case of a device joining)."""
+        if record is None:
             added = {(header.node, header.hlc): (header, envelope, blind)}
             self.records[header.key] = _Record([header], [], scope, added, identity)
         else:
             _fold(record, header, envelope, scope, identity, blind)
-        if collection.max_items is not None:
-            self.result.per_item_scopes.add((identity.profile, identity.collection))
-        self.result.merged += 1
 
     def _blind(
         self, opener: Opener, scope: bytes, collection: Collection, opened: Opened
@@ -374,10 +387,6 @@ class _Merger:
             if self.ctx.want_events:
                 self._announce(record)
             record.changed, seq = seq, seq + 1
-            if not record.stored and len(record.added) == 1 and len(record.siblings) == 1:
-                ((header, envelope, blind),) = record.added.values()  # a record new here
-                inserts.append(self._new_version(key, record, header, envelope, blind))
-                continue
             replacement = self._in_place(key, record)
             if replacement is None:
                 gone, new = self._difference(key, record)
@@ -423,6 +432,9 @@ class _Merger:
     def _difference(self, key: bytes, record: _Record) -> tuple[list[_Stored], list[NewVersion]]:
         """The stored versions the batch replaced, and the versions it added that stay."""
         assert record.added is not None
+        if not record.stored and len(record.added) == 1 and len(record.siblings) == 1:
+            ((header, envelope, blind),) = record.added.values()  # a record new here
+            return [], [self._new_version(key, record, header, envelope, blind)]
         final = {(s.node, s.hlc) for s in record.siblings}
         stored = {(s.node, s.hlc) for s in record.stored}
         gone = [s for s in record.stored if (s.node, s.hlc) not in final]

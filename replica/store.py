@@ -153,21 +153,7 @@ class Store(AsideTables, BlindTables):
         """BEGIN IMMEDIATE at the outermost level, savepoints inside; rollback on any error."""
         if self.closed:
             raise ReplicaClosedError(f"the replica at {self.path} is closed")
-        if self._depth == 0:
-            self._execute_or_busy("BEGIN IMMEDIATE")
-            self.transactions += 1
-            self._ended_by_sqlite = None
-            commit, rollback = "COMMIT", "ROLLBACK"
-        else:
-            self._check_not_ended()
-            name = f"sp{self._depth}"
-            try:
-                self.db.execute(f"SAVEPOINT {name}")
-            except BaseException as exc:
-                if not self.db.in_transaction:
-                    self._ended_by_sqlite = exc
-                raise
-            commit, rollback = f"RELEASE {name}", f"ROLLBACK TO {name}"
+        commit, rollback = self._begin() if self._depth == 0 else self._savepoint()
         self._depth += 1
         try:
             yield
@@ -192,6 +178,25 @@ class Store(AsideTables, BlindTables):
                 self._roll_back(rollback, commit, exc)
             self._after_failure(exc)
             raise
+
+    def _begin(self) -> tuple[str, str]:
+        """BEGIN IMMEDIATE; the statements that end the transaction."""
+        self._execute_or_busy("BEGIN IMMEDIATE")
+        self.transactions += 1
+        self._ended_by_sqlite = None
+        return "COMMIT", "ROLLBACK"
+
+    def _savepoint(self) -> tuple[str, str]:
+        """A savepoint inside the open transaction; the statements that end it."""
+        self._check_not_ended()
+        name = f"sp{self._depth}"
+        try:
+            self.db.execute(f"SAVEPOINT {name}")
+        except BaseException as exc:
+            if not self.db.in_transaction:  # SQLite ended the transaction as it failed
+                self._ended_by_sqlite = exc
+            raise
+        return f"RELEASE {name}", f"ROLLBACK TO {name}"
 
     def _check_not_ended(self) -> None:
         """Refuse to go on with a transaction SQLite itself rolled back: after an error

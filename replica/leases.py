@@ -18,7 +18,7 @@ import time
 from types import TracebackType
 
 from replica.core import Core
-from replica.errors import InvalidArgumentError, LeaseBusyError
+from replica.errors import InvalidArgumentError, LeaseBusyError, SealsyncError
 from replica.keys import length_prefixed
 
 MAX_TTL_S = 3600.0
@@ -80,17 +80,21 @@ class Lease:
         with core.mutex:
             if self._stop.is_set():
                 return True  # released meanwhile: nothing to renew
-            if core.closed:
+            if core.closed or core.store.closed:
                 return False
-            with core.write_transaction():
-                now = core.options.wall_clock_ms()
-                return core.store.renew_lease(self._key, self._owner, now, now + self._ttl_ms)
+            try:
+                with core.write_transaction():
+                    now = core.options.wall_clock_ms()
+                    return core.store.renew_lease(self._key, self._owner, now, now + self._ttl_ms)
+            except SealsyncError:  # the file failed under it: count the lease lost
+                return False
 
     def check(self) -> None:
         """Raise `LeaseBusyError` unless this lease is still held (call it inside the
         transaction that commits the work it guards)."""
         core = self._core
         with core.mutex:
+            core.check_open()  # closed (or its file could not be opened again): not held
             now = core.options.wall_clock_ms()
             if self.lost or not core.store.holds_lease(self._key, self._owner, now):
                 self.lost = True
@@ -106,7 +110,7 @@ class Lease:
         self._stop.set()  # the renewer sees it under the mutex, and renews no more
         core = self._core
         with core.mutex:
-            if not core.closed:
+            if not (core.closed or core.store.closed):
                 with core.write_transaction():
                     core.store.drop_lease(self._key, self._owner)
 

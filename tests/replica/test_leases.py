@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from replica import InvalidArgumentError, LeaseBusyError, Replica, ReplicaLockedError
+from replica import (
+    InvalidArgumentError,
+    LeaseBusyError,
+    Replica,
+    ReplicaClosedError,
+    ReplicaLockedError,
+)
 from tests.conftest import Account, FakeClock, ReplicaFactory
 
 CHILD = Path(__file__).with_name("feed_child.py")
@@ -68,6 +74,21 @@ def test_a_lease_that_ran_out_and_was_taken_fails_its_check(
         slow.check()
     assert slow.lost
     slow.release()
+
+
+def test_a_lease_of_a_closed_replica_is_lost_and_its_check_says_closed(
+    make_replica: ReplicaFactory,
+) -> None:
+    replica = make_replica()
+    lease = replica.lease("chat", ttl_s=0.3)
+    replica.close()
+    with pytest.raises(ReplicaClosedError):
+        lease.check()
+    deadline = time.monotonic() + 5
+    while not lease.lost and time.monotonic() < deadline:  # its renewer gives up
+        time.sleep(0.05)
+    assert lease.lost
+    lease.release()  # nothing left to give back: no error
 
 
 def test_the_file_does_not_show_the_lease_name(make_replica: ReplicaFactory) -> None:

@@ -184,6 +184,17 @@ class Bench:
             replica.close()
         return self._account
 
+    def account_folder(self, stem: str) -> Path:
+        """A new folder holding the run's account as a device process reads it: its key
+        bundle (`bundle`) and raw key (`key`), so the process skips Argon2id."""
+        self._files += 1
+        folder = self.folder / f"{stem}-{self._files}"
+        folder.mkdir()
+        account = self.account()
+        (folder / "bundle").write_bytes(account.bundle)
+        (folder / "key").write_bytes(account.key)
+        return folder
+
     def memo(self, name: str, make: Callable[[], T]) -> T:
         """Data built once per run and shared by the benchmarks that need it."""
         if name not in self._memo:

@@ -91,11 +91,7 @@ def push_and_join(
     bench: Bench, relay: AbstractContextManager[Served], n: int, label: str, suffix: str
 ) -> list[Line]:
     """A new account of `n` records pushed by one device and joined by another."""
-    account = bench.account()
-    folder = bench.folder / f"scale{suffix}"
-    folder.mkdir()
-    (folder / "bundle").write_bytes(account.bundle)
-    (folder / "key").write_bytes(account.key)
+    folder = bench.account_folder(f"scale{suffix}")
     with relay as served:
         url = f"http://127.0.0.1:{served.port}"
         push = run_child("push", url, folder, n)

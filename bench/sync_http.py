@@ -184,13 +184,8 @@ def run_e2e(bench: Bench, a: SyncDevice, n: int) -> Timeline:
     """A syncs while B, in its own process, follows the relay until it merged all `n`.
 
     `--profile` sees A only."""
-    folder = bench.folder / f"follower-{uuid.uuid4().hex[:8]}"
-    folder.mkdir()
-    account = bench.account()
-    (folder / "bundle").write_bytes(account.bundle)
-    (folder / "key").write_bytes(account.key)
     times = Timeline()
-    with following(*a.access, folder, n) as b:
+    with following(*a.access, bench.account_folder("follower"), n) as b:
         times.start = time.perf_counter()
         b.start()
         try:

@@ -111,6 +111,11 @@ class Core:
 
     # -- keys, identity, schema -----------------------------------------------------------------
 
+    def is_closed(self) -> bool:
+        """Closed by the app, or by the store: after a failure its file could not be opened
+        again."""
+        return self.closed or self.store.closed
+
     def check_open(self) -> None:
         if self.closed:
             raise ReplicaClosedError("the replica is closed")

@@ -80,7 +80,7 @@ class Lease:
         with core.mutex:
             if self._stop.is_set():
                 return True  # released meanwhile: nothing to renew
-            if core.closed or core.store.closed:
+            if core.is_closed():
                 return False
             try:
                 with core.write_transaction():
@@ -110,7 +110,7 @@ class Lease:
         self._stop.set()  # the renewer sees it under the mutex, and renews no more
         core = self._core
         with core.mutex:
-            if not (core.closed or core.store.closed):
+            if not core.is_closed():
                 with core.write_transaction():
                     core.store.drop_lease(self._key, self._owner)
 

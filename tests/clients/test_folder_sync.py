@@ -19,6 +19,7 @@ import replica.folder
 from clients.backup import backup_replica, restore_replica
 from clients.folder import (
     DEVICES,
+    FolderReport,
     FolderSync,
     file_name,
     load_state,
@@ -189,16 +190,23 @@ def test_a_driver_kept_across_rounds_writes_every_edit(
     assert reader.get("notes", "n").document == {"text": "v2"}  # type: ignore[union-attr]
 
 
+def four_notes_past_the_bound(make_replica: ReplicaFactory, shared: Path) -> FolderReport:
+    """A writer's four 600-byte notes, a round after each: the fourth asks for a snapshot;
+    the last round's report."""
+    writer = make_replica("writer")
+    for n in range(4):
+        writer.put("notes", f"n{n}", {"text": "x" * 600})
+        report = FolderSync(writer, shared, snapshot_every=4).sync()
+    return report
+
+
 def test_a_replica_past_the_bound_is_refused_a_snapshot_before_it_is_read(
     make_replica: ReplicaFactory, shared: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The sum of its envelopes' sizes says so (a million records are never loaded to be
     refused); a smaller bound stands in for 256 MiB."""
     monkeypatch.setattr(replica.folder, "MAX_FILE_BYTES", 1_000)
-    writer = make_replica("writer")
-    for n in range(4):
-        writer.put("notes", f"n{n}", {"text": "x" * 600})
-        report = FolderSync(writer, shared, snapshot_every=4).sync()
+    report = four_notes_past_the_bound(make_replica, shared)
     assert report.snapshot is None and "bytes of versions, above the bound" in report.refused[0]
 
 
@@ -208,10 +216,7 @@ def test_a_snapshot_no_reader_could_open_is_not_written(
     """Past the bound a reader takes, the segments stay (a smaller bound stands in for a
     replica of 256 MiB); a late device still gets everything from them."""
     monkeypatch.setattr(replica.folder, "MAX_FILE_BYTES", 3_000)
-    writer = make_replica("writer")
-    for n in range(4):
-        writer.put("notes", f"n{n}", {"text": "x" * 600})
-        report = FolderSync(writer, shared, snapshot_every=4).sync()
+    report = four_notes_past_the_bound(make_replica, shared)
     assert report.snapshot is None and "above the bound" in report.refused[0]
     late = make_replica("late")
     assert not FolderSync(late, shared).sync().refused

@@ -40,6 +40,7 @@ from replica.record import record_from_siblings
 from replica.reseal import own_under_retired, reseal_own
 from replica.schema import REGISTER_ID, Collection, Schema, schema_from_bytes, schema_to_bytes
 from replica.store import Store
+from replica.tombs import classify_unknown
 from replica.wire import RelayState
 
 DegradedMark = tuple[bytes, bytes | None, str]
@@ -165,6 +166,17 @@ class Core:
             raise
         self.opener = Opener(keys, self.options.cache_entries)
         self._schema = schema
+        self._classify_tombs(keys)
+
+    def _classify_tombs(self, keys: AccountKeys) -> None:
+        """Say which versions stored by an earlier format are tombstones (replica/tombs.py).
+        A disk that refuses it does not refuse the unlock: reads need no writes, and the next
+        unlock goes on where this one stopped."""
+        try:
+            classify_unknown(self.store, keys)
+        except StoreError:
+            if self.store.closed:
+                raise
 
     def _reseal(self, keys: AccountKeys, *, everything: bool) -> None:
         """Re-seal this device's versions under retired epochs (replica/reseal.py): all of

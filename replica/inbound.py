@@ -42,6 +42,10 @@ from replica.wire import Dot, Header, RelayState, decode_vector, parse_header, p
 MAX_UNVERIFIED_HELD_BYTES = 256 * 1024 * 1024
 QUARANTINE_PREFIX_BYTES = 4096
 
+Added = tuple[Header, bytes, Blind | None, bool]
+"""A version a page merged: its header, envelope, blind index entry, and whether it is a
+tombstone."""
+
 
 @dataclass
 class InboundContext:
@@ -92,9 +96,8 @@ class _Record(msgspec.Struct, gc=False):
     """The siblings in the file before the page. `_load_records` hands the same list in as
     `siblings`; `_fold` replaces `siblings` by a new list and never changes this one."""
     scope: bytes | None = None
-    added: dict[Dot, tuple[Header, bytes, Blind | None]] | None = None
-    """Versions this page merged, with their envelopes and index entries (None: nothing yet,
-    the usual case)."""
+    added: dict[Dot, Added] | None = None
+    """Versions this page merged (None: nothing yet, the usual case)."""
     identity: Identity | None = None
     changed: int = 0
     """The sequence number of this record's change (replica/feed.py), once it has one."""
@@ -120,6 +123,7 @@ def _fold(
     scope: bytes,
     identity: Identity,
     blind: Blind | None,
+    tomb: bool,
 ) -> None:
     """Merge a version no sibling covers into its record (specs/merge.md §4 step 2)."""
     record.scope = scope
@@ -130,9 +134,9 @@ def _fold(
     else:
         record.siblings, _ = add_uncovered(siblings, header)
     if record.added is None:
-        record.added = {(header.node, header.hlc): (header, envelope, blind)}
+        record.added = {(header.node, header.hlc): (header, envelope, blind, tomb)}
     else:
-        record.added[header.node, header.hlc] = (header, envelope, blind)
+        record.added[header.node, header.hlc] = (header, envelope, blind, tomb)
 
 
 class _Merger:
@@ -232,7 +236,7 @@ class _Merger:
         ):
             return
         blind = None if collection.index is None else self._blind(opener, scope, collection, opened)
-        self._merge(record, header, envelope, scope, identity, blind)
+        self._merge(record, header, envelope, scope, identity, blind, opened.deleted)
         if collection.max_items is not None:
             self.result.per_item_scopes.add((identity.profile, identity.collection))
         self.result.merged += 1
@@ -245,14 +249,15 @@ class _Merger:
         scope: bytes,
         identity: Identity,
         blind: Blind | None,
+        tomb: bool,
     ) -> None:
         """Fold the version into its record; a record new here is this version alone (no
         sibling work: the usual case of a device joining)."""
         if record is None:
-            added = {(header.node, header.hlc): (header, envelope, blind)}
+            added = {(header.node, header.hlc): (header, envelope, blind, tomb)}
             self.records[header.key] = _Record([header], [], scope, added, identity)
         else:
-            _fold(record, header, envelope, scope, identity, blind)
+            _fold(record, header, envelope, scope, identity, blind, tomb)
 
     def _blind(
         self, opener: Opener, scope: bytes, collection: Collection, opened: Opened
@@ -424,17 +429,17 @@ class _Merger:
         siblings, stored, added = record.siblings, record.stored, record.added
         if len(siblings) != 1 or len(stored) != 1 or added is None or len(added) != 1:
             return None
-        ((header, envelope, blind),) = added.values()
+        ((header, envelope, blind, tomb),) = added.values()
         if siblings[0] is not header:
             return None
-        return stored[0], self._new_version(key, record, header, envelope, blind)
+        return stored[0], self._new_version(key, record, header, envelope, blind, tomb)
 
     def _difference(self, key: bytes, record: _Record) -> tuple[list[_Stored], list[NewVersion]]:
         """The stored versions the batch replaced, and the versions it added that stay."""
         assert record.added is not None
         if not record.stored and len(record.added) == 1 and len(record.siblings) == 1:
-            ((header, envelope, blind),) = record.added.values()  # a record new here
-            return [], [self._new_version(key, record, header, envelope, blind)]
+            ((header, envelope, blind, tomb),) = record.added.values()  # a record new here
+            return [], [self._new_version(key, record, header, envelope, blind, tomb)]
         final = {(s.node, s.hlc) for s in record.siblings}
         stored = {(s.node, s.hlc) for s in record.stored}
         gone = [s for s in record.stored if (s.node, s.hlc) not in final]
@@ -442,7 +447,13 @@ class _Merger:
         return gone, new
 
     def _new_version(
-        self, key: bytes, record: _Record, header: Header, envelope: bytes, blind: Blind | None
+        self,
+        key: bytes,
+        record: _Record,
+        header: Header,
+        envelope: bytes,
+        blind: Blind | None,
+        tomb: bool,
     ) -> NewVersion:
         assert record.scope is not None
         to_push = self.ctx.to_push
@@ -456,6 +467,7 @@ class _Merger:
             header.vector_bytes,
             envelope,
             dirty,
+            tomb,
             entry,
             created,
             record.changed,

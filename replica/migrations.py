@@ -100,5 +100,12 @@ MIGRATIONS: tuple[str, ...] = (
         log BLOB NOT NULL, seq INTEGER NOT NULL, floor INTEGER NOT NULL, key BLOB NOT NULL,
         scope BLOB NOT NULL, envelope BLOB NOT NULL, PRIMARY KEY (log, seq)) WITHOUT ROWID;
     """,
+    # 10: whether each version is a tombstone (1) or not (0), known without opening it; NULL
+    # for rows stored before, until an unlock opens them (replica/tombs.py), which finds
+    # them by the partial index (empty once they are known, so it costs later writes nothing)
+    """
+    ALTER TABLE versions ADD COLUMN tomb INTEGER;
+    CREATE INDEX versions_unclassified ON versions (id) WHERE tomb IS NULL;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from replica.store import Store
+from replica.tombs import tomb_counts
 
 
 @dataclass(frozen=True)
@@ -15,6 +16,9 @@ class Status:
     `held_for_lock`, `held_other` (by reason: sealed, epoch, collection): versions kept aside,
     never dropped. `conflicts`: records with more than one sibling. `quarantined`: rows moved
     aside verbatim. `degraded`: records whose reads are refused until repair.
+    `tombstones`, `tombstone_bytes`: versions that say their record is deleted, and their
+    envelopes' bytes: what deleting keeps. `unclassified`: versions stored by an earlier
+    format not yet opened to tell (until the next unlock; unreadable ones until repair).
     `last_sync_ms` and `skew_seen_ms` (the furthest ahead of our clock a peer's hlc was) come
     from the sync session; None until one ran.
     """
@@ -29,6 +33,9 @@ class Status:
     conflicts: int
     quarantined: int
     degraded: int
+    tombstones: int
+    tombstone_bytes: int
+    unclassified: int
     cursor: int
     last_sync_ms: int | None
     skew_seen_ms: int | None
@@ -43,6 +50,7 @@ def read_status(store: Store, *, locked: bool, node: int) -> Status:
     ).fetchone()[0]
     last_sync = store.get_meta("last_sync_ms")
     skew = store.get_meta("skew_seen_ms")
+    tombstones, tombstone_bytes, unclassified = tomb_counts(store)
     return Status(
         locked=locked,
         node=node,
@@ -54,6 +62,9 @@ def read_status(store: Store, *, locked: bool, node: int) -> Status:
         conflicts=int(conflicts),
         quarantined=store.count("quarantine"),
         degraded=store.count_degraded(),
+        tombstones=tombstones,
+        tombstone_bytes=tombstone_bytes,
+        unclassified=unclassified,
         cursor=store.get_int("cursor"),
         last_sync_ms=None if last_sync is None else int(last_sync),
         skew_seen_ms=None if skew is None else int(skew),

@@ -53,6 +53,8 @@ class NewVersion(msgspec.Struct, frozen=True, gc=False):
     vector: bytes
     envelope: bytes
     dirty: bool
+    tomb: bool
+    """Whether the version is a tombstone (its `deleted` flag, column `tomb`)."""
     blind: bytes | None = None
     """The version's blind index entry (replica/blind.py), with its creation order."""
     created: int | None = None
@@ -367,8 +369,8 @@ class Store(AsideTables, BlindTables):
         drops covered versions, and a local write's dot is new)."""
         self.db.executemany(
             "INSERT INTO versions"
-            " (key, node, hlc, scope, vector, envelope, dirty, blind, created, changed)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " (key, node, hlc, scope, vector, envelope, dirty, tomb, blind, created, changed)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (
                     _blob(v.key),
@@ -378,6 +380,7 @@ class Store(AsideTables, BlindTables):
                     _blob(v.vector),
                     _blob(v.envelope),
                     int(v.dirty),
+                    int(v.tomb),
                     v.blind,
                     v.created,
                     v.changed,
@@ -416,7 +419,7 @@ class Store(AsideTables, BlindTables):
         entry = ", blind = ?, created = ?" if index else ""
         self.db.executemany(
             "UPDATE versions SET node = ?, hlc = ?, vector = ?, envelope = ?, dirty = ?,"
-            f" changed = ?{entry} WHERE id = ?",
+            f" tomb = ?, changed = ?{entry} WHERE id = ?",
             [
                 (
                     node_to_i64(new.node),
@@ -424,6 +427,7 @@ class Store(AsideTables, BlindTables):
                     _blob(new.vector),
                     _blob(new.envelope),
                     int(new.dirty),
+                    int(new.tomb),
                     new.changed,
                     *((new.blind, new.created) if index else ()),
                     rowid,

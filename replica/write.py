@@ -156,14 +156,10 @@ def _seal_and_store(
         old = [r for r in store.versions_of(key) if (r.node, r.hlc) in replaced_dots]
         store.add_history(old, now, write.spec.history)
     store.delete_versions([Row(key, node_, hlc_, b"") for node_, hlc_ in replaced_dots])
-    entry = blind_of(
-        core.keys(), write.scope, write.spec, write.document, write.deleted, hlc, core.blind_memo()
-    )
-    blind, created = entry or (None, None)
     seq = store.take_seqs(1)
-    vector_bytes = encode_vector(vector)
-    new = NewVersion(key, node, hlc, write.scope, vector_bytes, envelope, True, blind, created, seq)
-    store.insert_versions([new])
+    store.insert_versions(
+        [_new_version(core, write, node, hlc, encode_vector(vector), envelope, seq)]
+    )
     kept = {o.header.dot for o in siblings} - replaced_dots
     if kept:  # siblings that stay are part of the record that changed (replica/feed.py)
         store.set_changed([(seq, key)])
@@ -173,6 +169,29 @@ def _seal_and_store(
     if window_s > 0 and not creates_unique:
         store.replace_auto_lock(key, now, now + int(window_s * 1000), (node, hlc))
     return frozenset(kept | {(node, hlc)})
+
+
+def _new_version(
+    core: Core, write: _Write, node: int, hlc: int, vector: bytes, envelope: bytes, seq: int
+) -> NewVersion:
+    """The new version's row: to push, with its blind index entry and its change's seq."""
+    entry = blind_of(
+        core.keys(), write.scope, write.spec, write.document, write.deleted, hlc, core.blind_memo()
+    )
+    blind, created = entry or (None, None)
+    return NewVersion(
+        write.key,
+        node,
+        hlc,
+        write.scope,
+        vector,
+        envelope,
+        dirty=True,
+        tomb=write.deleted,
+        blind=blind,
+        created=created,
+        changed=seq,
+    )
 
 
 def _sealed(core: Core, write: _Write, node: int, hlc: int, vector: VersionVector) -> bytes:

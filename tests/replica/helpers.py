@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 
 from replica import Page, PageEntry, PushResult, Receipt, RelayState, Replica
+from replica.envelope import open_envelope
 
 STATE = RelayState(storage_id="s", account_epoch="e", head=1 << 40)
 
@@ -32,10 +33,18 @@ def dirty_envelopes(replica: Replica) -> list[bytes]:
     return out
 
 
-def undo_formats_6_to_9(db: sqlite3.Connection) -> None:
+def undo_format_10(db: sqlite3.Connection) -> None:
+    """Lay a current file out as format 9 did: its versions do not say which are
+    tombstones."""
+    db.execute("DROP INDEX versions_unclassified")
+    db.execute("ALTER TABLE versions DROP COLUMN tomb")
+
+
+def undo_formats_6_to_10(db: sqlite3.Connection) -> None:
     """Lay a current file out as format 5 did, for tests of older formats' migrations: no
     blind index columns (format 6), no change feed (format 7), no leases (format 8), no
-    journals (format 9)."""
+    journals (format 9), no tombstone column (format 10)."""
+    undo_format_10(db)
     for statement in (
         "DROP INDEX versions_by_blind",
         "DROP INDEX versions_by_change",
@@ -49,3 +58,14 @@ def undo_formats_6_to_9(db: sqlite3.Connection) -> None:
         "DROP TABLE journal",
     ):
         db.execute(statement)
+
+
+def tomb_mismatches(replica: Replica) -> list[tuple[int, int | None, bool]]:
+    """(row id, `tomb` column, the envelope's `deleted`) of each version whose row says
+    otherwise than its envelope (it must be opened: an unlocked replica's)."""
+    core = replica._core
+    keys = core.keys()
+    with core.mutex:
+        rows = core.store.db.execute("SELECT id, tomb, envelope FROM versions").fetchall()
+    found = [(rowid, tomb, open_envelope(keys, envelope).deleted) for rowid, tomb, envelope in rows]
+    return [row for row in found if row[1] != int(row[2])]

@@ -44,6 +44,7 @@ from replica import (
 )
 from replica.indexed import rebuild
 from tests.conftest import FakeClock
+from tests.replica.helpers import tomb_mismatches
 from tests.replica.model import Model
 
 DAY_MS = 24 * 3600 * 1000
@@ -313,6 +314,13 @@ class ConvergenceMachine(RuleBasedStateMachine):
             }
             assert len(keys) == len(set(keys)) and set(keys) == changed, device.path
             device.feed_cursor, device.feed_state = page.cursor, now
+
+    @invariant()
+    def every_version_says_whether_it_is_a_tombstone(self) -> None:
+        """Each stored version's `tomb` column is its envelope's `deleted` flag, whichever
+        write, merge or release stored it."""
+        for device in self.devices:
+            assert tomb_mismatches(device.replica) == [], device.path
 
     @invariant()
     def relay_holds_only_siblings(self) -> None:

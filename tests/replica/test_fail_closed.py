@@ -27,7 +27,7 @@ from replica.keys import AccountInfo, AccountKeys
 from replica.migrations import SCHEMA_VERSION
 from replica.wire import MAX_ENVELOPE_BYTES, node_to_i64, parse_header, system_clock_ms
 from tests.conftest import Account, FakeClock, ReplicaFactory
-from tests.replica.helpers import apply, dirty_envelopes, page_of, undo_formats_6_to_9
+from tests.replica.helpers import apply, dirty_envelopes, page_of, undo_formats_6_to_10
 from tests.replica.test_sync_session import sync
 
 Damage = Callable[[bytes, dict[str, bytes]], bytes]
@@ -538,7 +538,7 @@ def test_a_replica_of_format_1_keeps_one_quarantine_row_per_envelope(
     with sqlite3.connect(path) as db:  # as the first format laid the table out
         db.execute("DROP INDEX quarantine_by_digest")
         db.execute("ALTER TABLE quarantine DROP COLUMN digest")
-        undo_formats_6_to_9(db)
+        undo_formats_6_to_10(db)
         rows = [
             ("pull", b"same", "first", 1),
             ("pull", b"same", "again", 2),

@@ -20,7 +20,7 @@ from replica.generations import bundle_v2_from_bytes, open_with_generation_key
 from replica.keys import hkdf
 from replica.schema import schema_to_bytes
 from tests.conftest import PASSPHRASE, Account
-from tests.replica.helpers import undo_formats_6_to_9
+from tests.replica.helpers import undo_formats_6_to_10
 
 SECRET_NAME = "xq_private_diary"
 SECRET_SCHEMA = Schema((Collection(SECRET_NAME, "lww"), Collection("notes", "lww")))
@@ -105,7 +105,7 @@ def set_meta_schema(path: Path, value: bytes, *, format: int | None = None) -> N
     with sqlite3.connect(path) as db:
         db.execute("UPDATE meta SET value = ? WHERE name = 'schema'", (value,))
         if format is not None:  # laid out as that format was
-            undo_formats_6_to_9(db)
+            undo_formats_6_to_10(db)
             db.execute(f"PRAGMA user_version = {format}")
 
 

@@ -45,6 +45,7 @@ from relay.metrics import MetricsMiddleware, RelayMetrics, metrics_route
 from relay.openapi import openapi_document
 from relay.signing import Pusher, bundle_keys, check_key_change, check_plain_revoke
 from relay.storage import AccountRecord, Device, Storage, TokenRecord
+from relay.versions import with_oversized, within_bound
 from replica.errors import KdfParametersError
 from replica.wire import (
     MAX_HLC,
@@ -52,7 +53,6 @@ from replica.wire import (
     DeleteAccount,
     DeviceInfo,
     DeviceList,
-    ErrorCode,
     Health,
     KeyBundleValue,
     KeyProof,
@@ -63,7 +63,6 @@ from replica.wire import (
     PushBatch,
     PushResult,
     PutKeyBundle,
-    Receipt,
     RefreshRequest,
     RegisterRequest,
     RelayInfo,
@@ -359,20 +358,11 @@ class RelayApi:
         return codec.respond(request, result)
 
     def _store_push(self, caller: Caller, batch: PushBatch) -> PushResult:
-        """In a worker thread: hashing the envelopes for the signature takes time too. An
-        oversized envelope is refused alone and blocks nothing else."""
+        """In a worker thread: hashing the envelopes for the signature takes time too."""
         pusher = Pusher.of(caller.device_id, batch)  # signed over every envelope, fitting or not
         limit = self.config.max_envelope_bytes
-        fitting = [e for e in batch.envelopes if len(e) <= limit]
-        result = self.storage.push(
-            caller.account, msgspec.structs.replace(batch, envelopes=fitting), pusher
-        )
-        if len(fitting) == len(batch.envelopes):
-            return result
-        stored = iter(result.receipts)
-        too_large = Receipt("refused", code=ErrorCode.TOO_LARGE)
-        receipts = [next(stored) if len(e) <= limit else too_large for e in batch.envelopes]
-        return PushResult(receipts, result.state)
+        result = self.storage.push(caller.account, within_bound(batch, limit), pusher)
+        return with_oversized(batch, result, limit)
 
     async def pull(self, request: Request) -> Response:
         caller = await self.gate.caller(request)

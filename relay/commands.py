@@ -196,7 +196,8 @@ def relay_invite(*, where: RelayStorage, days: int | None) -> None:
 )
 @click.option("--yes", is_flag=True, help="With --delete: do not ask.")
 def relay_accounts(*, where: RelayStorage, as_json: bool, to_delete: str | None, yes: bool) -> None:
-    """List accounts: devices, stored versions and bytes (never what they hold); or delete one."""
+    """List accounts: devices, stored versions and bytes, tombstones and how far every device
+    acknowledged pulling (never what they hold); or delete one."""
     if to_delete is not None:
         delete_account(where, to_delete, as_json=as_json, yes=yes)
         return
@@ -209,9 +210,12 @@ def relay_accounts(*, where: RelayStorage, as_json: bool, to_delete: str | None,
     if as_json:
         out.print_json(json.dumps([vars(a) for a in accounts]))
         return
-    table = Table("account", "devices", "versions", "bytes", "head")
+    table = Table("account", "devices", "versions", "bytes", "head", "tombstones", "their bytes")
+    table.add_column("acked")
     for a in accounts:
-        table.add_row(a.name, str(a.devices), str(a.versions), str(a.stored_bytes), str(a.head))
+        numbers = (a.devices, a.versions, a.stored_bytes, a.head, a.tombstones, a.tombstone_bytes)
+        acked = "-" if a.ack_floor is None else str(a.ack_floor)
+        table.add_row(a.name, *map(str, numbers), acked)
     out.print(table)
 
 

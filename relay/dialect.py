@@ -85,11 +85,19 @@ CREATE TABLE revoked_tokens (
     account {int} NOT NULL REFERENCES accounts(id) ON DELETE CASCADE
 ){strict}
 """
-SCHEMA_STEPS = (SCHEMA, LOGIN_FAILURES, PUSH_COUNTERS, REVOKED_TOKENS)
+ACKS_AND_TOMBSTONES = """
+-- the highest pull cursor each device acknowledged in a signed push, and when (relay clock)
+ALTER TABLE devices ADD COLUMN ack_seq {int};
+ALTER TABLE devices ADD COLUMN ack_ms {int};
+-- whether a version is a tombstone, as the signed push that stored or re-sent it declared
+ALTER TABLE versions ADD COLUMN tomb {int} NOT NULL DEFAULT 0;
+CREATE INDEX versions_tombs ON versions (account, seq) WHERE tomb = 1
+"""
+SCHEMA_STEPS = (SCHEMA, LOGIN_FAILURES, PUSH_COUNTERS, REVOKED_TOKENS, ACKS_AND_TOMBSTONES)
 """Step n makes a database of schema n - 1 one of schema n; a new one runs them all."""
 SCHEMA_VERSION = len(SCHEMA_STEPS)
 
-VERSION_COLUMNS = "account, seq, key, node, hlc, vector, digest, envelope"
+VERSION_COLUMNS = "account, seq, key, node, hlc, vector, digest, envelope, tomb"
 
 
 class Types(NamedTuple):
@@ -103,9 +111,9 @@ class Types(NamedTuple):
     """What follows a table's definition."""
 
 
-VersionRow = tuple[int, int, bytes, int, int, bytes, bytes, bytes]
+VersionRow = tuple[int, int, bytes, int, int, bytes, bytes, bytes, int]
 """One row of the versions table, in `VERSION_COLUMNS` order (account, seq, key, node, hlc,
-vector, digest, envelope). A plain tuple, not a NamedTuple: a push builds thousands, and
+vector, digest, envelope, tomb). A plain tuple, not a NamedTuple: a push builds thousands, and
 sqlite3 binds an exact tuple without going through the sequence protocol (measured here:
 a 4000-envelope push took 7 to 10% longer with NamedTuple rows)."""
 

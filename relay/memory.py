@@ -49,6 +49,7 @@ from relay.versions import (
     check_envelope,
     cut_page,
     decide,
+    declared_tombstones,
     is_over_quota,
     new_version,
     page_bounds,
@@ -82,6 +83,10 @@ class _Account:
     devices: dict[str, Device] = field(default_factory=dict)
     push_counters: dict[str, int] = field(default_factory=dict)
     """device id → the highest signed-push counter it used."""
+    acks: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """device id → (the highest cursor it acknowledged, when: relay clock)."""
+    tombs: set[int] = field(default_factory=set)
+    """seqs of the stored versions declared tombstones."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,13 @@ class _Snapshot:
     storage_id: str
     accounts: dict[str, _Account]
     tokens: dict[bytes, TokenRecord]
+
+
+def _ack_floor(account: _Account) -> int | None:
+    """`AccountSummary.ack_floor`: None while a device has not acknowledged anything."""
+    acks = [account.acks.get(device) for device in account.devices]
+    known = [ack[0] for ack in acks if ack is not None]
+    return min(known) if known and len(known) == len(acks) else None
 
 
 def _same_device(a: TokenRecord, b: TokenRecord) -> bool:
@@ -235,6 +247,9 @@ class MemoryRelay:
                     len(entry.by_seq),
                     entry.stored_bytes,
                     entry.head,
+                    len(entry.tombs),
+                    sum(len(entry.by_seq[seq]) for seq in entry.tombs),
+                    _ack_floor(entry),
                 )
                 for account, entry in sorted(self._accounts.items())
                 if entry.record is not None and name in (None, account)
@@ -408,18 +423,22 @@ class MemoryRelay:
         with self._mutex:
             account = self._account(name)
             before = account.head
-            keys = self._authorized(name, account, batch, pusher)
+            keys, tombs = self._authorized(name, account, batch, pusher)
             saved = (account.stored_bytes, dict(account.by_key), dict(account.by_seq))
+            saved_tombs = set(account.tombs)
             now_ms = self._rules.clock_ms()
             drift_ms = self._rules.max_drift_ms
-            checked = [check_envelope(e, now_ms, drift_ms) for e in batch.envelopes]
+            checked = refuse_epochs_ahead(
+                keys, [check_envelope(e, now_ms, drift_ms) for e in batch.envelopes]
+            )
             reseal_into = self._reseal_epoch(account, keys)
             receipts = [
-                self._push_one(account, h, e, reseal_into)
-                for h, e in zip(refuse_epochs_ahead(keys, checked), batch.envelopes, strict=True)
+                self._push_one(account, h, e, reseal_into, tomb)
+                for h, e, tomb in zip(checked, batch.envelopes, tombs, strict=True)
             ]
             if is_over_quota(account.stored_bytes, saved[0], self._rules.max_account_bytes):
                 account.stored_bytes, account.by_key, account.by_seq = saved
+                account.tombs = saved_tombs
                 account.head = before
                 del account.seqs[bisect.bisect_right(account.seqs, before) :]
                 raise QuotaExceededError(
@@ -436,22 +455,27 @@ class MemoryRelay:
 
     def _authorized(
         self, name: str, account: _Account, batch: PushBatch, pusher: Pusher | None
-    ) -> BundleKeys:
-        """The account's keys once the push is authorized, its counter recorded (an account
-        made by a push alone, as the sans-I/O tests make them, has none and takes unsigned
-        pushes: no device of it can sign)."""
+    ) -> tuple[BundleKeys, list[bool]]:
+        """The account's keys once the push is authorized, its counter and ack recorded (an
+        account made by a push alone, as the sans-I/O tests make them, has none and takes
+        unsigned pushes: no device of it can sign); and its tombstone flags (only a signed
+        push declares any, `relay.sqlpush.authorized`)."""
+        tombs = declared_tombstones(batch)
         keys = account.record.keys if account.record is not None else BundleKeys()
         state = RelayState(self._storage_id, account.epoch, account.head)
         unsigned = account.record is None or self._rules.accept_unsigned_pushes
-        if authorize_push(name, keys, state, batch, pusher, unsigned):
-            assert pusher is not None, "a signed push has its pusher"
-            if pusher.device_id not in account.devices:
-                raise UnauthorizedError()
-            last = account.push_counters.get(pusher.device_id, 0)
-            if batch.counter <= last:
-                raise CounterStaleError(batch.counter, last)
-            account.push_counters[pusher.device_id] = batch.counter
-        return keys
+        if not authorize_push(name, keys, state, batch, pusher, unsigned):
+            return keys, [False] * len(batch.envelopes)
+        assert pusher is not None, "a signed push has its pusher"
+        if pusher.device_id not in account.devices:
+            raise UnauthorizedError()
+        last = account.push_counters.get(pusher.device_id, 0)
+        if batch.counter <= last:
+            raise CounterStaleError(batch.counter, last)
+        account.push_counters[pusher.device_id] = batch.counter
+        if batch.ack is not None:  # as sent: a repair may have taken the cursor back
+            account.acks[pusher.device_id] = (min(batch.ack, account.head), self._rules.clock_ms())
+        return keys, tombs
 
     @staticmethod
     def _reseal_epoch(account: _Account, keys: BundleKeys) -> int | None:
@@ -465,6 +489,7 @@ class MemoryRelay:
         header: Header | Receipt,
         envelope: bytes,
         reseal_into: int | None,
+        tomb: bool,
     ) -> Receipt:
         if isinstance(header, Receipt):
             return header
@@ -475,9 +500,12 @@ class MemoryRelay:
 
         decision = decide(header, envelope, siblings, epoch_of, reseal_into)
         if not isinstance(decision, Store):
+            if tomb and decision.seq is not None:
+                account.tombs.add(decision.seq)  # sent again, as a tombstone
             return decision
         for seq in decision.dominated:
             account.stored_bytes -= len(account.by_seq.pop(seq))
+            account.tombs.discard(seq)
         account.head += 1
         new = new_version(account.head, header, envelope)
         account.by_key[header.key] = [
@@ -485,6 +513,8 @@ class MemoryRelay:
             new,
         ]
         account.by_seq[new.seq] = envelope
+        if tomb:
+            account.tombs.add(new.seq)
         account.seqs.append(new.seq)
         account.stored_bytes += len(envelope)
         return Receipt("stored", seq=new.seq)

@@ -44,7 +44,7 @@ _EXTERNAL_ENVELOPES = (
     "ALTER TABLE versions ALTER COLUMN envelope SET STORAGE EXTERNAL"
 )
 _COPY_VERSIONS = f"COPY versions ({dialect.VERSION_COLUMNS}) FROM STDIN (FORMAT BINARY)"
-_VERSION_TYPES = ["int8", "int8", "bytea", "int8", "int8", "bytea", "bytea", "bytea"]
+_VERSION_TYPES = ["int8", "int8", "bytea", "int8", "int8", "bytea", "bytea", "bytea", "int8"]
 CHANNEL = "sealsync_head"
 """One NOTIFY channel per database; the payload names the schema, so schemas never mix."""
 MAX_CONNECTIONS = 10

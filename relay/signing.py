@@ -53,17 +53,20 @@ def reseal_epoch(keys: BundleKeys) -> int | None:
 @dataclass(frozen=True)
 class Pusher:
     """Who sent a push, as the relay knows it before storage is read: the device of the
-    token, and the SHA-256 of each envelope (hashed outside the account's lock)."""
+    token, and what the signature covers of the batch as sent: the SHA-256 of each envelope
+    (hashed outside the account's lock) and the tombstones."""
 
     device_id: str
     digests: list[bytes] = field(repr=False)
+    tombstones: bytes = field(default=b"", repr=False)
 
     @classmethod
     def of(cls, device_id: str, batch: PushBatch) -> Pusher:
         """Hashes only what a signature covers: an unsigned push needs no digests."""
         if batch.signature is None:
             return cls(device_id, [])
-        return cls(device_id, [hashlib.sha256(e).digest() for e in batch.envelopes])
+        digests = [hashlib.sha256(e).digest() for e in batch.envelopes]
+        return cls(device_id, digests, batch.tombstones)
 
 
 def bundle_keys(bundle: bytes) -> BundleKeys:
@@ -171,7 +174,9 @@ def authorize_push(
             f"the push is signed by generation {batch.generation}; "
             f"the account is at generation {keys.generation}"
         )
-    message = push_signed_bytes(name, pusher.device_id, state, batch, pusher.digests)
+    message = push_signed_bytes(
+        name, pusher.device_id, state, batch, pusher.digests, pusher.tombstones
+    )
     try:
         Ed25519PublicKey.from_public_bytes(keys.signing_public).verify(batch.signature, message)
     except InvalidSignature:

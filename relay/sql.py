@@ -47,6 +47,7 @@ from relay.storage import (
 from relay.versions import (
     check_envelope,
     cut_page,
+    declared_tombstones,
     is_over_quota,
     page_bounds,
 )
@@ -213,7 +214,12 @@ class SQLStorage(ABC):
                 "SELECT a.name, a.created_ms,"
                 " (SELECT count(*) FROM devices d WHERE d.account = a.id),"
                 " (SELECT count(*) FROM versions v WHERE v.account = a.id),"
-                " a.stored_bytes, a.head FROM accounts a"
+                " a.stored_bytes, a.head,"
+                " (SELECT count(*) FROM versions v WHERE v.account = a.id AND v.tomb = 1),"
+                " (SELECT CAST(coalesce(sum(length(v.envelope)), 0) AS BIGINT) FROM versions v"
+                " WHERE v.account = a.id AND v.tomb = 1),"
+                " (SELECT CASE WHEN count(*) = count(d.ack_seq) THEN min(d.ack_seq) END"
+                " FROM devices d WHERE d.account = a.id) FROM accounts a"
                 " WHERE CAST(? AS TEXT) IS NULL OR a.name = ? ORDER BY a.name",
                 (name, name),
             )
@@ -408,7 +414,9 @@ class SQLStorage(ABC):
         """Each envelope's header, or the refusal it earns before storage is read."""
         now_ms = self._rules.clock_ms()
         checked = [check_envelope(e, now_ms, self._rules.max_drift_ms) for e in batch.envelopes]
-        return PendingPush(name, batch, pusher, checked, self._rules.accept_unsigned_pushes)
+        tombs = declared_tombstones(batch)
+        accept_unsigned = self._rules.accept_unsigned_pushes
+        return PendingPush(name, batch, pusher, checked, tombs, accept_unsigned, now_ms)
 
     def _apply_push(self, tx: Transaction, push: PendingPush) -> tuple[PushResult, bool]:
         """One push inside a write transaction: its receipts, and whether the head moved.
@@ -429,12 +437,12 @@ class SQLStorage(ABC):
         account_id, epoch, before, stored_bytes, bundle = row
         state = RelayState(self._storage_id, epoch, before)
         account_keys = bundle_keys(bundle)
-        checked = authorized(tx, account_id, account_keys, state, push)
+        checked, tombs = authorized(tx, account_id, account_keys, state, push)
         keys = [header.key for header in checked if isinstance(header, Header)]
         plan = push_plan(tx, account_id, before, stored_bytes, keys, account_keys)
         receipts = [
-            h if isinstance(h, Receipt) else plan.add(h, e)
-            for h, e in zip(checked, push.batch.envelopes, strict=True)
+            h if isinstance(h, Receipt) else plan.add(h, e, tomb)
+            for h, e, tomb in zip(checked, push.batch.envelopes, tombs, strict=True)
         ]
         if is_over_quota(plan.stored_bytes, stored_bytes, self._rules.max_account_bytes):
             push.refusal = QuotaExceededError(
@@ -442,8 +450,9 @@ class SQLStorage(ABC):
                 f"{self._rules.max_account_bytes} bytes"
             )
             return PushResult([], state), False
-        if plan.head != before:
+        if plan.head != before or plan.declared:
             write_plan(tx, account_id, plan)
+        if plan.head != before:
             tx.announce(push.name, plan.head)
         state = RelayState(self._storage_id, epoch, plan.head)
         return PushResult(receipts, state), plan.head != before

@@ -44,7 +44,7 @@ FILE_MODE = 0o600
 TYPES = dialect.Types(int="INTEGER", bytes="BLOB", serial="INTEGER PRIMARY KEY", strict=" STRICT")
 _ROW_LOCK = " FOR NO KEY UPDATE"
 _INSERT_VERSIONS = (
-    f"INSERT INTO versions ({dialect.VERSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    f"INSERT INTO versions ({dialect.VERSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 

@@ -32,7 +32,10 @@ class PendingPush:
     batch: PushBatch
     pusher: Pusher | None
     checked: list[Header | Receipt]
+    tombs: list[bool]
+    """The tombstone bits as sent: they count only once the push is found signed."""
     accept_unsigned: bool
+    received_ms: int
     refusal: RelayError | None = None
 
 
@@ -71,21 +74,35 @@ def push_plan(
 
 def authorized(
     tx: Transaction, account_id: int, keys: BundleKeys, state: RelayState, push: PendingPush
-) -> list[Header | Receipt]:
+) -> tuple[list[Header | Receipt], list[bool]]:
     """The push's checked headers once the account's key is found to have signed it (its
-    counter then recorded), with every envelope of a key epoch not reached refused."""
-    if authorize_push(push.name, keys, state, push.batch, push.pusher, push.accept_unsigned):
-        assert push.pusher is not None, "a signed push has its pusher"
-        record_counter(tx, account_id, push.pusher.device_id, push.batch.counter)
-    return refuse_epochs_ahead(keys, push.checked)
+    counter and ack then recorded), with every envelope of a key epoch not reached refused;
+    and its tombstone flags (all false unless signed: only a key holder declares them)."""
+    batch = push.batch
+    if not authorize_push(push.name, keys, state, batch, push.pusher, push.accept_unsigned):
+        return refuse_epochs_ahead(keys, push.checked), [False] * len(batch.envelopes)
+    assert push.pusher is not None, "a signed push has its pusher"
+    ack = None if batch.ack is None else min(batch.ack, state.head)
+    record_push(tx, account_id, push.pusher.device_id, batch.counter, ack, push.received_ms)
+    return refuse_epochs_ahead(keys, push.checked), push.tombs
 
 
-def record_counter(tx: Transaction, account_id: int, device_id: str, counter: int) -> None:
+def record_push(
+    tx: Transaction, account_id: int, device_id: str, counter: int, ack: int | None, now_ms: int
+) -> None:
     """Take `counter` as the device's last, or raise `CounterStaleError` with the last one
-    when it is not above it (`UnauthorizedError` when the device was revoked meanwhile)."""
+    when it is not above it (`UnauthorizedError` when the device was revoked meanwhile); and
+    `ack` (at most the head) as how far it pulled now: as sent, even below what it said
+    before (a repair or a restored file pulls again from lower down)."""
+    acked = ""
+    values: tuple[int, ...] = ()
+    if ack is not None:
+        acked = ", ack_seq = ?, ack_ms = ?"
+        values = (ack, now_ms)
     if tx.run(
-        "UPDATE devices SET push_counter = ? WHERE account = ? AND id = ? AND push_counter < ?",
-        (counter, account_id, device_id, counter),
+        f"UPDATE devices SET push_counter = ?{acked} WHERE account = ? AND id = ?"
+        " AND push_counter < ?",
+        (counter, *values, account_id, device_id, counter),
     ):
         return
     row = tx.one(
@@ -103,9 +120,14 @@ def write_plan(tx: Transaction, account_id: int, plan: PushPlan) -> None:
     )
     tx.insert_versions(
         [
-            (account_id, seq, h.key, node_to_i64(h.node), h.hlc, h.vector_bytes, d, e)
-            for seq, (h, e, d) in plan.inserted.items()
+            (account_id, seq, h.key, node_to_i64(h.node), h.hlc, h.vector_bytes, d, e, int(tomb))
+            for seq, (h, e, d, tomb) in plan.inserted.items()
         ]
+    )
+    tx.run_in(
+        "UPDATE versions SET tomb = 1 WHERE account = ? AND seq = ANY(?)",
+        (account_id,),
+        plan.declared,
     )
     tx.run(
         "UPDATE accounts SET head = ?, stored_bytes = ? WHERE id = ?",

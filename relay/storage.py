@@ -71,6 +71,12 @@ class AccountSummary:
     versions: int
     stored_bytes: int
     head: int
+    tombstones: int
+    """Versions its devices declared tombstones (their signed pushes' `tombstones`)."""
+    tombstone_bytes: int
+    ack_floor: int | None
+    """The highest seq every device has acknowledged pulling (their signed pushes' `ack`):
+    None while one of them has not said yet."""
 
 
 @dataclass(frozen=True)

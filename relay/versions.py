@@ -11,8 +11,23 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+import msgspec
+
+from relay.errors import InvalidError
 from replica.errors import InvalidArgumentError, ProtocolError
-from replica.wire import ErrorCode, Header, Receipt, VersionVector, dominates, hlc_ms, parse_header
+from replica.wire import (
+    ErrorCode,
+    Header,
+    PushBatch,
+    PushResult,
+    Receipt,
+    VersionVector,
+    dominates,
+    hlc_ms,
+    parse_header,
+    tombstone_bits,
+    tombstone_flags,
+)
 
 
 class StoredVersion(NamedTuple):
@@ -117,6 +132,45 @@ def decide(
     return Store(header, [s.seq for s in siblings if dominates(vector, (s.node, s.hlc))])
 
 
+TOO_LARGE = Receipt("refused", code=ErrorCode.TOO_LARGE)
+
+
+def declared_tombstones(batch: PushBatch) -> list[bool]:
+    """Each envelope's tombstone bit; `InvalidError` for bits past the last envelope, checked
+    before anything of the push is recorded."""
+    try:
+        return tombstone_flags(batch)
+    except ProtocolError as exc:
+        raise InvalidError(str(exc)) from None
+
+
+def within_bound(batch: PushBatch, max_envelope_bytes: int) -> PushBatch:
+    """What of a push storage takes: the envelopes within the bound, with their tombstone
+    bits (an oversized one is refused alone and blocks nothing else)."""
+    flags = declared_tombstones(batch)
+    kept = [
+        (e, flag)
+        for e, flag in zip(batch.envelopes, flags, strict=True)
+        if len(e) <= max_envelope_bytes
+    ]
+    if len(kept) == len(batch.envelopes):
+        return batch
+    envelopes, bits = [e for e, _ in kept], tombstone_bits([flag for _, flag in kept])
+    return msgspec.structs.replace(batch, envelopes=envelopes, tombstones=bits)
+
+
+def with_oversized(batch: PushBatch, result: PushResult, max_envelope_bytes: int) -> PushResult:
+    """`result` of `within_bound(batch)` with the oversized envelopes' refusals put back in
+    their places."""
+    if len(result.receipts) == len(batch.envelopes):
+        return result
+    stored = iter(result.receipts)
+    receipts = [
+        next(stored) if len(e) <= max_envelope_bytes else TOO_LARGE for e in batch.envelopes
+    ]
+    return PushResult(receipts, result.state)
+
+
 def is_over_quota(stored_bytes: int, bytes_before: int, max_account_bytes: int) -> bool:
     """Whether a push must be refused: only one that grows the account past its quota, so an
     account over it (the operator lowered the bound) can still re-send and shrink."""
@@ -161,10 +215,12 @@ class PushPlan:
         self.head = head
         self.stored_bytes = stored_bytes
         self.siblings = siblings
-        self.inserted: dict[int, tuple[Header, bytes, bytes]] = {}
-        """(header, envelope, digest) by seq; a later envelope may take one out again."""
+        self.inserted: dict[int, tuple[Header, bytes, bytes, bool]] = {}
+        """(header, envelope, digest, tombstone) by seq; a later envelope may take one out."""
         self.deleted: list[int] = []
         """seqs of versions stored before the batch that it dominates."""
+        self.declared: list[int] = []
+        """seqs of versions stored before the batch that it sent again as tombstones."""
         self._stored_epoch_of = stored_epoch_of
         self._reseal_epoch = reseal_epoch
 
@@ -172,10 +228,13 @@ class PushPlan:
         inserted = self.inserted.get(seq)
         return inserted[0].epoch if inserted is not None else self._stored_epoch_of(seq)
 
-    def add(self, header: Header, envelope: bytes) -> Receipt:
+    def add(self, header: Header, envelope: bytes, tomb: bool) -> Receipt:
+        """Decide one envelope (`tomb`: declared a tombstone by a signed push)."""
         siblings = self.siblings.setdefault(header.key, [])
         decision = decide(header, envelope, siblings, self._epoch_of, self._reseal_epoch)
         if not isinstance(decision, Store):
+            if tomb and decision.seq is not None:
+                self._declare(decision.seq)
             return decision
         for stored in siblings:
             if stored.seq in decision.dominated:
@@ -185,9 +244,18 @@ class PushPlan:
         self.head += 1
         version = new_version(self.head, header, envelope)
         self.stored_bytes += version.size
-        self.inserted[self.head] = (header, envelope, version.digest)
+        self.inserted[self.head] = (header, envelope, version.digest, tomb)
         self.siblings[header.key] = [
             *(s for s in siblings if s.seq not in decision.dominated),
             version,
         ]
         return Receipt("stored", seq=self.head)
+
+    def _declare(self, seq: int) -> None:
+        """A version stored already, sent again as a tombstone: one stored before this
+        protocol said so, or one this batch stored twice."""
+        inserted = self.inserted.get(seq)
+        if inserted is not None:
+            self.inserted[seq] = (*inserted[:3], True)
+        elif seq not in self.declared:
+            self.declared.append(seq)

@@ -32,6 +32,7 @@ from replica.generations import (
     sign_chain,
     verify_chain,
 )
+from replica.kdfparams import KdfParams, check_kdf_params
 from replica.keys import (
     BUNDLE_VERSION,
     KEY_BYTES,
@@ -53,7 +54,7 @@ from replica.keys import (
     with_info,
 )
 from replica.passphrase import check_new_passphrase
-from replica.wire import KdfParams, bundle_version, check_kdf_params
+from replica.wire import bundle_version
 
 AnyBundle = KeyBundle | KeyBundleV2
 

@@ -291,7 +291,12 @@ def sign_push(
     unsigned = msgspec.structs.replace(batch, generation=generation, counter=counter)
     digests = [hashlib.sha256(e).digest() for e in batch.envelopes]
     message = push_signed_bytes(
-        signed_for.account, signed_for.device_id, signed_for.state, unsigned, digests
+        signed_for.account,
+        signed_for.device_id,
+        signed_for.state,
+        unsigned,
+        digests,
+        batch.tombstones,
     )
     signature = Ed25519PrivateKey.from_private_bytes(signing_key).sign(message)
     return msgspec.structs.replace(unsigned, signature=signature)

@@ -36,8 +36,9 @@ from replica.errors import (
     UnknownEpochError,
     WrongKeyError,
 )
+from replica.kdfparams import SALT_BYTES, KdfParams, check_kdf_params
 from replica.passphrase import check_new_passphrase
-from replica.wire import SALT_BYTES, KdfParams, RelayState, bundle_version, check_kdf_params
+from replica.wire import RelayState, bundle_version
 
 KEY_BYTES = 32
 NONCE_BYTES = 12

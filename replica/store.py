@@ -465,12 +465,12 @@ class Store(AsideTables, BlindTables):
             [(r.key, node_to_i64(r.node), r.hlc) for r in rows],
         )
 
-    def rows_to_push(self, table: str, limit: int, after: int) -> list[tuple[int, Row]]:
-        """(row id, version) of dirty versions (`versions`) or of held versions marked by a
-        reseed (`held`), in row order after row `after` (keyset pagination, so a refused
-        version is not offered twice). Row order, not identity order: `versions_dirty` yields
-        it without a sort, and a batch's rows sit together in the file, so acknowledging it
-        rewrites few pages."""
+    def rows_to_push(self, table: str, limit: int, after: int) -> list[tuple[int, Row, bool]]:
+        """(row id, version, tombstone) of dirty versions (`versions`) or of held versions
+        marked by a reseed (`held`: never declared tombstones, the row does not say), in row
+        order after row `after` (keyset pagination, so a refused version is not offered
+        twice). Row order, not identity order: `versions_dirty` yields it without a sort, and
+        a batch's rows sit together in the file, so acknowledging it rewrites few pages."""
         # Held copies nobody could authenticate yet (sealed, epoch) are never pushed: a forged
         # copy must not reach a reseeded relay before the genuine one. They are pushed once
         # they open (the mark survives re-examination).
@@ -478,12 +478,13 @@ class Store(AsideTables, BlindTables):
             "versions": "dirty = 1",
             "held": "repush = 1 AND reason NOT IN ('sealed', 'epoch')",
         }
+        tomb = "tomb = 1" if table == "versions" else "0"
         rows = self.db.execute(
-            f"SELECT rowid, key, node, hlc, envelope FROM {table} WHERE {marked[table]}"
+            f"SELECT rowid, key, node, hlc, envelope, {tomb} FROM {table} WHERE {marked[table]}"
             " AND rowid > ? ORDER BY rowid LIMIT ?",
             (after, limit),
         ).fetchall()
-        return [(i, Row(k, node_from_i64(n), h, e)) for i, k, n, h, e in rows]
+        return [(i, Row(k, node_from_i64(n), h, e), bool(t)) for i, k, n, h, e, t in rows]
 
     def all_version_envelopes(self) -> list[bytes]:
         """The envelope of every current version, and of every held one (a folder

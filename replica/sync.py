@@ -35,6 +35,7 @@ from replica.wire import (
     decode_vector,
     dominates,
     parse_header,
+    tombstone_bits,
 )
 
 if TYPE_CHECKING:
@@ -116,9 +117,10 @@ class SyncSession:
                 while rows := self._store.rows_to_push(table, self._max_count, self._after[table]):
                     chosen = _fit(rows, self._max_bytes)
                     self._after[table] = chosen[-1][0]
-                    sound = [row.envelope for _, row in chosen if self._is_sound(row)]
+                    sound = [(row.envelope, tomb) for _, row, tomb in chosen if self._is_sound(row)]
                     if sound:
-                        return PushBatch(sound)
+                        bits = tombstone_bits([tomb for _, tomb in sound])
+                        return PushBatch([envelope for envelope, _ in sound], tombstones=bits)
             return None
 
     def _is_sound(self, row: Row) -> bool:
@@ -291,13 +293,15 @@ class SyncSession:
                 return batch
             stored = self._store.get_bytes("relay_state")
             counter = self._next_counter()
+            cursor = self._store.get_int("cursor")  # the ack: every version up to it is here
         if stored is None:
             raise ProtocolError(
                 "no relay state is known to sign a push for", hint="pull before pushing"
             )
         state = msgspec.msgpack.decode(stored, type=RelayState)
         signer = PushSigner(account, device_id, state)
-        return sign_push(batch, signing_key, keys.generation, counter, signer)
+        acked = msgspec.structs.replace(batch, ack=cursor)
+        return sign_push(acked, signing_key, keys.generation, counter, signer)
 
     def _next_counter(self) -> int:
         """The next counter of the block this session took, or of a new block: the file
@@ -398,10 +402,10 @@ def _check_receipt_count(batch: PushBatch, result: PushResult) -> None:
         raise ProtocolError(f"{len(result.receipts)} receipts for {len(batch.envelopes)} envelopes")
 
 
-def _fit(rows: list[tuple[int, Row]], max_bytes: int) -> list[tuple[int, Row]]:
+def _fit(rows: list[tuple[int, Row, bool]], max_bytes: int) -> list[tuple[int, Row, bool]]:
     """The longest prefix of `rows` within `max_bytes` (at least one row, however large)."""
     size = 0
-    for index, (_, row) in enumerate(rows):
+    for index, (_, row, _) in enumerate(rows):
         size += len(row.envelope)
         if index and size > max_bytes:
             return rows[:index]

@@ -5,6 +5,10 @@ by the local write or the merge that stores it. Rows stored by an earlier format
 until an unlock opens them: `classify_unknown` runs at every unlock and does nothing once
 none is left. A row that does not open stays NULL (repair quarantines it; fail closed, §7):
 it is counted as `unclassified` by `status`, never guessed.
+
+A tombstone found so was pushed, if at all, before protocol 5 let a push say so: it is
+marked to be pushed once more, and the relay, which holds it already, takes the declaration
+(specs/protocol.md §2, `PushBatch.tombstones`).
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ def classify_unknown(store: Store, keys: AccountKeys) -> int:
                     found.append((int(open_envelope(keys, envelope).deleted), rowid))
                 except (EnvelopeError, UnknownEpochError):
                     continue  # unreadable: repair quarantines it, nothing is guessed
-            store.db.executemany("UPDATE versions SET tomb = ? WHERE id = ?", found)
+            store.db.executemany(
+                "UPDATE versions SET tomb = ?1, dirty = max(dirty, ?1) WHERE id = ?2", found
+            )
         classified += len(found)
         after = rows[-1][0]
 

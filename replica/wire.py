@@ -2,6 +2,7 @@
 
 Pure and key-free on purpose: the relay imports this module (and `replica.errors`) and nothing
 else from `replica`, so it can index, compact and check envelopes without ever decrypting one.
+The Argon2id parameters of prelogin live in `replica.kdfparams`, as pure, read through here.
 
 Envelope layout (big-endian; specs/envelope.md is normative)::
 
@@ -33,9 +34,11 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
 
-from replica.errors import InvalidArgumentError, KdfParametersError, ProtocolError
+from replica.errors import InvalidArgumentError, ProtocolError
+from replica.kdfparams import KdfParams as KdfParams  # noqa: PLC0414 (re-exported)
+from replica.kdfparams import check_kdf_params as check_kdf_params  # noqa: PLC0414
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 FORMAT_VERSION = 1
 ALGORITHM_AES_256_GCM = 1
 KEY_BYTES = 16
@@ -228,44 +231,6 @@ def merge_vectors(vectors: Iterable[VersionVector]) -> VersionVector:
     return merged
 
 
-# ---- Argon2id parameters: in clear for prelogin, checked on every side -------------------------
-
-MIN_MEMORY_KIB = 64 * 1024
-MAX_MEMORY_KIB = 1024 * 1024
-MIN_ITERATIONS = 3
-MAX_ITERATIONS = 10
-MAX_LANES = 16
-SALT_BYTES = 16
-
-
-class KdfParams(msgspec.Struct, frozen=True):
-    """Argon2id parameters and salt of an account's passphrase."""
-
-    salt: bytes
-    memory_kib: int = MIN_MEMORY_KIB
-    iterations: int = MIN_ITERATIONS
-    lanes: int = 1
-
-    def __repr__(self) -> str:
-        return f"KdfParams(m={self.memory_kib} KiB, t={self.iterations}, p={self.lanes})"
-
-
-def check_kdf_params(params: KdfParams) -> None:
-    """Refuse parameters outside the floors and ceilings (a weak or a hostile cost)."""
-    bounds = (
-        ("memory_kib", params.memory_kib, MIN_MEMORY_KIB, MAX_MEMORY_KIB),
-        ("iterations", params.iterations, MIN_ITERATIONS, MAX_ITERATIONS),
-        ("lanes", params.lanes, 1, MAX_LANES),
-        ("salt length", len(params.salt), SALT_BYTES, SALT_BYTES),
-    )
-    for name, value, low, high in bounds:
-        if not low <= value <= high:
-            raise KdfParametersError(
-                f"Argon2id {name} {value} outside {low}..{high}",
-                hint="parameters outside the bounds are refused whether stored or served",
-            )
-
-
 # ---- Messages between a device and the relay (specs/protocol.md) ------------------------------
 
 Seq = Annotated[int, msgspec.Meta(ge=0, le=MAX_HLC)]
@@ -318,32 +283,59 @@ U32 = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
 Key32 = Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
 """32 bytes: a symmetric key, an Ed25519 seed or public key, an X25519 public key."""
 Signature = Annotated[bytes, msgspec.Meta(min_length=64, max_length=64)]
-PUSH_LABEL = b"sealsync push v1\0"
+PUSH_LABEL = b"sealsync push v2\0"
 
 
 class PushBatch(msgspec.Struct, frozen=True):
     """Envelopes a device pushes; the relay answers one receipt per envelope, in order. A
     version-2 account's are signed (`push_signed_bytes`) under a counter above every one this
-    device used, so a captured request cannot be sent again (specs/protocol.md §4.7)."""
+    device used, so a captured request cannot be sent again (specs/protocol.md §4.7). `ack`:
+    the device's pull cursor, every version up to it merged, held or covered there;
+    `tombstones`: which envelopes are tombstones (`tombstone_bits`)."""
 
     envelopes: list[bytes]
     generation: U32 = 0
     counter: Seq = 0
     signature: Signature | None = None
+    ack: Seq | None = None
+    tombstones: bytes = b""
 
     def __repr__(self) -> str:  # not every envelope's bytes
         return f"PushBatch({len(self.envelopes)} envelopes, counter={self.counter})"
 
 
+def tombstone_bits(flags: Sequence[bool]) -> bytes:
+    """`PushBatch.tombstones`: bit i (byte i // 8, from its lowest bit) set when envelope i is
+    a tombstone, as few bytes as the last set bit needs (none when no bit is set)."""
+    bits = sum(1 << i for i, flag in enumerate(flags) if flag)
+    return bits.to_bytes((bits.bit_length() + 7) // 8, "little")
+
+
+def tombstone_flags(batch: PushBatch) -> list[bool]:
+    """Each envelope's bit of `batch.tombstones`; `ProtocolError` for bits past the last."""
+    count, bits = len(batch.envelopes), int.from_bytes(batch.tombstones, "little")
+    if bits >> count or len(batch.tombstones) > (count + 7) // 8:
+        raise ProtocolError(f"tombstones holds bits past the {count} envelopes sent")
+    return [bool(bits >> i & 1) for i in range(count)]
+
+
 def push_signed_bytes(
-    account: str, device_id: str, state: RelayState, batch: PushBatch, digests: Sequence[bytes]
+    account: str,
+    device_id: str,
+    state: RelayState,
+    batch: PushBatch,
+    digests: Sequence[bytes],
+    tombstones: bytes,
 ) -> bytes:
     """What a push's signature covers: who pushes to which relay and account epoch, with which
-    generation and counter, and the SHA-256 of each envelope in order."""
+    generation, counter and ack, and the SHA-256 of each envelope and the tombstones as sent
+    (a relay refuses an oversized envelope before storage: the batch it stores is shorter)."""
     names = (account, device_id, state.storage_id, state.account_epoch)
     named = b"".join(_LENGTH.pack(len(b)) + b for b in (n.encode() for n in names))
-    numbers = _LENGTH.pack(batch.generation) + _U64.pack(batch.counter)
-    return PUSH_LABEL + named + numbers + _LENGTH.pack(len(digests)) + b"".join(digests)
+    ack = 0 if batch.ack is None else batch.ack + 1
+    numbers = _LENGTH.pack(batch.generation) + _U64.pack(batch.counter) + _U64.pack(ack)
+    sent = _LENGTH.pack(len(digests)) + b"".join(digests) + _LENGTH.pack(len(tombstones))
+    return PUSH_LABEL + named + numbers + sent + tombstones
 
 
 ReceiptStatus = Literal["stored", "superseded", "refused"]

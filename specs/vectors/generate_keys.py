@@ -362,14 +362,18 @@ def push_vector() -> dict[str, Any]:
     """A signed push (protocol.md §4.7) by the bundle's signing key."""
     envelopes = [fixed_bytes("envelope one", 32) * 3, fixed_bytes("envelope two", 32) * 2]
     who = {"account": "ann", "device_id": "dev-1", "storage_id": "st-9", "account_epoch": "ep-4"}
-    generation, counter = 1, 7
+    generation, counter, ack = 1, 7, 41
+    tombstones = bytes([0b10])  # envelope two (bit 1 of byte 0) is a tombstone
     signed = (
-        b"sealsync push v1\0"
+        b"sealsync push v2\0"
         + b"".join(lp(text) for text in who.values())
         + U32.pack(generation)
         + U64.pack(counter)
+        + U64.pack(ack + 1)
         + U32.pack(len(envelopes))
         + b"".join(hashlib.sha256(e).digest() for e in envelopes)
+        + U32.pack(len(tombstones))
+        + tombstones
     )
     signing_key = Ed25519PrivateKey.from_private_bytes(fixed_bytes("signing key", 32))
     signature = signing_key.sign(signed)
@@ -378,12 +382,16 @@ def push_vector() -> dict[str, Any]:
         "generation": generation,
         "counter": counter,
         "signature": signature,
+        "ack": ack,
+        "tombstones": tombstones,
     }
     return {
         "description": "a push signed by the bundle's generation-1 signing key",
         **who,
         "generation": generation,
         "counter": counter,
+        "ack": ack,
+        "tombstones": tombstones.hex(),
         "envelopes": [e.hex() for e in envelopes],
         "signed_bytes": signed.hex(),
         "signature": signature.hex(),

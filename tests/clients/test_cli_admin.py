@@ -234,3 +234,29 @@ def test_an_operator_deletes_one_account_and_its_device_registers_it_again(
     after = listed_accounts(relay)
     assert after["ann"]["devices"] == 1 and after["ann"]["versions"] == before["ann"]["versions"]
     assert cli.json_object(a, "get", "threads", "t1")["doc"] == {"title": "kept on the device"}
+
+
+def test_relay_accounts_shows_the_tombstones_devices_pushed_and_how_far_all_pulled(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    """Deleting on a device and syncing tells the relay which versions are tombstones, and
+    each device's push says how far it pulled (`relay accounts`: `tombstones`, their bytes,
+    and `ack_floor`, what every device has: the first step of tombstone collection)."""
+    relay = start_relay()
+    a, b = two_devices(cli, relay, tmp_path)
+    for note in ("n1", "n2", "n3"):
+        cli.ok(a, "put", "messages", note, '{"text": "hello"}')
+    cli.ok(a, "rm", "messages", "n2")
+    cli.ok(a, "sync")
+    ann = listed_accounts(relay)["ann"]
+    assert (ann["tombstones"], ann["ack_floor"]) == (1, None)  # b said nothing yet
+    assert 0 < int(str(ann["tombstone_bytes"])) < int(str(ann["stored_bytes"]))
+    cli.ok(b, "sync")
+    cli.ok(b, "put", "messages", "from b", '{"text": "hi"}')
+    cli.ok(b, "sync")  # its push acks the 3 versions it pulled
+    cli.ok(a, "put", "messages", "n4", '{"text": "again"}')
+    cli.ok(a, "sync")  # a pulled b's note before it pushed: it acks 4
+    ann = listed_accounts(relay)["ann"]
+    assert (ann["tombstones"], ann["ack_floor"], ann["head"]) == (1, 3, 5)
+    shown = relay_accounts(cli, relay)
+    assert shown.exit_code == 0 and "acked" in shown.stdout

@@ -77,8 +77,8 @@ def plant(relay: RelayProcess, envelope: bytes) -> None:
     with sqlite3.connect(relay.db) as db:
         account, head = db.execute("SELECT id, head FROM accounts WHERE name = 'ann'").fetchone()
         row = (account, head + 1, header.key, node_to_i64(header.node), header.hlc,
-               header.vector_bytes, hashlib.sha256(envelope).digest(), envelope)  # fmt: skip
-        db.execute(f"INSERT INTO versions ({VERSION_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)", row)
+               header.vector_bytes, hashlib.sha256(envelope).digest(), envelope, 0)  # fmt: skip
+        db.execute(f"INSERT INTO versions ({VERSION_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)", row)
         db.execute("UPDATE accounts SET head = ? WHERE id = ?", (head + 1, account))
     db.close()
 

@@ -87,7 +87,7 @@ def client(make_client: AppFactory) -> TestClient:
 
 def test_info_tells_the_protocol_version_and_limits(make_client: AppFactory) -> None:
     info = decode(make_client(page_size=7).get("/v1/info").content, RelayInfo)
-    assert info.protocol_version == PROTOCOL_VERSION == 4
+    assert info.protocol_version == PROTOCOL_VERSION == 5
     assert info.limits.page_size == 7 and info.open_signup
 
 

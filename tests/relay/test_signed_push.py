@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx2
@@ -22,14 +21,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from relay import tokens
 from relay.errors import ConflictError, CounterStaleError, QuotaExceededError
 from relay.signing import BundleKeys, Pusher, check_bundle_change
-from relay.storage import AccountSummary, Device, Storage, TokenRecord
+from relay.storage import Device
 from replica.generations import (
     OpenedGeneration,
-    PushSigner,
-    bundle_v2_to_bytes,
-    first_generation,
     rotate,
-    seal_generation,
     sign_push,
 )
 from replica.keys import Frontier
@@ -43,70 +38,20 @@ from replica.wire import (
     PushResult,
     PutKeyBundle,
     Receipt,
-    RegisterRequest,
-    RelayState,
     Session,
-    auth_key_hash,
     parse_header,
 )
-from tests.relay.api import KDF, MSGPACK, Keys, bearer, body, decode, new_keys, register
+from tests.relay.api import KDF, MSGPACK, bearer, body, decode, new_keys, register
 from tests.relay.conftest import HLC, NOW_MS, StorageFactory, account_record, envelope
-from tests.relay.harness import BACKENDS, Relay, open_relays
-
-KEK = os.urandom(32)
-
-
-@dataclass
-class Owner:
-    """An account registered with a version-2 bundle, and what only its devices hold."""
-
-    relay: Relay
-    name: str
-    keys: Keys
-    generation: OpenedGeneration
-    session: Session
-
-    def signer(self) -> PushSigner:
-        return PushSigner(self.name, self.session.device_id, self.state())
-
-    def state(self) -> RelayState:
-        answer = self.relay.client.get("/v1/state", headers=bearer(self.session))
-        return decode(answer.content, RelayState)
-
-    def sign(self, envelopes: list[bytes], counter: int) -> PushBatch:
-        secrets = self.generation.secrets
-        return sign_push(
-            PushBatch(envelopes), secrets.signing_key, secrets.generation, counter, self.signer()
-        )
-
-    def push(self, batch: PushBatch) -> httpx2.Response:
-        return self.relay.client.post("/v1/push", content=body(batch), headers=bearer(self.session))
-
-    def stored(self) -> tuple[list[bytes], int, AccountSummary]:
-        """Every stored envelope, the head, and the account's byte count."""
-        answer = self.relay.client.get("/v1/pull?cursor=0", headers=bearer(self.session))
-        page = decode(answer.content, Page)
-        assert not page.has_more
-        summary = self.relay.storage.accounts(self.name)[0]
-        return [e.envelope for e in page.entries], page.state.head, summary
-
-
-def generation_one() -> OpenedGeneration:
-    return first_generation(os.urandom, os.urandom(32), None)
-
-
-def sealed(opened: OpenedGeneration, chain: bytes | None = None) -> bytes:
-    return bundle_v2_to_bytes(seal_generation(opened, KDF, KEK, os.urandom, chain))
-
-
-def register_owner(relay: Relay, name: str = "ann") -> Owner:
-    keys, opened = new_keys(), generation_one()
-    request = RegisterRequest(
-        name, keys.auth_key, auth_key_hash(keys.recovery_auth_key), KDF, sealed(opened), "laptop"
-    )
-    answer = relay.client.post("/v1/register", content=body(request), headers=MSGPACK)
-    assert answer.status_code == 201, answer.content
-    return Owner(relay, name, keys, opened, decode(answer.content, Session))
+from tests.relay.harness import BACKENDS, open_relays
+from tests.relay.owners import (
+    Owner,
+    answer_code,
+    record,
+    register_owner,
+    sealed,
+    signed_account,
+)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -116,14 +61,6 @@ def owner(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Owner]:
         first = owner.push(owner.sign([record(b"k" * 16, 1)], counter=1))
         assert first.status_code == 200, first.content  # the real versions a forger aims at
         yield owner
-
-
-def record(key: bytes, tick: int, vector: dict[int, int] | None = None) -> bytes:
-    return envelope(key, 7, HLC + tick, vector or {7: HLC + tick})
-
-
-def answer_code(answer: httpx2.Response) -> str:
-    return decode(answer.content, ErrorBody).code
 
 
 # -- what a token alone can send --------------------------------------------------------------
@@ -182,6 +119,16 @@ def with_another_counter(owner: Owner) -> PushBatch:
     return msgspec.structs.replace(owner.sign([record(b"k" * 16, 2)], counter=2), counter=9)
 
 
+def with_a_tombstone_declared(owner: Owner) -> PushBatch:
+    """A token thief marking a live version a tombstone, for collection to drop it."""
+    batch = owner.sign([record(b"k" * 16, 2)], counter=2)
+    return msgspec.structs.replace(batch, tombstones=b"\x01")
+
+
+def with_another_ack(owner: Owner) -> PushBatch:
+    return msgspec.structs.replace(owner.sign([record(b"k" * 16, 2)], counter=2, ack=0), ack=1)
+
+
 FORGERIES: dict[str, tuple[Forgery, str]] = {
     "unsigned, forged vector": (unsigned_forged_vector, "forbidden"),
     "unsigned, key epoch 2**32-1": (unsigned_future_epoch, "forbidden"),
@@ -193,6 +140,8 @@ FORGERIES: dict[str, tuple[Forgery, str]] = {
     "envelopes reordered": (with_envelopes_reordered, "forbidden"),
     "an envelope swapped": (with_an_envelope_swapped, "forbidden"),
     "another counter": (with_another_counter, "forbidden"),
+    "a tombstone declared": (with_a_tombstone_declared, "forbidden"),
+    "another ack": (with_another_ack, "forbidden"),
 }
 
 
@@ -323,14 +272,6 @@ def test_a_bundle_never_steps_back_a_generation_or_drops_its_signing_key(
 
 
 # -- storage: counters on every backend --------------------------------------------------------
-
-
-def signed_account(storage: Storage) -> tuple[OpenedGeneration, PushSigner]:
-    opened = generation_one()
-    record_ = dataclasses.replace(account_record("bob"), bundle=sealed(opened))
-    token = TokenRecord(os.urandom(32), "bob", "d1", "access", NOW_MS)
-    state = storage.create_account(record_, Device("d1", "laptop", NOW_MS), [token], None, NOW_MS)
-    return opened, PushSigner("bob", "d1", state)
 
 
 def test_a_counter_is_kept_even_when_the_push_is_refused_for_quota(

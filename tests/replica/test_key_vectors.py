@@ -33,6 +33,7 @@ from replica.generations import (
     sign_push,
     verify_chain,
 )
+from replica.kdfparams import KdfParams
 from replica.keys import (
     Frontier,
     hkdf,
@@ -40,7 +41,13 @@ from replica.keys import (
     passphrase_login_keys,
     recovery_login_keys,
 )
-from replica.wire import KdfParams, PushBatch, RelayState, auth_key_hash, push_signed_bytes
+from replica.wire import (
+    PushBatch,
+    RelayState,
+    auth_key_hash,
+    push_signed_bytes,
+    tombstone_bits,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 GENERATOR_PATH = ROOT / "specs" / "vectors" / "generate_keys.py"
@@ -156,11 +163,13 @@ def test_the_signed_push_vector_is_what_the_device_signs_and_the_relay_accepts()
     state = RelayState(PUSH["storage_id"], PUSH["account_epoch"], 0)
     signer = PushSigner(PUSH["account"], PUSH["device_id"], state)
     signing_key = hexed(BUNDLE["secrets"]["signing_key"])
-    batch = sign_push(
-        PushBatch(envelopes), signing_key, PUSH["generation"], PUSH["counter"], signer
-    )
+    unsigned = PushBatch(envelopes, ack=PUSH["ack"], tombstones=hexed(PUSH["tombstones"]))
+    assert unsigned.tombstones == tombstone_bits([False, True])
+    batch = sign_push(unsigned, signing_key, PUSH["generation"], PUSH["counter"], signer)
     pusher = Pusher.of(PUSH["device_id"], batch)
-    signed = push_signed_bytes(PUSH["account"], PUSH["device_id"], state, batch, pusher.digests)
+    signed = push_signed_bytes(
+        PUSH["account"], PUSH["device_id"], state, batch, pusher.digests, pusher.tombstones
+    )
     assert signed.hex() == PUSH["signed_bytes"]
     assert batch.signature is not None and batch.signature.hex() == PUSH["signature"]
     assert msgspec.msgpack.encode(batch).hex() == PUSH["push_batch"]

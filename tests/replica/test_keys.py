@@ -46,6 +46,16 @@ from replica.generations import (
     open_with_generation_key,
     recovery_private_key,
 )
+from replica.kdfparams import (
+    MAX_ITERATIONS,
+    MAX_LANES,
+    MAX_MEMORY_KIB,
+    MIN_ITERATIONS,
+    MIN_MEMORY_KIB,
+    SALT_BYTES,
+    KdfParams,
+    check_kdf_params,
+)
 from replica.keys import (
     ACCOUNT_ID_BYTES,
     AccountInfo,
@@ -60,17 +70,9 @@ from replica.keys import (
 )
 from replica.schema import schema_to_bytes
 from replica.wire import (
-    MAX_ITERATIONS,
-    MAX_LANES,
-    MAX_MEMORY_KIB,
-    MIN_ITERATIONS,
-    MIN_MEMORY_KIB,
-    SALT_BYTES,
-    KdfParams,
     PreloginResponse,
     RegisterRequest,
     auth_key_hash,
-    check_kdf_params,
     decode_message,
     encode_message,
 )

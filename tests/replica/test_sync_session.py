@@ -18,7 +18,8 @@ from replica import (
     RollbackError,
     SyncSession,
 )
-from replica.wire import ErrorCode, parse_header
+from replica.envelope import open_envelope
+from replica.wire import ErrorCode, parse_header, tombstone_flags
 from tests.conftest import FakeClock, ReplicaFactory
 from tests.replica.helpers import STATE, page_of
 
@@ -361,3 +362,27 @@ def test_signing_takes_counters_a_block_at_a_time_and_never_twice(
     assert len(set(side_by_side + counters)) == len(side_by_side) + len(counters)
     assert side_by_side[0::2] == sorted(side_by_side[0::2]) > counters
     assert side_by_side[1::2] == sorted(side_by_side[1::2])
+
+
+def test_a_batch_says_which_envelopes_are_tombstones_and_signing_acks_the_cursor(
+    make_replica: ReplicaFactory,
+) -> None:
+    """`tombstones` is read from the rows (nothing is opened to push); the ack is the pull
+    cursor as the batch is signed: every version up to it is here."""
+    a, b = make_replica("a"), make_replica("b")
+    for i in range(5):
+        a.put("notes", f"n{i}", {"i": i})
+    for i in (1, 4):
+        a.delete("notes", f"n{i}")
+    batch = a.sync_session().next_batch()
+    assert batch is not None and len(batch.envelopes) == 5
+    keys = a._core.keys()
+    deleted = [open_envelope(keys, envelope).deleted for envelope in batch.envelopes]
+    assert tombstone_flags(batch) == deleted and sorted(deleted) == [False] * 3 + [True] * 2
+    session = b.sync_session()
+    session.apply_page(page_of(batch.envelopes, 0))
+    session.check_relay_state(STATE)
+    b.put("notes", "mine", {"by": "b"})
+    pushed = session.next_batch()
+    assert pushed is not None and pushed.tombstones == b""
+    assert session.sign(pushed, ACCOUNT, "device").ack == session.cursor == 5

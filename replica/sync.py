@@ -15,6 +15,7 @@ deletion. `reseed()` then marks every version for pushing again and resets the c
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -49,6 +50,9 @@ COUNTER_BLOCK = 64
 """Push counters a session takes at once: a round of up to 64 batches writes the file once
 for them; numbers a session leaves unused are skipped (counters only need to increase)."""
 DEFAULT_BATCH_BYTES = 4 * 1024 * 1024
+ACK_EVERY_S = 600.0
+"""How often at most a session sends an ack with nothing to push (`ack_due`): collection
+waits days for an ack, and a phone's battery should not pay for fresher ones."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,9 @@ class SyncSession:
         """Versions the relay called superseded in this pass, not yet proven so here."""
         self._counters: list[int] | None = None
         """[next, last] push counter of the block this session took (`_next_counter`)."""
+        self._acked = 0
+        self._acked_at: float | None = None
+        """The last ack this session signed, and when (`time.monotonic`)."""
 
     # -- push -----------------------------------------------------------------------------------
 
@@ -294,6 +301,7 @@ class SyncSession:
             stored = self._store.get_bytes("relay_state")
             counter = self._next_counter()
             cursor = self._store.get_int("cursor")  # the ack: every version up to it is here
+            self._acked, self._acked_at = cursor, time.monotonic()
         if stored is None:
             raise ProtocolError(
                 "no relay state is known to sign a push for", hint="pull before pushing"
@@ -302,6 +310,22 @@ class SyncSession:
         signer = PushSigner(account, device_id, state)
         acked = msgspec.structs.replace(batch, ack=cursor)
         return sign_push(acked, signing_key, keys.generation, counter, signer)
+
+    def ack_due(self) -> PushBatch | None:
+        """An empty batch to push (signed, it acks the cursor) when this device pulled past
+        the last cursor this session acknowledged and acked nothing for `ACK_EVERY_S`; None
+        otherwise, and for a version-1 account, whose unsigned pushes ack nothing. A device
+        that only reads so tells the relay how far it is: tombstone collection waits for
+        every device (docs/tombstone-collection.md §1)."""
+        if self._acked_at is not None and time.monotonic() - self._acked_at < ACK_EVERY_S:
+            return None
+        with self._core.mutex:
+            opener = self._core.opener
+            if opener is None or opener.keys.signing_key is None:
+                return None
+            if self._store.get_int("cursor") <= self._acked:
+                return None
+        return PushBatch([])
 
     def _next_counter(self) -> int:
         """The next counter of the block this session took, or of a new block: the file

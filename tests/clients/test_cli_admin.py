@@ -251,7 +251,8 @@ def test_relay_accounts_shows_the_tombstones_devices_pushed_and_how_far_all_pull
     ann = listed_accounts(relay)["ann"]
     assert (ann["tombstones"], ann["ack_floor"]) == (1, None)  # b said nothing yet
     assert 0 < int(str(ann["tombstone_bytes"])) < int(str(ann["stored_bytes"]))
-    cli.ok(b, "sync")
+    cli.ok(b, "sync")  # it only pulled: an empty signed push says how far (3)
+    assert listed_accounts(relay)["ann"]["ack_floor"] == 0  # a acked before it pulled
     cli.ok(b, "put", "messages", "from b", '{"text": "hi"}')
     cli.ok(b, "sync")  # its push acks the 3 versions it pulled
     cli.ok(a, "put", "messages", "n4", '{"text": "again"}')

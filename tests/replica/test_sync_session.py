@@ -18,10 +18,11 @@ from replica import (
     RollbackError,
     SyncSession,
 )
+from replica import sync as sync_module
 from replica.envelope import open_envelope
 from replica.wire import ErrorCode, parse_header, tombstone_flags
 from tests.conftest import FakeClock, ReplicaFactory
-from tests.replica.helpers import STATE, page_of
+from tests.replica.helpers import STATE, dirty_envelopes, page_of
 
 ACCOUNT = "acct"
 
@@ -386,3 +387,36 @@ def test_a_batch_says_which_envelopes_are_tombstones_and_signing_acks_the_cursor
     pushed = session.next_batch()
     assert pushed is not None and pushed.tombstones == b""
     assert session.sign(pushed, ACCOUNT, "device").ack == session.cursor == 5
+
+
+def test_a_reading_device_acks_what_it_pulled_at_most_every_ack_interval(
+    make_replica: ReplicaFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ack_due` offers an empty batch (its signature acks the cursor) once the cursor passed
+    the last ack this session signed, and no sooner than `ACK_EVERY_S` after it."""
+    writer, reader = make_replica("w"), make_replica("r")
+    for i in range(3):
+        writer.put("notes", f"n{i}", {"i": i})
+    envelopes = dirty_envelopes(writer)
+    session = reader.sync_session()
+    session.check_relay_state(STATE)
+    assert session.ack_due() is None  # nothing pulled
+    session.apply_page(page_of(envelopes[:2], 0))
+    due = session.ack_due()
+    assert due is not None and due.envelopes == []
+    assert session.sign(due, ACCOUNT, "device").ack == 2
+    session.apply_page(page_of(envelopes[2:], 2))
+    assert session.ack_due() is None  # acked a moment ago
+    monkeypatch.setattr(sync_module, "ACK_EVERY_S", 0.0)
+    again = session.ack_due()
+    assert again is not None and session.sign(again, ACCOUNT, "device").ack == 3
+    assert session.ack_due() is None  # nothing pulled since
+    reader.lock()
+    session.apply_page(page_of([writer_envelope(writer)], 3))
+    assert session.ack_due() is None  # a locked replica signs nothing
+
+
+def writer_envelope(writer: Replica) -> bytes:
+    writer.put("notes", "later", {"i": 9})
+    (envelope,) = dirty_envelopes(writer)
+    return envelope

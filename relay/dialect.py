@@ -86,7 +86,7 @@ CREATE TABLE revoked_tokens (
 ){strict}
 """
 ACKS_AND_TOMBSTONES = """
--- the highest pull cursor each device acknowledged in a signed push, and when (relay clock)
+-- the pull cursor each device last acknowledged in a signed push, and when (relay clock)
 ALTER TABLE devices ADD COLUMN ack_seq {int};
 ALTER TABLE devices ADD COLUMN ack_ms {int};
 -- whether a version is a tombstone, as the signed push that stored or re-sent it declared

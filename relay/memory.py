@@ -84,7 +84,7 @@ class _Account:
     push_counters: dict[str, int] = field(default_factory=dict)
     """device id → the highest signed-push counter it used."""
     acks: dict[str, tuple[int, int]] = field(default_factory=dict)
-    """device id → (the highest cursor it acknowledged, when: relay clock)."""
+    """device id → (the cursor it last acknowledged, when: relay clock)."""
     tombs: set[int] = field(default_factory=set)
     """seqs of the stored versions declared tombstones."""
 

@@ -75,8 +75,8 @@ class AccountSummary:
     """Versions its devices declared tombstones (their signed pushes' `tombstones`)."""
     tombstone_bytes: int
     ack_floor: int | None
-    """The highest seq every device has acknowledged pulling (their signed pushes' `ack`):
-    None while one of them has not said yet."""
+    """The seq every device has acknowledged pulling up to: the lowest of their last acks
+    (their signed pushes' `ack`); None while one of them has not said yet."""
 
 
 @dataclass(frozen=True)

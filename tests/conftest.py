@@ -30,6 +30,16 @@ settings.register_profile(
 )
 settings.load_profile("ci" if os.environ.get("CI") else "default")
 
+MAX_WORKERS = 4
+"""`-n auto` (pyproject's addopts) runs the suite in this many processes at most: each test
+may start relays and hold PostgreSQL connections (the server allows 100), and two cores
+already halve the suite's time (`-n0` runs it in one, for a debugger)."""
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
+
+
 SCHEMA = Schema(
     (
         Collection("notes", "lww"),

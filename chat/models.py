@@ -9,9 +9,10 @@ does not know (a newer app's) are kept in `model_extra` and written back unchang
 from __future__ import annotations
 
 import base64
+import unicodedata
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BeforeValidator, ConfigDict, PlainSerializer, ValidationError
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, PlainSerializer, ValidationError
 from sqlmodel import Field, SQLModel
 
 from replica import InvalidArgumentError, SealsyncError
@@ -44,6 +45,19 @@ Thumbnail = Annotated[
 """Bytes to the app; base64 in the stored document, which must be JSON (it is the form an
 export carries too)."""
 ROLES: tuple[str, ...] = ("user", "assistant", "system", "tool")
+
+
+def _part_of_an_id(value: str) -> str:
+    """A setting's name is part of its record's id, which the engine takes only in NFC and
+    without NUL (specs/replica.md §2): refused here, by the setting's own name."""
+    if "\x00" in value or not unicodedata.is_normalized("NFC", value):
+        raise ValueError("must be text in Unicode NFC, without NUL")
+    return value
+
+
+SettingName = Annotated[
+    str, AfterValidator(_part_of_an_id), Field(min_length=1, max_length=MAX_SETTING_NAME_CHARS)
+]
 
 
 class ChatDataError(SealsyncError):
@@ -96,7 +110,7 @@ class Persona(Document):
 
 class Setting(Document):
     thread: str
-    name: str = Field(min_length=1, max_length=MAX_SETTING_NAME_CHARS)
+    name: SettingName
     value: Any = None
 
 
@@ -140,7 +154,8 @@ def _first(exc: ValidationError) -> str:
     field = ".".join(str(part) for part in error["loc"]) or "document"
     value = error.get("input")
     shown = f"{value!r:.60}" if not isinstance(value, (bytes, list, dict)) else type(value).__name__
-    return f"{field}: {error['msg']} (got {shown})"
+    message = error["msg"].removeprefix("Value error, ")  # pydantic's, for a ValueError
+    return f"{field}: {message} (got {shown})"
 
 
 def to_document(model: Document) -> dict[str, Any]:

@@ -30,6 +30,8 @@ class Preferences(ChatBase):
     def set_setting(self, thread: str, name: str, value: Any) -> None:
         """Set one setting of a chat (None deletes it)."""
         setting = build(Setting, thread=check_id("chat", thread), name=name, value=value)
+        if "/" in name:  # as an import refuses it (chat/limits.py)
+            raise InvalidArgumentError(f"setting name {name!r:.60} holds '/'")
         with self._operation(thread, undo="setting"):
             self._thread(thread)
             record_id = f"{thread}/{name}"

@@ -6,6 +6,7 @@ twice."""
 from __future__ import annotations
 
 import json
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,11 @@ SETTING_VALUES = st.recursive(
 )
 ROLES = st.sampled_from(["user", "assistant"])
 THUMBNAILS = st.lists(st.binary(max_size=20), max_size=2)
-NAMES = st.text(st.characters(codec="utf-8", exclude_characters="/\x00"), min_size=1, max_size=10)
+NAMES = st.text(
+    st.characters(codec="utf-8", exclude_characters="/\x00"), min_size=1, max_size=10
+).filter(
+    lambda name: unicodedata.is_normalized("NFC", name)  # a setting's name is part of an id
+)
 CHATS = st.lists(
     st.tuples(
         TEXT,  # title

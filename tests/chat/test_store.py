@@ -170,6 +170,10 @@ def file_digest(replica: Replica) -> str:
         (lambda s, t: s.rename(t, None), "title"),
         (lambda s, t: s.edit(t, new_id(1, bytes), "x"), "no message"),
         (lambda s, t: s.new_chat("t" * 201), "at most 200"),
+        (lambda s, t: s.set_setting(t, "\uf900", 1), "setting name: must be text in Unicode NFC"),
+        (lambda s, t: s.set_setting(t, "a\x00b", 1), "setting name: must be text in Unicode NFC"),
+        (lambda s, t: s.set_setting(t, "", 1), "name"),
+        (lambda s, t: s.set_setting(t, "a/b", 1), "setting name 'a/b' holds '/'"),
     ],
 )
 def test_bad_input_is_refused_by_name_and_changes_nothing(

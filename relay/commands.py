@@ -1,6 +1,6 @@
 """`sealsync relay …`: the operator's commands, beside the relay they administer.
 
-`serve` runs the relay; `invite`, `accounts` and `stats` open its storage directly (SQLite by
+`serve` runs the relay; `invite`, `accounts`, `collect` and `stats` open its storage directly (SQLite by
 default, PostgreSQL with --database-url) and print what an operator may see: counts and sizes,
 never what an account wrote. The command line (`clients.cli`) mounts this group under the one
 `sealsync` console script and turns the errors raised here into `error:`/`hint:` lines.
@@ -212,11 +212,58 @@ def relay_accounts(*, where: RelayStorage, as_json: bool, to_delete: str | None,
         return
     table = Table("account", "devices", "versions", "bytes", "head", "tombstones", "their bytes")
     table.add_column("acked")
+    table.add_column("collected")
     for a in accounts:
         numbers = (a.devices, a.versions, a.stored_bytes, a.head, a.tombstones, a.tombstone_bytes)
         acked = "-" if a.ack_floor is None else str(a.ack_floor)
-        table.add_row(a.name, *map(str, numbers), acked)
+        table.add_row(a.name, *map(str, numbers), acked, f"{a.collected} ({a.collected_bytes} B)")
     out.print(table)
+
+
+@relay.command("collect")
+@storage_options
+@click.option("--account", "name", help="Only this account (default: every account).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON array, an object per account.")
+def relay_collect(*, where: RelayStorage, name: str | None, as_json: bool) -> None:
+    """Delete the tombstones every device of an account has acknowledged pulling, each the
+    last version of its record, and give their space back to the account (runs of at most
+    10,000; a device that never acknowledged holds its account's back). Devices keep their
+    own tombstones for now."""
+    with where.opened() as storage:
+        if name is not None and not storage.accounts(name):
+            raise InvalidArgumentError(
+                f"no account {name!r} on this relay", hint="`sealsync relay accounts` lists them"
+            )
+        names = [name] if name is not None else [a.name for a in storage.accounts()]
+        totals = [collect_all(storage, account) for account in names]
+    if as_json:
+        out.print_json(json.dumps(totals))
+        return
+    table = Table("account", "acked", "runs", "collected", "bytes", "runs released")
+    for t in totals:
+        acked = "-" if t["ack_floor"] is None else str(t["ack_floor"])
+        numbers = (t["runs"], t["versions"], t["bytes"], t["released"])
+        table.add_row(str(t["account"]), acked, *map(str, numbers))
+    out.print(table)
+
+
+def collect_all(storage: Storage, name: str) -> dict[str, object]:
+    """Runs over one account until one finds nothing more; their totals."""
+    runs = versions = size = released = 0
+    while True:
+        report = storage.collect(name)
+        released += report.released
+        if report.run is None:
+            break
+        runs, versions, size = runs + 1, versions + report.versions, size + report.bytes
+    return {
+        "account": name,
+        "ack_floor": report.ack_floor,
+        "runs": runs,
+        "versions": versions,
+        "bytes": size,
+        "released": released,
+    }
 
 
 def delete_account(where: RelayStorage, name: str, *, as_json: bool, yes: bool) -> None:

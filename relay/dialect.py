@@ -93,7 +93,41 @@ ALTER TABLE devices ADD COLUMN ack_ms {int};
 ALTER TABLE versions ADD COLUMN tomb {int} NOT NULL DEFAULT 0;
 CREATE INDEX versions_tombs ON versions (account, seq) WHERE tomb = 1
 """
-SCHEMA_STEPS = (SCHEMA, LOGIN_FAILURES, PUSH_COUNTERS, REVOKED_TOKENS, ACKS_AND_TOMBSTONES)
+COLLECTION = """
+-- tombstone collection runs (docs/tombstone-collection.md §2): each takes a seq of its
+-- account's and keeps the dots it deleted, as markers for devices to drop the same tombstones
+-- and as ghosts that refuse a re-push of what they covered, until every device pulled past it
+CREATE TABLE collect_runs (
+    account {int} NOT NULL REFERENCES accounts(id) ON DELETE CASCADE,
+    seq {int} NOT NULL,
+    at_ms {int} NOT NULL,
+    ack_floor {int} NOT NULL,
+    versions {int} NOT NULL,
+    bytes {int} NOT NULL,
+    PRIMARY KEY (account, seq)
+){strict};
+CREATE TABLE collected (
+    account {int} NOT NULL REFERENCES accounts(id) ON DELETE CASCADE,
+    key {bytes} NOT NULL,
+    node {int} NOT NULL,
+    hlc {int} NOT NULL,
+    vector {bytes} NOT NULL,
+    seq {int} NOT NULL,
+    PRIMARY KEY (account, key, node, hlc)
+){strict};
+CREATE INDEX collected_by_run ON collected (account, seq);
+-- what the account's runs collected to date
+ALTER TABLE accounts ADD COLUMN collected_versions {int} NOT NULL DEFAULT 0;
+ALTER TABLE accounts ADD COLUMN collected_bytes {int} NOT NULL DEFAULT 0
+"""
+SCHEMA_STEPS = (
+    SCHEMA,
+    LOGIN_FAILURES,
+    PUSH_COUNTERS,
+    REVOKED_TOKENS,
+    ACKS_AND_TOMBSTONES,
+    COLLECTION,
+)
 """Step n makes a database of schema n - 1 one of schema n; a new one runs them all."""
 SCHEMA_VERSION = len(SCHEMA_STEPS)
 

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from relay.collection import ack_floor, page_end
 from relay.errors import (
     AccountExistsError,
     CounterStaleError,
@@ -25,6 +26,7 @@ from relay.errors import (
     QuotaExceededError,
     UnauthorizedError,
 )
+from relay.memcollect import Runs, candidates
 from relay.signing import BundleKeys, Pusher, authorize_push, refuse_epochs_ahead, reseal_epoch
 from relay.storage import (
     DEFAULT_MAX_ACCOUNT_BYTES,
@@ -33,6 +35,7 @@ from relay.storage import (
     DEFAULT_PAGE_SIZE,
     AccountRecord,
     AccountSummary,
+    CollectReport,
     CommitObserver,
     Device,
     HeadListener,
@@ -56,6 +59,7 @@ from relay.versions import (
 )
 from replica.errors import InvalidArgumentError
 from replica.wire import (
+    MAX_RUN_MARKERS,
     Header,
     KdfParams,
     Page,
@@ -87,6 +91,7 @@ class _Account:
     """device id → (the cursor it last acknowledged, when: relay clock)."""
     tombs: set[int] = field(default_factory=set)
     """seqs of the stored versions declared tombstones."""
+    runs: Runs = field(default_factory=Runs)
 
 
 @dataclass(frozen=True)
@@ -98,9 +103,7 @@ class _Snapshot:
 
 def _ack_floor(account: _Account) -> int | None:
     """`AccountSummary.ack_floor`: None while a device has not acknowledged anything."""
-    acks = [account.acks.get(device) for device in account.devices]
-    known = [ack[0] for ack in acks if ack is not None]
-    return min(known) if known and len(known) == len(acks) else None
+    return ack_floor(account.acks.get(device, (None, 0))[0] for device in account.devices)
 
 
 def _same_device(a: TokenRecord, b: TokenRecord) -> bool:
@@ -250,6 +253,8 @@ class MemoryRelay:
                     len(entry.tombs),
                     sum(len(entry.by_seq[seq]) for seq in entry.tombs),
                     _ack_floor(entry),
+                    entry.runs.collected_versions,
+                    entry.runs.collected_bytes,
                 )
                 for account, entry in sorted(self._accounts.items())
                 if entry.record is not None and name in (None, account)
@@ -498,7 +503,8 @@ class MemoryRelay:
         def epoch_of(seq: int) -> int:
             return parse_header(account.by_seq[seq]).epoch
 
-        decision = decide(header, envelope, siblings, epoch_of, reseal_into)
+        ghosts = account.runs.ghosts_of(header.key)
+        decision = decide(header, envelope, siblings, epoch_of, reseal_into, ghosts)
         if not isinstance(decision, Store):
             if tomb and decision.seq is not None:
                 account.tombs.add(decision.seq)  # sent again, as a tombstone
@@ -525,19 +531,56 @@ class MemoryRelay:
         count = page_bounds(cursor, limit, self._rules.page_size)
         with self._mutex:
             account = self._account(name)
+            run = account.runs.next_run(cursor)
+            until = account.head if run is None else run - 1  # a page ends at a run
             sizes: list[tuple[int, int]] = []
             index = bisect.bisect_right(account.seqs, cursor)
             while index < len(account.seqs) and len(sizes) <= count:
                 seq = account.seqs[index]
+                if seq > until:
+                    break
                 stored = account.by_seq.get(seq)
                 if stored is not None:  # compacted seqs are gaps
                     sizes.append((seq, len(stored)))
                 index += 1
             kept, has_more = cut_page(sizes, count, self._rules.max_page_bytes)
             entries = [PageEntry(seq, account.by_seq[seq]) for seq, _ in sizes[:kept]]
-            next_cursor = entries[-1].seq if has_more else max(account.head, cursor)
+            collected = None
+            if run is not None and not has_more:  # the page reached the run: its markers
+                collected = account.runs.markers(run)
+            next_cursor, has_more = page_end(entries, has_more, run, account.head, cursor)
             self._compact_seqs(account)
-            return Page(cursor, entries, next_cursor, has_more, self.state(name))
+            state = self.state(name)
+        return Page(cursor, entries, next_cursor, has_more, state, collected)
+
+    # -- collection -------------------------------------------------------------------------
+
+    def collect(self, name: str, *, limit: int = MAX_RUN_MARKERS) -> CollectReport:
+        if not 1 <= limit <= MAX_RUN_MARKERS:
+            raise InvalidArgumentError(f"a run collects 1..{MAX_RUN_MARKERS}, not {limit}")
+        with self._mutex:
+            account = self._accounts.get(name)
+            if account is None:  # a run creates no account, unlike a push
+                raise NotFoundError("no such account")
+            floor = _ack_floor(account)
+            if floor is None:
+                return CollectReport(name, None, None, 0, 0, 0)
+            released = account.runs.release(floor)
+            taken = candidates(account.tombs, account.by_seq, account.by_key, floor, limit)
+            if not taken:
+                return CollectReport(name, floor, None, 0, 0, released)
+            account.head += 1
+            headers = [parse_header(account.by_seq[seq]) for seq in taken]
+            size = sum(len(account.by_seq.pop(seq)) for seq in taken)
+            for seq, header in zip(taken, headers, strict=True):
+                del account.by_key[header.key]
+                account.tombs.discard(seq)
+            account.stored_bytes -= size
+            account.runs.add(account.head, headers, size)
+            report = CollectReport(name, floor, account.head, len(taken), size, released)
+        for listener in self._listeners:
+            listener(name, account.head)
+        return report
 
     @staticmethod
     def _compact_seqs(account: _Account) -> None:

@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
+from relay.collection import page_end
 from relay.dialect import Transaction
 from relay.errors import (
     AccountExistsError,
@@ -29,10 +30,12 @@ from relay.signing import (
     Pusher,
     bundle_keys,
 )
+from relay.sqlcollect import collect, next_run, run_markers
 from relay.sqlpush import PendingPush, authorized, push_plan, write_plan
 from relay.storage import (
     AccountRecord,
     AccountSummary,
+    CollectReport,
     CommitObserver,
     Device,
     HeadListener,
@@ -51,7 +54,9 @@ from relay.versions import (
     is_over_quota,
     page_bounds,
 )
+from replica.errors import InvalidArgumentError
 from replica.wire import (
+    MAX_RUN_MARKERS,
     Header,
     KdfParams,
     Page,
@@ -219,7 +224,8 @@ class SQLStorage(ABC):
                 " (SELECT CAST(coalesce(sum(length(v.envelope)), 0) AS BIGINT) FROM versions v"
                 " WHERE v.account = a.id AND v.tomb = 1),"
                 " (SELECT CASE WHEN count(*) = count(d.ack_seq) THEN min(d.ack_seq) END"
-                " FROM devices d WHERE d.account = a.id) FROM accounts a"
+                " FROM devices d WHERE d.account = a.id),"
+                " a.collected_versions, a.collected_bytes FROM accounts a"
                 " WHERE CAST(? AS TEXT) IS NULL OR a.name = ? ORDER BY a.name",
                 (name, name),
             )
@@ -464,10 +470,12 @@ class SQLStorage(ABC):
             if row is None:
                 raise NotFoundError("no such account")
             account_id, epoch, head = row
+            run = next_run(tx, account_id, cursor)
+            until = head if run is None else run - 1  # a page ends at a run
             sizes = tx.all(
                 "SELECT seq, length(envelope) FROM versions WHERE account = ? AND seq > ?"
-                " ORDER BY seq LIMIT ?",
-                (account_id, cursor, count + 1),
+                " AND seq <= ? ORDER BY seq LIMIT ?",
+                (account_id, cursor, until, count + 1),
             )
             kept, has_more = cut_page(sizes, count, self._rules.max_page_bytes)
             rows = tx.all(
@@ -475,10 +483,22 @@ class SQLStorage(ABC):
                 " ORDER BY seq",
                 (account_id, cursor, sizes[kept - 1][0] if kept else cursor),
             )
+            collected = None
+            if run is not None and not has_more:  # the page reached the run: its markers
+                collected = run_markers(tx, account_id, run)
         entries = [PageEntry(seq, envelope) for seq, envelope in rows]
-        next_cursor = entries[-1].seq if has_more else max(head, cursor)
+        next_cursor, has_more = page_end(entries, has_more, run, head, cursor)
         state = RelayState(self._storage_id, epoch, head)
-        return Page(cursor, entries, next_cursor, has_more, state)
+        return Page(cursor, entries, next_cursor, has_more, state, collected)
+
+    def collect(self, name: str, *, limit: int = MAX_RUN_MARKERS) -> CollectReport:
+        if not 1 <= limit <= MAX_RUN_MARKERS:
+            raise InvalidArgumentError(f"a run collects 1..{MAX_RUN_MARKERS}, not {limit}")
+        with self._write() as tx:
+            report = collect(tx, name, self._rules.clock_ms(), limit)
+        if report.run is not None:
+            self._tell_listeners(name, report.run)
+        return report
 
 
 def _account_values(account: AccountRecord) -> tuple[object, ...]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from relay.dialect import Transaction
 from relay.errors import CounterStaleError, RelayError, UnauthorizedError
 from relay.signing import BundleKeys, Pusher, authorize_push, refuse_epochs_ahead, reseal_epoch
+from relay.sqlcollect import ghosts_of
 from relay.versions import PushPlan, StoredVersion
 from replica.wire import (
     Header,
@@ -57,7 +58,8 @@ def push_plan(
     """A plan over the stored versions of a batch's keys, read at once without envelopes; a
     stored envelope is read only for its key epoch (`relay.versions.EpochOf`)."""
     found: dict[bytes, list[StoredVersion]] = {}
-    rows = tx.all_in(STORED_VERSIONS, (account_id,), list(dict.fromkeys(keys)))
+    unique = list(dict.fromkeys(keys))
+    rows = tx.all_in(STORED_VERSIONS, (account_id,), unique)
     for key, seq, node, hlc, vector, digest, size in rows:
         version = StoredVersion(seq, node_from_i64(node), hlc, decode_vector(vector), digest, size)
         found.setdefault(key, []).append(version)
@@ -69,7 +71,8 @@ def push_plan(
         assert row is not None, "a sibling just read, under the account's lock"
         return parse_header(bytes(row[0])).epoch
 
-    return PushPlan(head, stored_bytes, found, epoch_of, reseal_epoch(account_keys))
+    ghosts = ghosts_of(tx, account_id, unique)
+    return PushPlan(head, stored_bytes, found, epoch_of, reseal_epoch(account_keys), ghosts)
 
 
 def authorized(

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from relay.signing import BundleKeys, Pusher, bundle_keys
-from replica.wire import KdfParams, Page, PushBatch, PushResult, RelayState
+from replica.wire import MAX_RUN_MARKERS, KdfParams, Page, PushBatch, PushResult, RelayState
 
 TokenKind = Literal["access", "refresh", "spent"]
 """A `spent` token is a refresh token already used, kept until its grace period ends."""
@@ -77,6 +77,25 @@ class AccountSummary:
     ack_floor: int | None
     """The seq every device has acknowledged pulling up to: the lowest of their last acks
     (their signed pushes' `ack`); None while one of them has not said yet."""
+    collected: int
+    """Tombstones its collection runs deleted, to date (`Storage.collect`)."""
+    collected_bytes: int
+
+
+@dataclass(frozen=True)
+class CollectReport:
+    """What one collection run did to an account (`Storage.collect`)."""
+
+    account: str
+    ack_floor: int | None
+    """The lowest last ack of its devices: tombstones up to it were collectable; None while
+    a device has not acknowledged anything (then nothing is collected or released)."""
+    run: int | None
+    """The seq the run took; None when it found nothing to collect (no seq taken)."""
+    versions: int
+    bytes: int
+    released: int
+    """Earlier runs dropped, markers and ghosts, now that every device has pulled past them."""
 
 
 @dataclass(frozen=True)
@@ -226,6 +245,13 @@ class Storage(Protocol):
         ...
 
     def stored_versions(self, name: str) -> int: ...
+
+    def collect(self, name: str, *, limit: int = MAX_RUN_MARKERS) -> CollectReport:
+        """One collection run (`relay.collection`), in one transaction under the account's
+        lock, so pushes and runs take turns: at most `limit` tombstones, each its key's sole
+        version, at or below every device's last ack. A run that deletes any takes the next
+        seq (the head) and keeps their dots until every device has acknowledged it."""
+        ...
 
     def listen(self, listener: HeadListener) -> None:
         """Call `listener` after every push that moved an account's head — also for pushes

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import msgspec
 
+from relay.collection import haunted
 from relay.errors import InvalidError
 from replica.errors import InvalidArgumentError, ProtocolError
 from replica.wire import (
@@ -98,6 +99,7 @@ def decide(
     siblings: Sequence[StoredVersion],
     epoch_of: EpochOf,
     reseal_epoch: int | None,
+    ghosts: Sequence[VersionVector] = (),
 ) -> Decision:
     """Idempotent on the version's identity (its dot); dropped only when a stored version of
     the same key dominates it; otherwise stored, replacing exactly the versions it dominates.
@@ -108,7 +110,8 @@ def decide(
     nobody signs), a sealing under a higher epoch, at most the current one, with the same
     vector, replaces the stored one; an earlier sealing pushed again (by a reseed of a device
     that holds it) is stored already in the later. Anything else with other bytes is an
-    `identity_conflict` (a copied replica writing as its original)."""
+    `identity_conflict` (a copied replica writing as its original). What the `ghosts` of
+    collected tombstones cover is superseded (`relay.collection.haunted`)."""
     node, hlc = header.node, header.hlc
     for stored in siblings:
         if stored.node == node and stored.hlc == hlc:
@@ -117,19 +120,18 @@ def decide(
             if reseal_epoch is None:
                 return IDENTITY_CONFLICT
             stored_epoch = epoch_of(stored.seq)
-            if (
-                stored_epoch == header.epoch
-                or stored.vector != header.vector
-                or max(stored_epoch, header.epoch) > reseal_epoch
-            ):
+            if stored_epoch == header.epoch or stored.vector != header.vector:
+                return IDENTITY_CONFLICT
+            if max(stored_epoch, header.epoch) > reseal_epoch:
                 return IDENTITY_CONFLICT
             if stored_epoch > header.epoch:
                 return Receipt("stored", seq=stored.seq)
             continue  # re-sealed: its vector dominates the earlier sealing, which it replaces
         if dominates(stored.vector, (node, hlc)):
             return SUPERSEDED
-    vector = header.vector
-    return Store(header, [s.seq for s in siblings if dominates(vector, (s.node, s.hlc))])
+    if haunted(ghosts, node, hlc):
+        return SUPERSEDED
+    return Store(header, [s.seq for s in siblings if dominates(header.vector, (s.node, s.hlc))])
 
 
 TOO_LARGE = Receipt("refused", code=ErrorCode.TOO_LARGE)
@@ -211,6 +213,7 @@ class PushPlan:
         siblings: dict[bytes, list[StoredVersion]],
         stored_epoch_of: EpochOf,
         reseal_epoch: int | None,
+        ghosts: dict[bytes, list[VersionVector]] | None = None,
     ) -> None:
         self.head = head
         self.stored_bytes = stored_bytes
@@ -223,6 +226,8 @@ class PushPlan:
         """seqs of versions stored before the batch that it sent again as tombstones."""
         self._stored_epoch_of = stored_epoch_of
         self._reseal_epoch = reseal_epoch
+        self._ghosts = ghosts or {}
+        """The vectors of the tombstones retained runs collected, by key (`decide`)."""
 
     def _epoch_of(self, seq: int) -> int:
         inserted = self.inserted.get(seq)
@@ -231,7 +236,8 @@ class PushPlan:
     def add(self, header: Header, envelope: bytes, tomb: bool) -> Receipt:
         """Decide one envelope (`tomb`: declared a tombstone by a signed push)."""
         siblings = self.siblings.setdefault(header.key, [])
-        decision = decide(header, envelope, siblings, self._epoch_of, self._reseal_epoch)
+        ghosts = self._ghosts.get(header.key, ())
+        decision = decide(header, envelope, siblings, self._epoch_of, self._reseal_epoch, ghosts)
         if not isinstance(decision, Store):
             if tomb and decision.seq is not None:
                 self._declare(decision.seq)

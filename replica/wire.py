@@ -2,7 +2,8 @@
 
 Pure and key-free on purpose: the relay imports this module (and `replica.errors`) and nothing
 else from `replica`, so it can index, compact and check envelopes without ever decrypting one.
-The Argon2id parameters of prelogin live in `replica.kdfparams`, as pure, read through here.
+The Argon2id parameters of prelogin live in `replica.kdfparams`, and a page's collection
+markers in `replica.wiremarks`, as pure, read through here.
 
 Envelope layout (big-endian; specs/envelope.md is normative)::
 
@@ -37,6 +38,9 @@ import msgspec
 from replica.errors import InvalidArgumentError, ProtocolError
 from replica.kdfparams import KdfParams as KdfParams  # noqa: PLC0414 (re-exported)
 from replica.kdfparams import check_kdf_params as check_kdf_params  # noqa: PLC0414
+from replica.wiremarks import MAX_RUN_MARKERS as MAX_RUN_MARKERS  # noqa: PLC0414
+from replica.wiremarks import CollectedRun as CollectedRun  # noqa: PLC0414
+from replica.wiremarks import pack_markers as pack_markers  # noqa: PLC0414
 
 PROTOCOL_VERSION = 5
 FORMAT_VERSION = 1
@@ -366,13 +370,15 @@ class PageEntry(msgspec.Struct, frozen=True):
 
 
 class Page(msgspec.Struct, frozen=True):
-    """Envelopes with seq > `cursor`, in seq order; `cursor` echoes the request."""
+    """Envelopes with seq > `cursor`, in seq order; `cursor` echoes the request. A page
+    ends at a collection run (`collected`, whose seq is `next_cursor`) when it reaches one."""
 
     cursor: Seq
     entries: list[PageEntry]
     next_cursor: Seq
     has_more: bool
     state: RelayState
+    collected: CollectedRun | None = None
 
 
 class Redacted(msgspec.Struct, frozen=True):

@@ -261,3 +261,36 @@ def test_relay_accounts_shows_the_tombstones_devices_pushed_and_how_far_all_pull
     assert (ann["tombstones"], ann["ack_floor"], ann["head"]) == (1, 3, 5)
     shown = relay_accounts(cli, relay)
     assert shown.exit_code == 0 and "acked" in shown.stdout
+
+
+@pytest.mark.slow
+def test_relay_collect_deletes_the_tombstones_every_device_acknowledged(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    """`relay collect` (docs/tombstone-collection.md §2) while the relay serves: the
+    tombstone both devices pulled goes, with its bytes; both devices sync on past the run."""
+    relay = start_relay()
+    assert relay.db is not None
+    a, b = two_devices(cli, relay, tmp_path)
+    for note in ("n1", "n2", "n3"):
+        cli.ok(a, "put", "messages", note, '{"text": "hello"}')
+    cli.ok(a, "rm", "messages", "n2")
+    cli.ok(a, "sync")
+    cli.ok(b, "sync")  # pulls the three; says so in an empty signed push
+    cli.ok(a, "put", "messages", "n4", '{"text": "again"}')
+    cli.ok(a, "sync")  # its push acks what it had (3)
+    before = listed_accounts(relay)["ann"]
+    collect = ["relay", "collect", "--db", str(relay.db)]
+    collected = cli.runner.invoke(main, [*collect, "--json"])
+    assert collected.exit_code == 0, collected.output
+    (ann,) = json.loads(collected.stdout)
+    assert (ann["account"], ann["runs"], ann["versions"]) == ("ann", 1, 1)
+    after = listed_accounts(relay)["ann"]
+    assert (after["tombstones"], after["collected"]) == (0, 1)
+    assert after["collected_bytes"] == before["tombstone_bytes"] == ann["bytes"]
+    assert after["stored_bytes"] == int(str(before["stored_bytes"])) - int(str(ann["bytes"]))
+    for device in (a, b):
+        cli.ok(device, "sync")  # the page that ends at the run
+        assert "n1" in cli.ok(device, "ls", "messages").stdout
+    unknown = cli.runner.invoke(main, [*collect, "--account", "nobody"])
+    assert unknown.exit_code == 1 and "no account 'nobody'" in unknown.output

@@ -1,0 +1,82 @@
+"""The memory relay's collection runs (`relay.collection`): what `relay.sqlcollect` keeps in
+the `collect_runs` and `collected` tables, held per account."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from relay.versions import StoredVersion
+from replica.wire import (
+    CollectedRun,
+    Header,
+    VersionVector,
+    node_to_i64,
+    pack_markers,
+    parse_header,
+)
+
+
+@dataclass
+class Runs:
+    """One account's retained runs, and what its runs collected to date."""
+
+    headers: dict[int, list[Header]] = field(default_factory=dict)
+    """run seq → the headers of the tombstones it deleted."""
+    seqs: list[int] = field(default_factory=list)
+    """The retained runs' seqs, ascending."""
+    ghosts: dict[bytes, list[tuple[int, VersionVector]]] = field(default_factory=dict)
+    """key → (run seq, vector) of its collected tombstones that retained runs keep."""
+    collected_versions: int = 0
+    collected_bytes: int = 0
+
+    def add(self, run: int, headers: list[Header], size: int) -> None:
+        self.headers[run] = headers
+        self.seqs.append(run)
+        for header in headers:
+            self.ghosts.setdefault(header.key, []).append((run, header.vector))
+        self.collected_versions += len(headers)
+        self.collected_bytes += size
+
+    def release(self, floor: int) -> int:
+        """Drop the runs every device has pulled past (seq ≤ `floor`); how many."""
+        released = self.seqs[: bisect.bisect_right(self.seqs, floor)]
+        for run in released:
+            for header in self.headers.pop(run):
+                kept = [g for g in self.ghosts[header.key] if g[0] != run]
+                if kept:
+                    self.ghosts[header.key] = kept
+                else:
+                    del self.ghosts[header.key]
+        del self.seqs[: len(released)]
+        return len(released)
+
+    def ghosts_of(self, key: bytes) -> list[VersionVector]:
+        return [vector for _, vector in self.ghosts.get(key, ())]
+
+    def next_run(self, cursor: int) -> int | None:
+        index = bisect.bisect_right(self.seqs, cursor)
+        return self.seqs[index] if index < len(self.seqs) else None
+
+    def markers(self, run: int) -> CollectedRun:
+        """In the order SQL storage sends them: by key, node as stored (i64), hlc."""
+        dots = sorted((h.key, node_to_i64(h.node), h.hlc, h.node) for h in self.headers[run])
+        return CollectedRun(run, pack_markers((key, node, hlc) for key, _, hlc, node in dots))
+
+
+def candidates(
+    tombs: set[int],
+    by_seq: dict[int, bytes],
+    by_key: dict[bytes, list[StoredVersion]],
+    floor: int,
+    limit: int,
+) -> list[int]:
+    """`relay.sqlcollect.CANDIDATES`: declared tombstones at or below `floor` that are their
+    key's sole stored version, by seq."""
+    taken: list[int] = []
+    for seq in sorted(tombs):
+        if seq > floor or len(taken) == limit:
+            break
+        if len(by_key[parse_header(by_seq[seq]).key]) == 1:
+            taken.append(seq)
+    return taken

@@ -370,19 +370,18 @@ class SyncDriver:
             session.check_relay_state(self._retrier.call(self._client.state))
         report = _Reporter(self._progress, session, tally, session.cursor)
         self._push_all(session, tally, report)
-        pulled_from = session.cursor
         self._pull_all(session, tally, report)
         tally.unconfirmed = session.settle_superseded()
-        if session.cursor > pulled_from:
-            self._ack(session)
+        self._ack(session)
 
     def _ack(self, session: SyncSession) -> None:
         """Tell the relay how far this device pulled, with an empty signed push, when no
-        push of this session said so lately (`SyncSession.ack_due`)."""
+        push said so (`SyncSession.ack_due`)."""
         batch = session.ack_due()
         if batch is not None:
             result = self._retrier.call(functools.partial(self._push_signed, session, batch))
             session.verify_answer(batch, result)
+            session.acknowledge(batch, result)
 
     def _push_all(self, session: SyncSession, tally: _Tally, report: _Reporter) -> None:
         """Pipelined: while the relay stores one batch, the device reads the next and saves

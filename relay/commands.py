@@ -227,8 +227,8 @@ def relay_accounts(*, where: RelayStorage, as_json: bool, to_delete: str | None,
 def relay_collect(*, where: RelayStorage, name: str | None, as_json: bool) -> None:
     """Delete the tombstones every device of an account has acknowledged pulling, each the
     last version of its record, and give their space back to the account (runs of at most
-    10,000; a device that never acknowledged holds its account's back). Devices keep their
-    own tombstones for now."""
+    10,000; a device that never acknowledged holds its account's back). Each device drops
+    its own copies as it next syncs."""
     with where.opened() as storage:
         if name is not None and not storage.accounts(name):
             raise InvalidArgumentError(

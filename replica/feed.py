@@ -88,6 +88,12 @@ def _start(core: Core, since: str | None) -> int:
             "is a copy or a restored backup, or a repair removed records",
             hint="read everything again, then follow from feed_head()",
         )
+    if seq < store.get_int("feed_floor"):
+        raise FeedResetError(
+            f"this cursor's change {seq} is older than a tombstone the relay collected since "
+            "(docs/tombstone-collection.md): the feed cannot show that it is gone",
+            hint="read everything again, then follow from feed_head()",
+        )
     head = store.get_int("feed_seq")
     if seq > head:
         raise FeedResetError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from replica.collected import collected_counts
 from replica.store import Store
 from replica.tombs import tomb_counts
 
@@ -19,6 +20,8 @@ class Status:
     `tombstones`, `tombstone_bytes`: versions that say their record is deleted, and their
     envelopes' bytes: what deleting keeps. `unclassified`: versions stored by an earlier
     format not yet opened to tell (until the next unlock; unreadable ones until repair).
+    `collected`, `collected_bytes`: tombstones dropped as the relay collected them, and their
+    bytes; `collect_refused`: markers that named a live version here (kept), to date.
     `last_sync_ms` and `skew_seen_ms` (the furthest ahead of our clock a peer's hlc was) come
     from the sync session; None until one ran.
     """
@@ -36,6 +39,9 @@ class Status:
     tombstones: int
     tombstone_bytes: int
     unclassified: int
+    collected: int
+    collected_bytes: int
+    collect_refused: int
     cursor: int
     last_sync_ms: int | None
     skew_seen_ms: int | None
@@ -51,6 +57,7 @@ def read_status(store: Store, *, locked: bool, node: int) -> Status:
     last_sync = store.get_meta("last_sync_ms")
     skew = store.get_meta("skew_seen_ms")
     tombstones, tombstone_bytes, unclassified = tomb_counts(store)
+    collected, collected_bytes, refused = collected_counts(store)
     return Status(
         locked=locked,
         node=node,
@@ -65,6 +72,9 @@ def read_status(store: Store, *, locked: bool, node: int) -> Status:
         tombstones=tombstones,
         tombstone_bytes=tombstone_bytes,
         unclassified=unclassified,
+        collected=collected,
+        collected_bytes=collected_bytes,
+        collect_refused=refused,
         cursor=store.get_int("cursor"),
         last_sync_ms=None if last_sync is None else int(last_sync),
         skew_seen_ms=None if skew is None else int(skew),

@@ -24,6 +24,7 @@ import msgspec
 
 from replica import clock
 from replica.asides import Row
+from replica.collected import apply_markers
 from replica.errors import InvalidArgumentError, ProtocolError, RollbackError
 from replica.generations import PushSigner, sign_push
 from replica.wire import (
@@ -76,6 +77,8 @@ class Applied:
     cursor_advanced: bool
     untrusted: int = 0
     """Versions a revoked device's old keys could have made: refused (specs/replica.md §7.1)."""
+    collected: int = 0
+    """Tombstones dropped as the relay collected them (the page's run, replica/collected.py)."""
 
 
 class SyncSession:
@@ -179,6 +182,10 @@ class SyncSession:
             self._superseded.update(set(superseded) - set(proven))
             self._store.clear_dirty(stored + proven)
             self._pass_own_versions(seqs)
+            if self._acked_at is not None:
+                # the cursor this session signed last, in this batch or in one still in flight
+                # (should that one fail, the relay holds less: collection only waits longer)
+                self._store.set_meta("acked_cursor", self._acked)
         return Acknowledged(
             stored=sum(r.status == "stored" for r in result.receipts),
             superseded=sum(r.status == "superseded" for r in result.receipts),
@@ -262,9 +269,12 @@ class SyncSession:
             result = core.merge(envelopes, now_ms=now, source="pull", seqs=seqs, relay=page.state)
             cursor = self._store.get_int("cursor")
             advanced = page.cursor == cursor and page.next_cursor >= cursor
+            collected = 0
             if advanced:
                 cursor = page.next_cursor
                 self._store.set_meta("cursor", cursor)
+                if page.collected is not None:  # once: only the page that was next
+                    collected = apply_markers(self._store, page.collected)
             self._note_sync(result.max_hlc, now)
             core.publish(result.events)
         return Applied(
@@ -275,6 +285,7 @@ class SyncSession:
             cursor=cursor,
             cursor_advanced=advanced,
             untrusted=result.untrusted,
+            collected=collected,
         )
 
     def _note_sync(self, max_hlc: int, now: int) -> None:
@@ -312,18 +323,21 @@ class SyncSession:
         return sign_push(acked, signing_key, keys.generation, counter, signer)
 
     def ack_due(self) -> PushBatch | None:
-        """An empty batch to push (signed, it acks the cursor) when this device pulled past
-        the last cursor this session acknowledged and acked nothing for `ACK_EVERY_S`; None
-        otherwise, and for a version-1 account, whose unsigned pushes ack nothing. A device
-        that only reads so tells the relay how far it is: tombstone collection waits for
-        every device (docs/tombstone-collection.md §1)."""
+        """An empty batch to push (signed, it acks the cursor) when the cursor passed both
+        the last one this session signed and the last one the relay took from this file
+        (meta `acked_cursor`, any session's), and this session acked nothing for
+        `ACK_EVERY_S`; None otherwise, and for a version-1 account, whose unsigned pushes ack
+        nothing. A device that only reads, or whose own pushes moved its cursor, so tells
+        the relay how far it is: collection waits for every device
+        (docs/tombstone-collection.md §1)."""
         if self._acked_at is not None and time.monotonic() - self._acked_at < ACK_EVERY_S:
             return None
         with self._core.mutex:
             opener = self._core.opener
             if opener is None or opener.keys.signing_key is None:
                 return None
-            if self._store.get_int("cursor") <= self._acked:
+            last = max(self._acked, self._store.get_int("acked_cursor"))
+            if self._store.get_int("cursor") <= last:
                 return None
         return PushBatch([])
 

@@ -268,7 +268,8 @@ def test_relay_collect_deletes_the_tombstones_every_device_acknowledged(
     cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
 ) -> None:
     """`relay collect` (docs/tombstone-collection.md §2) while the relay serves: the
-    tombstone both devices pulled goes, with its bytes; both devices sync on past the run."""
+    tombstone both devices pulled goes, with its bytes, and each device drops its own copy as
+    it syncs past the run."""
     relay = start_relay()
     assert relay.db is not None
     a, b = two_devices(cli, relay, tmp_path)
@@ -290,7 +291,9 @@ def test_relay_collect_deletes_the_tombstones_every_device_acknowledged(
     assert after["collected_bytes"] == before["tombstone_bytes"] == ann["bytes"]
     assert after["stored_bytes"] == int(str(before["stored_bytes"])) - int(str(ann["bytes"]))
     for device in (a, b):
-        cli.ok(device, "sync")  # the page that ends at the run
+        cli.ok(device, "sync")  # the page that ends at the run: each drops its copy
         assert "n1" in cli.ok(device, "ls", "messages").stdout
+        status = cli.json_object(device, "status")
+        assert (status["tombstones"], status["collected"]) == (0, 1)
     unknown = cli.runner.invoke(main, [*collect, "--account", "nobody"])
     assert unknown.exit_code == 1 and "no account 'nobody'" in unknown.output

@@ -420,3 +420,27 @@ def writer_envelope(writer: Replica) -> bytes:
     writer.put("notes", "later", {"i": 9})
     (envelope,) = dirty_envelopes(writer)
     return envelope
+
+
+def test_an_ack_the_relay_took_is_not_offered_again_by_the_next_session(
+    make_replica: ReplicaFactory,
+) -> None:
+    """Each `sealsync sync` is a new session: the file remembers the cursor the relay last
+    took (meta `acked_cursor`), so a device acks when its cursor moved (its own pushes move
+    it too), not at every run."""
+    writer, reader = make_replica("w"), make_replica("r")
+    for i in range(2):
+        writer.put("notes", f"n{i}", {"i": i})
+    envelopes = dirty_envelopes(writer)
+    session = reader.sync_session()
+    session.check_relay_state(STATE)
+    session.apply_page(page_of(envelopes, 0))
+    due = session.ack_due()
+    assert due is not None
+    session.acknowledge(due, PushResult([], STATE))  # this session signed no ack yet
+    assert reader.sync_session().ack_due() is not None
+    session.acknowledge(session.sign(due, ACCOUNT, "device"), PushResult([], STATE))
+    assert reader.sync_session().ack_due() is None  # the relay has 2 already
+    later = reader.sync_session()
+    later.apply_page(page_of([writer_envelope(writer)], 2))
+    assert later.ack_due() is not None

@@ -1,0 +1,84 @@
+"""Space comes back (issue 15 item 4, docs/tombstone-collection.md §5): a chat of 5,000
+messages deleted on one device, both devices synced, then `relay collect`: the relay and
+each replica give back at least 90 % of the pages the chat took, measured as used pages
+(page count less free pages) of the real files, against the same files before the chat."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from chat import ChatStore
+from clients.cli import main
+from replica import Replica, ReplicaOptions
+from tests.clients.test_cli import PASSPHRASE, Cli
+from tests.clients.test_cli_admin import two_devices
+from tests.relay.server import RelayProcess
+
+MESSAGES = 5000
+
+
+def used_bytes(path: Path) -> int:
+    """Pages in use, as a reader sees the file now (its WAL included)."""
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        pages, free, size = (
+            db.execute(f"PRAGMA {name}").fetchone()[0]
+            for name in ("page_count", "freelist_count", "page_size")
+        )
+    return int((pages - free) * size)
+
+
+def collect(cli: Cli, database: Path) -> dict[str, object]:
+    """`sealsync relay collect --json` on the relay's file: the one account's totals."""
+    result = cli.runner.invoke(main, ["relay", "collect", "--db", str(database), "--json"])
+    assert result.exit_code == 0, result.output
+    (account,) = json.loads(result.stdout)
+    assert isinstance(account, dict)
+    return account
+
+
+def opened(path: Path) -> ChatStore:
+    """The device's replica with no freshness window: a delete leaves no lock rows behind
+    for the next write to sweep (they would be the device's, not the chat's, bytes)."""
+    replica = Replica.open(path, options=ReplicaOptions(freshness_window_s=0))
+    replica.unlock(PASSPHRASE)
+    return ChatStore(replica)
+
+
+@pytest.mark.slow
+def test_a_deleted_chat_of_5000_messages_gives_back_90_percent(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    relay = start_relay()
+    assert relay.db is not None
+    a, b = two_devices(cli, relay, tmp_path)
+    files = {"relay": relay.db, "a": a, "b": b}
+    before = {name: used_bytes(path) for name, path in files.items()}
+    store = opened(a)
+    thread = store.new_chat("a long one")
+    with store.replica.batch():
+        for i in range(MESSAGES):
+            store.append(thread, "user", f"message {i}: " + "words " * 30)
+    store.replica.close()
+    for device in (a, b):
+        cli.ok(device, "sync")
+    full = {name: used_bytes(path) for name, path in files.items()}
+    store = opened(a)
+    assert store.delete(thread) == MESSAGES
+    store.replica.close()
+    for device in (a, b, a, b):  # pushed, pulled, and each device's cursor acknowledged
+        cli.ok(device, "sync")
+    assert collect(cli, relay.db)["versions"] == MESSAGES + 1  # the chat's record too
+    for device in (a, b):
+        cli.ok(device, "sync")  # the run's page: each drops its tombstones, and acks it
+        assert cli.json_object(device, "status")["collected"] == MESSAGES + 1
+    assert collect(cli, relay.db)["released"] == 1  # its markers and ghosts go too
+    after = {name: used_bytes(path) for name, path in files.items()}
+    given_back = {name: (full[name] - after[name]) / (full[name] - before[name]) for name in files}
+    print(f"space given back (used pages): {given_back}, bytes before/full/after: "
+          f"{before}, {full}, {after}")  # fmt: skip
+    assert all(share >= 0.9 for share in given_back.values()), given_back

@@ -6,7 +6,9 @@ marker names a dot; the version with that dot goes only if its row says it is a 
 (`versions.tomb = 1`, known from opening it here): a relay cannot make a device drop live
 data, and a row not classified yet stays (fail closed). With the tombstone go the held
 versions of its key that its vector covers, whose release would have dropped them anyway,
-and, once the key has no version left, its history.
+and, once the key has no version left, its history. A tombstone itself held here when its
+run passes (behind a lock, or sealed while locked) is kept: it merges when released and
+stays, a tombstone only this device keeps (the safe side: nothing live comes back).
 
 The change feed cannot show an absence: meta `feed_floor` rises to the latest change of a
 dropped row, and a follower whose cursor is below it reads everything again

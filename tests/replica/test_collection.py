@@ -1,0 +1,234 @@
+"""Tombstone collection never brings back what it took (docs/tombstone-collection.md §2-§4;
+slice 2: every device active, no horizon yet).
+
+A hypothesis state machine: three replicas of one signed account on the memory relay
+(pushes signed, so they declare tombstones and acks), writes and deletes over four records,
+pushes, pulls (duplicated or reordered pages too), pushes whose answer is lost, reseeds
+(everything pushed again, the cursor back to 0), reopened files, and collection runs. After
+every step: no stored relay version, and no version of a device that pulled past a run, is
+one a collected tombstone covered; at the end, after syncing until quiet, every replica
+holds the same versions and nothing collectible is left on the relay."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from relay.memory import MemoryRelay
+from relay.signing import Pusher
+from relay.storage import AccountRecord
+from relay.storage import Device as RelayDevice
+from replica import Replica, ReplicaOptions
+from replica.wire import Header, KdfParams, Page, bundle_version, dominates, node_from_i64
+from tests.conftest import FakeClock
+from tests.replica.test_convergence import shared_account
+from tests.replica.test_convergence import sibling_dots as stored_dots
+
+NAME = "acct"
+IDS = ["a", "b", "c", "d"]
+REPLICAS = 3
+NOW_MS = 1_800_000_000_000
+EXAMPLES = int(
+    os.environ.get("SEALSYNC_COLLECTION_EXAMPLES", "150" if os.environ.get("CI") else "40")
+)
+
+
+def sibling_dots(replica: Replica) -> dict[bytes, frozenset[tuple[int, int]]]:
+    """`stored_dots` with each node as the wire has it (the file stores it as a signed int)."""
+    return {
+        key: frozenset((node_from_i64(node), hlc) for node, hlc in dots)
+        for key, dots in stored_dots(replica).items()
+    }
+
+
+class Device:
+    """One replica, a device of the account, signing its pushes."""
+
+    def __init__(self, folder: Path, index: int, relay: MemoryRelay) -> None:
+        self.id = f"d{index}"
+        self.path = folder / f"{self.id}.db"
+        self.relay = relay
+        bundle, self.key = shared_account()
+        self.options = ReplicaOptions(freshness_window_s=0, synchronous="normal")
+        self.replica = Replica.join(self.path, bundle, options=self.options)
+        self.replica.unlock_with_key(self.key)
+        self.session = self.replica.sync_session(max_batch_count=3)
+        self.session.check_relay_state(relay.state(NAME))
+
+    def reopen(self) -> None:
+        self.replica.close()
+        self.replica = Replica.open(self.path, options=self.options)
+        self.replica.unlock_with_key(self.key)
+        self.session = self.replica.sync_session(max_batch_count=3)
+
+    def push(self, *, lose_answer: bool = False) -> None:
+        self.session.restart()
+        if not self.session.knows_relay_state():
+            self.session.check_relay_state(self.relay.state(NAME))
+        while (batch := self.session.next_batch()) is not None:
+            signed = self.session.sign(batch, NAME, self.id)
+            result = self.relay.push(NAME, signed, Pusher.of(self.id, signed))
+            if lose_answer:
+                return
+            self.session.acknowledge(signed, result)
+        self.session.settle_superseded()
+
+    def ack(self) -> None:
+        """What a sync round ends with: an empty signed push when the cursor passed the last
+        ack the relay took (a new session, as each `sealsync sync` is: no interval to wait)."""
+        self.session = session = self.replica.sync_session(max_batch_count=3)
+        if (due := session.ack_due()) is not None:
+            signed = session.sign(due, NAME, self.id)
+            session.acknowledge(signed, self.relay.push(NAME, signed, Pusher.of(self.id, signed)))
+
+    def pages(self) -> list[Page]:
+        pages, cursor = [], self.session.cursor
+        while True:
+            page = self.relay.pull(NAME, cursor)
+            pages.append(page)
+            if not page.has_more:
+                return pages
+            cursor = page.next_cursor
+
+
+class CollectionMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.folder = Path(tempfile.mkdtemp(prefix="sealsync-collect-"))
+        self.relay = MemoryRelay(clock_ms=FakeClock(NOW_MS), page_size=3)
+        bundle, _ = shared_account()
+        record = AccountRecord(
+            NAME, b"h" * 32, b"r" * 32, KdfParams(b"s" * 16), bundle, bundle_version(bundle), NOW_MS
+        )
+        self.relay.create_account(record, RelayDevice("d0", "d0", NOW_MS), [], None, NOW_MS)
+        for index in range(1, REPLICAS):
+            self.relay.add_device(NAME, RelayDevice(f"d{index}", f"d{index}", NOW_MS), [])
+        self.devices = [Device(self.folder, i, self.relay) for i in range(REPLICAS)]
+        self.collected: list[tuple[int, Header]] = []
+        """(run seq, header) of every tombstone a run deleted."""
+
+    def teardown(self) -> None:
+        for device in self.devices:
+            device.replica.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    @rule(device=st.integers(0, REPLICAS - 1), id=st.sampled_from(IDS), value=st.integers(0, 3))
+    def put(self, device: int, id: str, value: int) -> None:
+        self.devices[device].replica.put("notes", id, {"v": value})
+
+    @rule(device=st.integers(0, REPLICAS - 1), id=st.sampled_from(IDS))
+    def delete(self, device: int, id: str) -> None:
+        self.devices[device].replica.delete("notes", id)
+
+    @rule(
+        device=st.integers(0, REPLICAS - 1),
+        lose_answer=st.booleans(),
+        mode=st.sampled_from(["next", "twice", "reversed", "none"]),
+    )
+    def sync(self, device: int, lose_answer: bool, mode: str) -> None:
+        """A sync round: push (its answer perhaps lost), pull (pages perhaps duplicated,
+        reversed, or none), then the empty push that acks the cursor."""
+        d = self.devices[device]
+        d.push(lose_answer=lose_answer)
+        pages = [] if mode == "none" else d.pages()
+        if mode == "twice":
+            pages = [page for page in pages for _ in (0, 1)]
+        elif mode == "reversed":
+            pages.reverse()
+        for page in pages:
+            d.session.apply_page(page)
+        d.ack()
+
+    @rule(device=st.integers(0, REPLICAS - 1))
+    def reseed(self, device: int) -> None:
+        """A device pushes everything it holds again (as after a relay reseed)."""
+        self.devices[device].session.reseed()
+
+    @rule(device=st.integers(0, REPLICAS - 1))
+    def reopen(self, device: int) -> None:
+        self.devices[device].reopen()
+
+    @rule()
+    def collect(self) -> None:
+        report = self.relay.collect(NAME)
+        if report.run is not None:
+            headers = self.relay._account(NAME).runs.headers[report.run]
+            self.collected += [(report.run, header) for header in headers]
+
+    @invariant()
+    def the_relay_keeps_nothing_a_collected_tombstone_covered(self) -> None:
+        stored = self.relay._account(NAME).by_key
+        for _, header in self.collected:
+            for version in stored.get(header.key, []):
+                assert not dominates(header.vector, (version.node, version.hlc)), header
+
+    @invariant()
+    def a_device_past_a_run_holds_nothing_it_covered(self) -> None:
+        for device in self.devices:
+            cursor = device.session.cursor
+            dots = sibling_dots(device.replica)
+            for run, header in self.collected:
+                if cursor < run:
+                    continue
+                for dot in dots.get(header.key, frozenset()):
+                    assert not dominates(header.vector, dot), (device.id, run, header)
+
+    def quiesce_and_compare(self) -> None:
+        for _ in range(4):
+            for device in self.devices:
+                device.push()
+                for page in device.pages():
+                    device.session.apply_page(page)
+                device.ack()
+            self.collect()
+        first = sibling_dots(self.devices[0].replica)
+        for device in self.devices[1:]:
+            assert sibling_dots(device.replica) == first, device.id
+        account = self.relay._account(NAME)
+        assert {k: {(v.node, v.hlc) for v in vs} for k, vs in account.by_key.items()} == {
+            k: set(dots) for k, dots in first.items()
+        }
+        assert not account.runs.seqs  # every device pulled past every run: all released
+        for device in self.devices:
+            assert device.replica.status().dirty == 0, device.id
+
+
+class CollectionTest(CollectionMachine):
+    def teardown(self) -> None:
+        try:
+            self.quiesce_and_compare()
+        finally:
+            super().teardown()
+
+
+CollectionTest.TestCase.settings = settings(
+    max_examples=EXAMPLES, stateful_step_count=40, deadline=None
+)
+test_collection = pytest.mark.slow(CollectionTest.TestCase)
+
+
+def test_a_tombstone_whose_receipt_was_lost_is_not_stored_again_once_collected() -> None:
+    """The ghost path, step by step: the device that deleted never heard the relay took its
+    tombstone, so it pushes it again after every device acked it and a run collected it."""
+    machine = CollectionMachine()
+    try:
+        machine.put(0, "a", 1)
+        machine.sync(0, lose_answer=False, mode="next")
+        machine.delete(0, "a")
+        machine.sync(0, lose_answer=True, mode="next")  # its ack passes the tombstone
+        for device in range(1, REPLICAS):
+            machine.sync(device, lose_answer=False, mode="next")
+        machine.collect()
+        assert len(machine.collected) == 1
+        machine.sync(0, lose_answer=False, mode="none")  # the tombstone again: superseded
+        machine.the_relay_keeps_nothing_a_collected_tombstone_covered()
+        machine.quiesce_and_compare()
+    finally:
+        machine.teardown()

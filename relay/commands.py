@@ -1,9 +1,10 @@
 """`sealsync relay …`: the operator's commands, beside the relay they administer.
 
-`serve` runs the relay; `invite`, `accounts`, `collect` and `stats` open its storage directly (SQLite by
-default, PostgreSQL with --database-url) and print what an operator may see: counts and sizes,
-never what an account wrote. The command line (`clients.cli`) mounts this group under the one
-`sealsync` console script and turns the errors raised here into `error:`/`hint:` lines.
+`serve` runs the relay; `invite`, `accounts`, `collect`, `compact` and `stats` open its
+storage directly (SQLite by default, PostgreSQL with --database-url) and print what an
+operator may see: counts and sizes, never what an account wrote. The command line
+(`clients.cli`) mounts this group under the one `sealsync` console script and turns the
+errors raised here into `error:`/`hint:` lines.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from rich.table import Table
 from relay import tokens
 from relay.config import RelayConfig, load_config
 from relay.serve import configure_logging, open_storage, serve
+from relay.sqlite import SQLiteStorage
 from relay.storage import Storage
 from replica.errors import InvalidArgumentError
 from replica.wire import system_clock_ms
@@ -245,6 +247,25 @@ def relay_collect(*, where: RelayStorage, name: str | None, as_json: bool) -> No
         numbers = (t["runs"], t["versions"], t["bytes"], t["released"])
         table.add_row(str(t["account"]), acked, *map(str, numbers))
     out.print(table)
+
+
+@relay.command("compact")
+@storage_options
+@click.option("--json", "as_json", is_flag=True)
+def relay_compact(*, where: RelayStorage, as_json: bool) -> None:
+    """Rewrite the relay's SQLite file without its free pages (after `relay collect`, say);
+    pushes wait meanwhile. PostgreSQL keeps freed space for its own reuse."""
+    with where.opened() as storage:
+        if not isinstance(storage, SQLiteStorage):
+            raise InvalidArgumentError(
+                "compact rewrites a relay's SQLite file; PostgreSQL reuses freed space itself",
+                hint="VACUUM FULL, run by the database's owner, gives it back to the disk",
+            )
+        before, after = storage.compact()
+    if as_json:
+        out.print_json(json.dumps({"before": before, "after": after}))
+        return
+    out.print(f"compacted: {before} bytes before, {after} after ({before - after} given back)")
 
 
 def collect_all(storage: Storage, name: str) -> dict[str, object]:

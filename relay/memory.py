@@ -569,18 +569,17 @@ class MemoryRelay:
             taken = candidates(account.tombs, account.by_seq, account.by_key, floor, limit)
             if not taken:
                 return CollectReport(name, floor, None, 0, 0, released)
-            account.head += 1
+            account.head = run = account.head + 1
             headers = [parse_header(account.by_seq[seq]) for seq in taken]
             size = sum(len(account.by_seq.pop(seq)) for seq in taken)
             for seq, header in zip(taken, headers, strict=True):
                 del account.by_key[header.key]
                 account.tombs.discard(seq)
             account.stored_bytes -= size
-            account.runs.add(account.head, headers, size)
-            report = CollectReport(name, floor, account.head, len(taken), size, released)
+            account.runs.add(run, headers, size)
         for listener in self._listeners:
-            listener(name, account.head)
-        return report
+            listener(name, run)
+        return CollectReport(name, floor, run, len(taken), size, released)
 
     @staticmethod
     def _compact_seqs(account: _Account) -> None:

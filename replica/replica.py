@@ -43,7 +43,6 @@ from replica.limits import check_document, check_name
 from replica.options import ReplicaOptions
 from replica.outside import Merged
 from replica.record import Context, Record, Version, record_from_siblings
-from replica.repair import Diagnosis, RepairReport
 from replica.restore import merge_backup
 from replica.schema import (
     DEFAULT_PROFILE,
@@ -52,16 +51,16 @@ from replica.schema import (
     Schema,
     schema_to_bytes,
 )
-from replica.status import Status, read_status
 from replica.store import Store
 from replica.transfers import Transfers
+from replica.upkeep import Upkeep
 from replica.wire import KdfParams
 
 HELD_RECHECK_ON_UNLOCK = ("sealed", "epoch", "collection")
 """Unlocking gives keys, and reloads the schema another process may have declared."""
 
 
-class Replica(KeyOperations, Coordination, Transfers):
+class Replica(KeyOperations, Coordination, Transfers, Upkeep):
     """One device's replica file. Make one with `create`, `join` or `open`; then `unlock`."""
 
     def __init__(self, store: Store, options: ReplicaOptions) -> None:
@@ -557,21 +556,7 @@ class Replica(KeyOperations, Coordination, Transfers):
                 scopes = frozenset(core.scope(p, n) for p in profiles for n in names)
         return merge_backup(core, Path(backup), scopes, progress)
 
-    # -- fail closed: diagnose, repair, clear ----------------------------------------------------
-
-    def diagnose(self) -> Diagnosis:
-        """Open every stored row and report the unreadable ones (changes nothing)."""
-        with self._core.mutex:
-            return repair.diagnose(self._core)
-
-    def repair(self, *, force: bool = False) -> RepairReport:
-        """Quarantine unreadable rows verbatim and unlatch degraded records.
-
-        Refuses (`RepairRefusedError`) when more than half the rows are undecryptable — a key
-        mismatch, not damage — unless `force`.
-        """
-        with self._core.mutex:
-            return repair.repair(self._core, force=force)
+    # -- fail closed: clear ----------------------------------------------------------------------
 
     def clear(self, collection: str, *, profile: str = DEFAULT_PROFILE, force: bool = False) -> int:
         """Empty a collection even while it is degraded: unreadable rows go to quarantine,
@@ -585,11 +570,3 @@ class Replica(KeyOperations, Coordination, Transfers):
             for record in records:
                 self.delete(collection, record.id, profile=profile, context=record.context)
             return len(records)
-
-    # -- sync and status ------------------------------------------------------------------------
-
-    def status(self) -> Status:
-        core = self._core
-        with core.mutex:
-            core.check_open()
-            return read_status(core.store, locked=core.opener is None, node=core.node())

@@ -1,4 +1,5 @@
-"""`diagnose` and `repair`: the replica's unreadable rows, shown and then set aside.
+"""`diagnose` and `repair`: the replica's unreadable rows, shown and then set aside; and
+`compact`, which gives the file's free pages back to the disk.
 
 `diagnose` opens every stored version with the account's keys and names what cannot be opened
 (corrupt: malformed or in the wrong row; undecryptable: it does not authenticate), changing
@@ -97,4 +98,21 @@ def repair(settings: CliSettings, force: bool) -> None:
     )
 
 
-REPAIR_COMMANDS = (diagnose, repair)
+@click.command("compact")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.pass_obj
+def compact(settings: CliSettings, as_json: bool) -> None:
+    """Rewrite the replica file without its free pages (deleted records and collected
+    tombstones leave them): no passphrase needed; other processes' writes wait meanwhile."""
+    with user_errors(), opened_replica(settings.replica_path) as replica:
+        compacted = replica.compact()
+    if as_json:
+        out.print_json(json.dumps({"before": compacted.before, "after": compacted.after}))
+        return
+    out.print(
+        f"compacted: {compacted.before} bytes before, {compacted.after} after "
+        f"({compacted.before - compacted.after} given back to the disk)"
+    )
+
+
+REPAIR_COMMANDS = (diagnose, repair, compact)

@@ -1,7 +1,8 @@
 """Space comes back (issue 15 item 4, docs/tombstone-collection.md §5): a chat of 5,000
 messages deleted on one device, both devices synced, then `relay collect`: the relay and
 each replica give back at least 90 % of the pages the chat took, measured as used pages
-(page count less free pages) of the real files, against the same files before the chat."""
+(page count less free pages) of the real files, against the same files before the chat;
+then `compact` gives the free pages back to the disk."""
 
 from __future__ import annotations
 
@@ -39,6 +40,20 @@ def collect(cli: Cli, database: Path) -> dict[str, object]:
     (account,) = json.loads(result.stdout)
     assert isinstance(account, dict)
     return account
+
+
+def compact(cli: Cli, name: str, path: Path) -> int:
+    """`sealsync compact` (`relay compact` for the relay's file): the file's bytes after."""
+    if name == "relay":
+        args = ["relay", "compact", "--db", str(path), "--json"]
+        result = cli.runner.invoke(main, args)
+        assert result.exit_code == 0, result.output
+        after = json.loads(result.stdout)["after"]
+    else:
+        after = cli.json_object(path, "compact")["after"]
+    assert isinstance(after, int)
+    assert after == path.stat().st_size + Path(f"{path}-wal").stat().st_size
+    return after
 
 
 def opened(path: Path) -> ChatStore:
@@ -82,3 +97,7 @@ def test_a_deleted_chat_of_5000_messages_gives_back_90_percent(
     print(f"space given back (used pages): {given_back}, bytes before/full/after: "
           f"{before}, {full}, {after}")  # fmt: skip
     assert all(share >= 0.9 for share in given_back.values()), given_back
+    compacted = {name: compact(cli, name, path) for name, path in files.items()}
+    print(f"files after compact: {compacted}")
+    for name in files:  # the files now hold hardly more than their used pages
+        assert compacted[name] <= before[name] + 0.1 * (full[name] - before[name]), name

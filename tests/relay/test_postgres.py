@@ -19,10 +19,12 @@ from typing import Any
 import msgspec
 import psycopg
 import pytest
+from click.testing import CliRunner
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import TupleRow
 
+from clients.cli import main
 from relay.postgres import CHANNEL, PostgresStorage, postgres_statement
 from relay.sqlpush import STORED_VERSIONS
 from relay.storage import Device, TokenRecord, VersionRules
@@ -469,3 +471,14 @@ def test_a_pushs_lookup_of_stored_versions_searches_the_key_index_in_any_plan(
         plan = [row[0] for row in db.execute("EXPLAIN EXECUTE lookup(1, ARRAY[''::bytea])")]
     searched = [line for line in plan if "Index Cond" in line]
     assert any("key = ANY" in line for line in searched), "\n".join(plan)
+
+
+def test_relay_compact_says_postgresql_keeps_freed_space_itself() -> None:
+    """`sealsync relay compact` rewrites a SQLite file; on PostgreSQL it changes nothing and
+    says what does (tests/clients/test_collection_space.py compacts a SQLite relay)."""
+    with fresh_schema() as schema:
+        args = ["relay", "compact", "--database-url", postgres_url(), "--schema", schema]
+        result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1
+    assert "PostgreSQL reuses freed space itself" in result.output
+    assert "VACUUM FULL" in result.output

@@ -212,13 +212,16 @@ def relay_accounts(*, where: RelayStorage, as_json: bool, to_delete: str | None,
     if as_json:
         out.print_json(json.dumps([vars(a) for a in accounts]))
         return
-    table = Table("account", "devices", "versions", "bytes", "head", "tombstones", "their bytes")
-    table.add_column("acked")
+    table = Table("account", "devices", "versions", "bytes", "head", "tombstones", "acked")
+    table.add_column("held by")  # the device collection waits for: its id's first 8 digits
     table.add_column("collected")
     for a in accounts:
-        numbers = (a.devices, a.versions, a.stored_bytes, a.head, a.tombstones, a.tombstone_bytes)
+        numbers = (a.devices, a.versions, a.stored_bytes, a.head)
+        tombstones = f"{a.tombstones} ({a.tombstone_bytes} B)"
         acked = "-" if a.ack_floor is None else str(a.ack_floor)
-        table.add_row(a.name, *map(str, numbers), acked, f"{a.collected} ({a.collected_bytes} B)")
+        held = (a.held_back_by or "-")[:8]
+        collected = f"{a.collected} ({a.collected_bytes} B)"
+        table.add_row(a.name, *map(str, numbers), tombstones, acked, held, collected)
     out.print(table)
 
 

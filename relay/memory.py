@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from relay.collection import ack_floor, page_end
+from relay.collection import page_end
 from relay.errors import (
     AccountExistsError,
     CounterStaleError,
@@ -26,7 +26,7 @@ from relay.errors import (
     QuotaExceededError,
     UnauthorizedError,
 )
-from relay.memcollect import Runs, candidates
+from relay.memcollect import Runs, candidates, devices_floor, held_back_by
 from relay.signing import BundleKeys, Pusher, authorize_push, refuse_epochs_ahead, reseal_epoch
 from relay.storage import (
     DEFAULT_MAX_ACCOUNT_BYTES,
@@ -99,11 +99,6 @@ class _Snapshot:
     storage_id: str
     accounts: dict[str, _Account]
     tokens: dict[bytes, TokenRecord]
-
-
-def _ack_floor(account: _Account) -> int | None:
-    """`AccountSummary.ack_floor`: None while a device has not acknowledged anything."""
-    return ack_floor(account.acks.get(device, (None, 0))[0] for device in account.devices)
 
 
 def _same_device(a: TokenRecord, b: TokenRecord) -> bool:
@@ -252,9 +247,10 @@ class MemoryRelay:
                     entry.head,
                     len(entry.tombs),
                     sum(len(entry.by_seq[seq]) for seq in entry.tombs),
-                    _ack_floor(entry),
+                    devices_floor(entry.devices, entry.acks),
                     entry.runs.collected_versions,
                     entry.runs.collected_bytes,
+                    held_back_by(entry.devices, entry.acks),
                 )
                 for account, entry in sorted(self._accounts.items())
                 if entry.record is not None and name in (None, account)
@@ -562,7 +558,7 @@ class MemoryRelay:
             account = self._accounts.get(name)
             if account is None:  # a run creates no account, unlike a push
                 raise NotFoundError("no such account")
-            floor = _ack_floor(account)
+            floor = devices_floor(account.devices, account.acks)
             if floor is None:
                 return CollectReport(name, None, None, 0, 0, 0)
             released = account.runs.release(floor)

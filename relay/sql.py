@@ -225,7 +225,9 @@ class SQLStorage(ABC):
                 " WHERE v.account = a.id AND v.tomb = 1),"
                 " (SELECT CASE WHEN count(*) = count(d.ack_seq) THEN min(d.ack_seq) END"
                 " FROM devices d WHERE d.account = a.id),"
-                " a.collected_versions, a.collected_bytes FROM accounts a"
+                " a.collected_versions, a.collected_bytes,"
+                " (SELECT d.id FROM devices d WHERE d.account = a.id"
+                " ORDER BY d.ack_seq IS NOT NULL, d.ack_seq, d.id LIMIT 1) FROM accounts a"
                 " WHERE CAST(? AS TEXT) IS NULL OR a.name = ? ORDER BY a.name",
                 (name, name),
             )

@@ -80,6 +80,9 @@ class AccountSummary:
     collected: int
     """Tombstones its collection runs deleted, to date (`Storage.collect`)."""
     collected_bytes: int
+    held_back_by: str | None
+    """The device collection waits for: one that has not acknowledged anything yet, else
+    the one whose last ack is the floor (a lost phone's, say: revoking it lets runs go on)."""
 
 
 @dataclass(frozen=True)

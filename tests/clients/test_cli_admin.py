@@ -198,7 +198,8 @@ def test_passwd_can_end_every_other_devices_session(
 
 def relay_accounts(cli: Cli, relay: RelayProcess, *args: str, input: str | None = None) -> Result:
     assert relay.db is not None
-    return cli.runner.invoke(main, ["relay", "accounts", "--db", str(relay.db), *args], input=input)
+    args = ("relay", "accounts", "--db", str(relay.db), *args)
+    return cli.runner.invoke(main, args, input=input, env={"COLUMNS": "160"})  # a wide terminal
 
 
 @pytest.mark.slow
@@ -259,8 +260,10 @@ def test_relay_accounts_shows_the_tombstones_devices_pushed_and_how_far_all_pull
     cli.ok(a, "sync")  # a pulled b's note before it pushed: it acks 4
     ann = listed_accounts(relay)["ann"]
     assert (ann["tombstones"], ann["ack_floor"], ann["head"]) == (1, 3, 5)
+    ids = [session.device_id for d in (a, b) if (session := load_settings(d).session)]
+    assert ann["held_back_by"] == min(ids)  # both acked 3: the first by id
     shown = relay_accounts(cli, relay)
-    assert shown.exit_code == 0 and "acked" in shown.stdout
+    assert shown.exit_code == 0 and "acked" in shown.stdout and min(ids)[:8] in shown.stdout
 
 
 @pytest.mark.slow

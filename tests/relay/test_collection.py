@@ -102,16 +102,18 @@ def test_nothing_is_collected_until_every_device_has_acknowledged(
     bob = Bob(make_storage())
     bob.push([version(B, 1)], tombs=[True])
     assert bob.storage.collect("bob").ack_floor is None  # d1 has said nothing yet
+    assert bob.summary().held_back_by == "d1"
     bob.storage.add_device("bob", Device("d2", "phone", NOW_MS), [])
     bob.ack(1)
     held = bob.storage.collect("bob")
     assert (held.ack_floor, held.run) == (None, None)  # the phone has not acknowledged
+    assert bob.summary().held_back_by == "d2"
     bob.ack(0, device="d2")
     assert bob.storage.collect("bob").ack_floor == 0  # nor pulled the tombstone yet
-    assert bob.summary().versions == 1
+    assert (bob.summary().versions, bob.summary().held_back_by) == (1, "d2")
     bob.storage.revoke_device("bob", "d2")  # a revoked device holds nothing back
     assert bob.storage.collect("bob").run == 2
-    assert bob.summary().versions == 0
+    assert (bob.summary().versions, bob.summary().held_back_by) == (0, "d1")
 
 
 def test_a_tombstone_beside_a_concurrent_version_stays(make_storage: StorageFactory) -> None:

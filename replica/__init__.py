@@ -5,6 +5,7 @@ No network code lives here: `relay/` serves envelopes and `clients/` moves them.
 
 from replica.asides import ChangeMark
 from replica.bundles import NewAccount
+from replica.compaction import Compacted
 from replica.errors import (
     DegradedError,
     EnvelopeError,
@@ -70,6 +71,7 @@ __all__ = [
     "ChangeMark",
     "ChangePage",
     "Collection",
+    "Compacted",
     "Context",
     "DegradedError",
     "Diagnosis",

@@ -113,6 +113,19 @@ class AsideTables:
             for k, n, h, e, why, after, repush in self.db.execute(query + " ORDER BY hlc", args)
         ]
 
+    def held_of(self, keys: Sequence[bytes], reasons: Sequence[str]) -> list[tuple[bytes, bytes]]:
+        """(key, envelope) of the versions of `keys` held for one of `reasons`."""
+        found: list[tuple[bytes, bytes]] = []
+        unique, marks = list(dict.fromkeys(keys)), ",".join("?" * len(reasons))
+        for start in range(0, len(unique), 500):
+            chunk = unique[start : start + 500]
+            found += self.db.execute(
+                f"SELECT key, envelope FROM held WHERE key IN ({','.join('?' * len(chunk))})"
+                f" AND reason IN ({marks})",
+                (*chunk, *reasons),
+            ).fetchall()
+        return found
+
     def unhold(self, rows: Iterable[HeldRow]) -> None:
         self.db.executemany(
             "DELETE FROM held WHERE key = ? AND node = ? AND hlc = ? AND digest = ?",

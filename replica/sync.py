@@ -26,14 +26,17 @@ from replica import clock
 from replica.asides import Row
 from replica.collected import apply_markers
 from replica.errors import InvalidArgumentError, ProtocolError, RollbackError
+from replica.frontier import AUTHENTICATED_HOLDS
 from replica.generations import PushSigner, sign_push
 from replica.wire import (
     MAX_HLC,
+    Dot,
     ErrorCode,
     Page,
     PushBatch,
     PushResult,
     RelayState,
+    VersionVector,
     decode_vector,
     dominates,
     parse_header,
@@ -217,17 +220,23 @@ class SyncSession:
             return self._store.still_marked(self._superseded)
 
     def _dominated_here(self, identities: Iterable[Identity]) -> list[Identity]:
-        """Those of `identities` that a merged sibling of their record dominates (merged
-        versions were authenticated; held ones prove nothing)."""
+        """Those of `identities` that an authenticated sibling of their record dominates:
+        merged, or held after it was opened (behind a lock or for drift: its release will
+        drop them here; pushed again meanwhile, they could outlive a collected tombstone's
+        ghost on the relay and bring the record back). Unverified held ones prove nothing."""
         wanted = list(identities)
-        vectors: dict[bytes, list[tuple[tuple[int, int], bytes]]] = {}
-        for _, key, node, hlc, vector, _, _ in self._store.sibling_rows([k for k, _, _ in wanted]):
-            vectors.setdefault(key, []).append(((node, hlc), vector))
+        keys = [k for k, _, _ in wanted]
+        vectors: dict[bytes, list[tuple[Dot, VersionVector]]] = {}
+        for _, key, node, hlc, vector, _, _ in self._store.sibling_rows(keys):
+            vectors.setdefault(key, []).append(((node, hlc), decode_vector(vector)))
+        for key, envelope in self._store.held_of(keys, AUTHENTICATED_HOLDS):
+            header = parse_header(envelope)
+            vectors.setdefault(key, []).append((header.dot, header.vector))
         return [
             (key, node, hlc)
             for key, node, hlc in wanted
             if any(
-                dot != (node, hlc) and dominates(decode_vector(vector), (node, hlc))
+                dot != (node, hlc) and dominates(vector, (node, hlc))
                 for dot, vector in vectors.get(key, [])
             )
         ]
@@ -274,7 +283,7 @@ class SyncSession:
                 cursor = page.next_cursor
                 self._store.set_meta("cursor", cursor)
                 if page.collected is not None:  # once: only the page that was next
-                    collected = apply_markers(self._store, page.collected)
+                    collected = apply_markers(self._store, page.collected, core.opener)
             self._note_sync(result.max_hlc, now)
             core.publish(result.events)
         return Applied(

@@ -112,7 +112,8 @@ _KEEP_ONLY_KEPT = """
     BEGIN IMMEDIATE;
     DELETE FROM versions WHERE scope NOT IN (SELECT scope FROM kept)
         AND key NOT IN (SELECT key FROM kept_keys);
-    DELETE FROM meta WHERE name IN ('cursor', 'max_seq_seen', 'relay_state');
+    DELETE FROM meta WHERE name IN
+        ('cursor', 'max_seq_seen', 'relay_state', 'acked_cursor', 'run_passed');
     DELETE FROM held WHERE scope IS NULL OR scope NOT IN (SELECT scope FROM kept);
     DELETE FROM history WHERE key NOT IN (SELECT key FROM versions);
     DELETE FROM quarantine WHERE key IS NULL OR key NOT IN (SELECT key FROM versions);

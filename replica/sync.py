@@ -33,6 +33,7 @@ from replica.wire import (
     Dot,
     ErrorCode,
     Page,
+    PageEntry,
     PushBatch,
     PushResult,
     RelayState,
@@ -274,16 +275,18 @@ class SyncSession:
         with core.mutex, core.write_transaction():
             self._check_state(page.state, top_seq)
             now = core.options.wall_clock_ms()
-            envelopes, seqs = [e.envelope for e in page.entries], [e.seq for e in page.entries]
-            result = core.merge(envelopes, now_ms=now, source="pull", seqs=seqs, relay=page.state)
             cursor = self._store.get_int("cursor")
             advanced = page.cursor == cursor and page.next_cursor >= cursor
+            entries = page.entries if advanced else self._after_runs(page.entries)
+            envelopes, seqs = [e.envelope for e in entries], [e.seq for e in entries]
+            result = core.merge(envelopes, now_ms=now, source="pull", seqs=seqs, relay=page.state)
             collected = 0
             if advanced:
                 cursor = page.next_cursor
                 self._store.set_meta("cursor", cursor)
                 if page.collected is not None:  # once: only the page that was next
                     collected = apply_markers(self._store, page.collected, core.opener)
+                    self._store.set_meta("run_passed", page.collected.seq)
             self._note_sync(result.max_hlc, now)
             core.publish(result.events)
         return Applied(
@@ -296,6 +299,14 @@ class SyncSession:
             untrusted=result.untrusted,
             collected=collected,
         )
+
+    def _after_runs(self, entries: list[PageEntry]) -> list[PageEntry]:
+        """The entries of a page that was not next that no collection run applied here can
+        have outdated: one from before the run may be a version whose tombstone is gone
+        now, and would come back. Those dropped are here already, or come again in order
+        (the cursor is past them, or not yet at them)."""
+        passed = self._store.get_int("run_passed")
+        return [e for e in entries if e.seq > passed] if passed else entries
 
     def _note_sync(self, max_hlc: int, now: int) -> None:
         self._store.set_meta("last_sync_ms", now)
@@ -439,7 +450,7 @@ class SyncSession:
         """Mark every version (held ones too) for pushing, reset the cursor, forget the relay."""
         with self._core.mutex, self._store.transaction():
             self._store.mark_all_for_push()
-            for name in ("cursor", "max_seq_seen", "relay_state"):
+            for name in ("cursor", "max_seq_seen", "relay_state", "acked_cursor", "run_passed"):
                 self._store.delete_meta(name)
         self.restart()
 

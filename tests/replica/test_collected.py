@@ -14,7 +14,7 @@ from replica.sync import Applied
 from replica.wire import CollectedRun, Page, peek_dot
 from replica.wiremarks import MarkedDot, pack_markers
 from tests.conftest import ReplicaFactory
-from tests.replica.helpers import STATE, apply, dirty_envelopes
+from tests.replica.helpers import STATE, apply, dirty_envelopes, page_of
 
 
 def run_page(replica: Replica, dots: list[MarkedDot], *, cursor: int | None = None) -> Applied:
@@ -139,3 +139,25 @@ def test_markers_that_are_not_whole_refuse_the_page(make_replica: ReplicaFactory
     with pytest.raises(ProtocolError, match="not a multiple"):
         session.apply_page(page)
     assert (session.cursor, b.status().tombstones) == (at, 1)
+
+
+def test_a_stale_page_from_before_a_run_brings_back_nothing_it_collected(
+    make_replica: ReplicaFactory,
+) -> None:
+    """A page served before the run (replayed by a relay, or held by another process) may
+    hold a version the collected tombstone replaced: once the run passed here, only its
+    entries after the run merge; the next page still merges whole."""
+    a, b = make_replica("a", freshness_window_s=0), make_replica("b", freshness_window_s=0)
+    a.put("notes", "n", {"v": 1})
+    (written,) = dirty_envelopes(a)
+    a.delete("notes", "n")
+    (tomb,) = dirty_envelopes(a)
+    apply(b, [written, tomb])
+    assert run_page(b, dots([tomb])).collected == 1
+    cursor = b.sync_session().cursor
+    b.sync_session().apply_page(page_of([written], cursor - 3))  # seqs up to the run's
+    assert b.get("notes", "n") is None and b.status().records == 0
+    a.put("notes", "later", {"v": 2})
+    (later,) = dirty_envelopes(a)
+    b.sync_session().apply_page(page_of([later], cursor))
+    assert b.get("notes", "later") is not None

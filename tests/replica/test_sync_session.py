@@ -427,7 +427,7 @@ def test_an_ack_the_relay_took_is_not_offered_again_by_the_next_session(
 ) -> None:
     """Each `sealsync sync` is a new session: the file remembers the cursor the relay last
     took (meta `acked_cursor`), so a device acks when its cursor moved (its own pushes move
-    it too), not at every run."""
+    it too), not at every run; a reseed forgets it with the cursor."""
     writer, reader = make_replica("w"), make_replica("r")
     for i in range(2):
         writer.put("notes", f"n{i}", {"i": i})
@@ -444,3 +444,8 @@ def test_an_ack_the_relay_took_is_not_offered_again_by_the_next_session(
     later = reader.sync_session()
     later.apply_page(page_of([writer_envelope(writer)], 2))
     assert later.ack_due() is not None
+    later.reseed()  # a wiped relay: its seqs start again, and so do the acks it took
+    again = reader.sync_session()
+    again.check_relay_state(STATE)
+    again.apply_page(page_of(envelopes[:1], 0))
+    assert again.ack_due() is not None

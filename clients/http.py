@@ -322,10 +322,14 @@ class RelayClient:
     def push(self, batch: PushBatch) -> PushResult:
         return self._decode(self._send("POST", "/v1/push", body=batch), PushResult)
 
-    def pull(self, cursor: int, limit: int | None = None) -> Page:
+    def pull(self, cursor: int, limit: int | None = None, *, resync: bool = False) -> Page:
+        """A page after `cursor`; `resync`: as part of pulling everything again, which a
+        device the relay flagged (`resync_required`) must do before anything else."""
         params = {"cursor": str(cursor)}
         if limit is not None:
             params["limit"] = str(limit)
+        if resync:
+            params["resync"] = "1"
         return self._decode(self._send("GET", "/v1/pull", params=params), Page)
 
     @contextmanager

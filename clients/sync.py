@@ -35,6 +35,7 @@ from replica import (
     ChangeEvent,
     ErrorCode,
     Replica,
+    Resynced,
     RollbackError,
     SyncSession,
 )
@@ -96,7 +97,9 @@ class SyncReport:
     not be opened (kept verbatim in quarantine, their records degraded); `untrusted` those
     refused as a revoked device's (sealed under a retired key epoch, beyond its frontier);
     `pushing_paused` that a watch pulled only: the account's keys changed on another device,
-    and this one needs the new passphrase to take them."""
+    and this one needs the new passphrase to take them; `resynced` what a full resync did,
+    when the relay asked for one (`resync_required`: it collected tombstones without this
+    device), with `set_aside` versions kept here, neither merged nor pushed."""
 
     pushed: int
     stored: int
@@ -111,6 +114,7 @@ class SyncReport:
     quarantined: int = 0
     untrusted: int = 0
     pushing_paused: bool = False
+    resynced: Resynced | None = None
 
     @property
     def refused(self) -> int:
@@ -130,6 +134,7 @@ class _Tally:
     held: int = 0
     quarantined: int = 0
     untrusted: int = 0
+    resynced: Resynced | None = None
 
     def report(self, retries: int) -> SyncReport:
         return SyncReport(
@@ -145,6 +150,7 @@ class _Tally:
             self.held,
             self.quarantined,
             self.untrusted,
+            resynced=self.resynced,
         )
 
 
@@ -369,10 +375,33 @@ class SyncDriver:
         if not session.knows_relay_state():  # a reseed forgot it: pushes are signed for it
             session.check_relay_state(self._retrier.call(self._client.state))
         report = _Reporter(self._progress, session, tally, session.cursor)
-        self._push_all(session, tally, report)
-        self._pull_all(session, tally, report)
+        if session.resync_needed:  # a restored or copied file: before it pushes anything
+            self._resync(session, tally, report)
+        try:
+            self._push_all(session, tally, report)
+            self._pull_all(session, tally, report)
+        except RelayRefusedError as exc:
+            if exc.code != ErrorCode.RESYNC_REQUIRED:
+                session.push_refused()
+                raise
+            self._resync(session, tally, report)
+            self._push_all(session, tally, report)
+            self._pull_all(session, tally, report)
         tally.unconfirmed = session.settle_superseded()
         self._ack(session)
+
+    def _resync(self, session: SyncSession, tally: _Tally, report: _Reporter) -> None:
+        """Pull everything again, settle what the relay no longer has, and end the resync
+        with the ack it waits for (replica/resync.py); then the round goes on."""
+        log.warning(
+            "pulling everything again before pushing: tombstones were collected without "
+            "this device, or this file is a restored copy"
+        )
+        session.begin_resync()
+        self._pull_all(session, tally, report, resync=True)
+        tally.resynced = session.finish_resync()
+        self._ack(session)
+        session.restart()
 
     def _ack(self, session: SyncSession) -> None:
         """Tell the relay how far this device pulled, with an empty signed push, when no
@@ -439,17 +468,19 @@ class SyncDriver:
             session.sign_above(exc.last_counter)
             return self._client.push(session.sign(batch, account, device_id))
 
-    def _pull_all(self, session: SyncSession, tally: _Tally, report: _Reporter) -> None:
+    def _pull_all(
+        self, session: SyncSession, tally: _Tally, report: _Reporter, *, resync: bool = False
+    ) -> None:
         """Pipelined: the next page is on its way while this one merges. It is asked for
         from where this page ends; should the merge leave the cursor elsewhere (another
         process synced this file meanwhile), it is left to finish unread and the pull goes
         on from that cursor."""
-        in_flight = self._fetch(session.cursor, report)
+        in_flight = self._fetch(session.cursor, report, resync)
         while True:
             page = in_flight.result()
             report.saw_head(page.state.head)
             if page.has_more:
-                in_flight = self._fetch(page.next_cursor, report)
+                in_flight = self._fetch(page.next_cursor, report, resync)
             report.step("merge_start", len(page.entries))
             applied = session.apply_page(page)
             tally.pulled += len(page.entries)
@@ -462,13 +493,12 @@ class SyncDriver:
             if not page.has_more:
                 return
             if applied.cursor != page.next_cursor:
-                in_flight = self._fetch(applied.cursor, report)
+                in_flight = self._fetch(applied.cursor, report, resync)
 
-    def _fetch(self, cursor: int, report: _Reporter) -> _Request[Page]:
+    def _fetch(self, cursor: int, report: _Reporter, resync: bool) -> _Request[Page]:
         report.step("pull_sending", 0)
-        return _Request(
-            functools.partial(self._retrier.call, functools.partial(self._client.pull, cursor))
-        )
+        pull = functools.partial(self._client.pull, cursor, resync=resync)
+        return _Request(functools.partial(self._retrier.call, pull))
 
     # -- watching ----------------------------------------------------------------------------
 

@@ -368,7 +368,9 @@ class RelayApi:
         caller = await self.gate.caller(request)
         cursor = codec.query_int(request, "cursor", 0, 0, MAX_HLC)
         limit = codec.query_int(request, "limit", self.config.page_size, 1, self.config.page_size)
-        page = await self.call(self.storage.pull, caller.account, cursor, limit)
+        resync = codec.query_int(request, "resync", 0, 0, 1) == 1
+        pull = functools.partial(self.storage.pull, device_id=caller.device_id, resync=resync)
+        page = await self.call(pull, caller.account, cursor, limit)
         self.metrics.moved("pull", [entry.envelope for entry in page.entries])
         return codec.respond(request, page)
 
@@ -519,7 +521,7 @@ ENDPOINTS = (
         RelayApi.pull,
         "envelopes after a cursor",
         answer=Page,
-        query=("cursor", "limit"),
+        query=("cursor", "limit", "resync"),
     ),
     Endpoint("GET", "/v1/events", RelayApi.events, "Server-Sent Events: head is now N"),
 )
@@ -564,7 +566,7 @@ def create_app(
 
 def _routes(api: RelayApi, config: RelayConfig) -> list[Route]:
     """A route per endpoint, bound to `api`, and the OpenAPI document describing them."""
-    bounds = {"cursor": (0, MAX_HLC), "limit": (1, config.page_size)}
+    bounds = {"cursor": (0, MAX_HLC), "limit": (1, config.page_size), "resync": (0, 1)}
     document = openapi_document(ENDPOINTS, bounds)
 
     def bind(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:

@@ -7,6 +7,13 @@ version: a tombstone beside a concurrent edit stays until a write resolves them.
 takes a seq of the account's, so devices meet it in order, once, and keeps the dots it
 deleted: as markers, sent on the page that ends at the run, and as ghosts, which refuse a
 re-push of anything they covered. Both go once every device has pulled past the run.
+
+With a *horizon*, a device that has not acknowledged anything for that long (a lost phone)
+holds nothing back: it is left out of the floor, and once a run collects or releases what
+it has not pulled past, it is flagged to *resync* (pull everything again before it may
+push: `resync_required`), since it will never see those markers. No run starts while a
+flagged device is pulling everything (within `RESYNC_GRACE_MS` of its start): it could
+pass a version before its tombstone is collected and miss the run's markers.
 """
 
 from __future__ import annotations
@@ -14,7 +21,73 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from replica.wire import PageEntry, VersionVector, dominates
+from replica.errors import InvalidArgumentError
+from replica.wire import MAX_RUN_MARKERS, PageEntry, VersionVector, dominates
+
+RESYNC_GRACE_MS = 24 * 3600 * 1000
+"""How long a device's full resync holds runs back, from its first pull; past it, a resync
+still going is taken to have stopped (the device starts again at its next sync)."""
+
+
+MAX_HORIZON_MS = 10 * 365 * 24 * 3600 * 1000
+
+
+def check_run_bounds(limit: int, horizon_ms: int | None) -> None:
+    """A run's size and horizon, within their bounds (`Storage.collect`)."""
+    if not 1 <= limit <= MAX_RUN_MARKERS:
+        raise InvalidArgumentError(f"a run collects 1..{MAX_RUN_MARKERS}, not {limit}")
+    if horizon_ms is not None and not 1 <= horizon_ms <= MAX_HORIZON_MS:
+        raise InvalidArgumentError(
+            f"a horizon is 1 ms..{MAX_HORIZON_MS} ms (10 years), not {horizon_ms}"
+        )
+
+
+class Standing(NamedTuple):
+    """What collection knows of one device."""
+
+    id: str
+    ack: int | None
+    ack_ms: int | None
+    created_ms: int
+    resync: bool
+    resync_ms: int | None
+    """When its current full resync began (its first pull asking for one); None before."""
+
+
+class Split(NamedTuple):
+    """An account's devices as a run sees them."""
+
+    floor: int | None
+    """The lowest last ack of the active devices: None while one has not acked yet (or
+    none is active), and while a resync under way holds runs back."""
+    stale: list[Standing]
+    """Devices past the horizon and not flagged yet."""
+
+
+def split(devices: Iterable[Standing], now_ms: int, horizon_ms: int | None) -> Split:
+    """The floor over the devices that count, and those the horizon leaves out."""
+    active: list[int | None] = []
+    stale: list[Standing] = []
+    resyncing = False
+    for device in devices:
+        if device.resync:
+            started = device.resync_ms is not None and device.resync_ms > now_ms - RESYNC_GRACE_MS
+            resyncing = resyncing or started
+            continue
+        seen = device.ack_ms if device.ack_ms is not None else device.created_ms
+        if horizon_ms is not None and seen < now_ms - horizon_ms:
+            stale.append(device)
+        else:
+            active.append(device.ack)
+    return Split(None if resyncing else ack_floor(active), stale)
+
+
+def to_flag(stale: Iterable[Standing], top: int | None) -> list[str]:
+    """The stale devices that have not pulled past `top`, the latest run this call made or
+    released: they would never see its markers."""
+    if top is None:
+        return []
+    return [d.id for d in stale if d.ack is None or d.ack < top]
 
 
 class Candidate(NamedTuple):

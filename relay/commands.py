@@ -216,7 +216,8 @@ def relay_accounts(*, where: RelayStorage, as_json: bool, to_delete: str | None,
     table.add_column("held by")  # the device collection waits for: its id's first 8 digits
     table.add_column("collected")
     for a in accounts:
-        numbers = (a.devices, a.versions, a.stored_bytes, a.head)
+        devices = f"{a.devices} ({a.resyncing} to resync)" if a.resyncing else str(a.devices)
+        numbers = (devices, a.versions, a.stored_bytes, a.head)
         tombstones = f"{a.tombstones} ({a.tombstone_bytes} B)"
         acked = "-" if a.ack_floor is None else str(a.ack_floor)
         held = (a.held_back_by or "-")[:8]
@@ -228,26 +229,35 @@ def relay_accounts(*, where: RelayStorage, as_json: bool, to_delete: str | None,
 @relay.command("collect")
 @storage_options
 @click.option("--account", "name", help="Only this account (default: every account).")
+@click.option(
+    "--horizon-days",
+    type=click.IntRange(1, 3650),
+    help="Leave out devices silent for longer (a lost phone); they pull everything again "
+    "when they return (default: every device counts).",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON array, an object per account.")
-def relay_collect(*, where: RelayStorage, name: str | None, as_json: bool) -> None:
+def relay_collect(
+    *, where: RelayStorage, name: str | None, horizon_days: int | None, as_json: bool
+) -> None:
     """Delete the tombstones every device of an account has acknowledged pulling, each the
     last version of its record, and give their space back to the account (runs of at most
     10,000; a device that never acknowledged holds its account's back). Each device drops
     its own copies as it next syncs."""
+    horizon_ms = None if horizon_days is None else horizon_days * 24 * 3600 * 1000
     with where.opened() as storage:
         if name is not None and not storage.accounts(name):
             raise InvalidArgumentError(
                 f"no account {name!r} on this relay", hint="`sealsync relay accounts` lists them"
             )
         names = [name] if name is not None else [a.name for a in storage.accounts()]
-        totals = [collect_all(storage, account) for account in names]
+        totals = [collect_all(storage, account, horizon_ms) for account in names]
     if as_json:
         out.print_json(json.dumps(totals))
         return
-    table = Table("account", "acked", "runs", "collected", "bytes", "runs released")
+    table = Table("account", "acked", "runs", "collected", "bytes", "runs released", "to resync")
     for t in totals:
         acked = "-" if t["ack_floor"] is None else str(t["ack_floor"])
-        numbers = (t["runs"], t["versions"], t["bytes"], t["released"])
+        numbers = (t["runs"], t["versions"], t["bytes"], t["released"], t["flagged"])
         table.add_row(str(t["account"]), acked, *map(str, numbers))
     out.print(table)
 
@@ -271,12 +281,12 @@ def relay_compact(*, where: RelayStorage, as_json: bool) -> None:
     out.print(f"compacted: {before} bytes before, {after} after ({before - after} given back)")
 
 
-def collect_all(storage: Storage, name: str) -> dict[str, object]:
+def collect_all(storage: Storage, name: str, horizon_ms: int | None) -> dict[str, object]:
     """Runs over one account until one finds nothing more; their totals."""
-    runs = versions = size = released = 0
+    runs = versions = size = released = flagged = 0
     while True:
-        report = storage.collect(name)
-        released += report.released
+        report = storage.collect(name, horizon_ms=horizon_ms)
+        released, flagged = released + report.released, flagged + report.flagged
         if report.run is None:
             break
         runs, versions, size = runs + 1, versions + report.versions, size + report.bytes
@@ -287,6 +297,7 @@ def collect_all(storage: Storage, name: str) -> dict[str, object]:
         "versions": versions,
         "bytes": size,
         "released": released,
+        "flagged": flagged,
     }
 
 

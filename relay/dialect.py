@@ -120,6 +120,14 @@ CREATE INDEX collected_by_run ON collected (account, seq);
 ALTER TABLE accounts ADD COLUMN collected_versions {int} NOT NULL DEFAULT 0;
 ALTER TABLE accounts ADD COLUMN collected_bytes {int} NOT NULL DEFAULT 0
 """
+RESYNC = """
+-- a device that must pull everything again before it pushes or pulls as usual, and when
+-- its full resync began (docs/tombstone-collection.md §3), and the account's latest run
+ALTER TABLE devices ADD COLUMN resync {int} NOT NULL DEFAULT 0;
+ALTER TABLE devices ADD COLUMN resync_ms {int};
+ALTER TABLE accounts ADD COLUMN last_run_seq {int} NOT NULL DEFAULT 0;
+UPDATE accounts SET last_run_seq = head WHERE collected_versions > 0
+"""
 SCHEMA_STEPS = (
     SCHEMA,
     LOGIN_FAILURES,
@@ -127,6 +135,7 @@ SCHEMA_STEPS = (
     REVOKED_TOKENS,
     ACKS_AND_TOMBSTONES,
     COLLECTION,
+    RESYNC,
 )
 """Step n makes a database of schema n - 1 one of schema n; a new one runs them all."""
 SCHEMA_VERSION = len(SCHEMA_STEPS)

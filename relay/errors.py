@@ -121,6 +121,20 @@ class CounterStaleError(ConflictError):
         self.last_counter = last_counter
 
 
+class ResyncRequiredError(ConflictError):
+    """A device a tombstone collection ran without (away past the horizon, or added after a
+    run) pulls everything again, asking for it (`resync`), before it pushes or pulls as
+    usual: what it holds may be what the collected tombstones replaced."""
+
+    code = ErrorCode.RESYNC_REQUIRED
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this device must pull everything again first: tombstones were collected while "
+            "it was away"
+        )
+
+
 class TooLargeError(RelayError):
     status = 413
     code = ErrorCode.TOO_LARGE

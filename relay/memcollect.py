@@ -7,7 +7,9 @@ import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from relay.collection import ack_floor
+from relay.collection import Standing, ack_floor
+from relay.errors import ResyncRequiredError
+from relay.storage import Device
 from relay.versions import StoredVersion
 from replica.wire import (
     CollectedRun,
@@ -17,6 +19,9 @@ from replica.wire import (
     pack_markers,
     parse_header,
 )
+
+Acks = dict[str, tuple[int, int]]
+"""device id → (the cursor it last acknowledged, when)."""
 
 
 @dataclass
@@ -31,17 +36,35 @@ class Runs:
     """key → (run seq, vector) of its collected tombstones that retained runs keep."""
     collected_versions: int = 0
     collected_bytes: int = 0
+    last_run_seq: int = 0
+    resync: dict[str, int | None] = field(default_factory=dict)
+    """device id → when its full resync began (None: not yet), for each flagged device."""
 
-    def add(self, run: int, headers: list[Header], size: int) -> None:
+    def add(
+        self,
+        run: int,
+        taken: list[int],
+        by_seq: dict[int, bytes],
+        by_key: dict[bytes, list[StoredVersion]],
+        tombs: set[int],
+    ) -> int:
+        """Delete the versions `taken` (their seqs) as run `run`; their bytes."""
+        headers = [parse_header(by_seq[seq]) for seq in taken]
+        size = sum(len(by_seq.pop(seq)) for seq in taken)
+        for seq, header in zip(taken, headers, strict=True):
+            del by_key[header.key]
+            tombs.discard(seq)
+        self.last_run_seq = run
         self.headers[run] = headers
         self.seqs.append(run)
         for header in headers:
             self.ghosts.setdefault(header.key, []).append((run, header.vector))
         self.collected_versions += len(headers)
         self.collected_bytes += size
+        return size
 
-    def release(self, floor: int) -> int:
-        """Drop the runs every device has pulled past (seq ≤ `floor`); how many."""
+    def release(self, floor: int) -> list[int]:
+        """Drop the runs every device has pulled past (seq ≤ `floor`); their seqs."""
         released = self.seqs[: bisect.bisect_right(self.seqs, floor)]
         for run in released:
             for header in self.headers.pop(run):
@@ -51,7 +74,36 @@ class Runs:
                 else:
                     del self.ghosts[header.key]
         del self.seqs[: len(released)]
-        return len(released)
+        return released
+
+    def standings(self, devices: Iterable[Device], acks: Acks) -> list[Standing]:
+        """What collection knows of each device (`relay.collection.split`)."""
+        standings = []
+        for d in devices:
+            ack, ack_ms = acks.get(d.id, (None, None))
+            flagged = d.id in self.resync
+            standings.append(
+                Standing(d.id, ack, ack_ms, d.created_ms, flagged, self.resync.get(d.id))
+            )
+        return standings
+
+    def check_pull(self, device_id: str | None, resync: bool, cursor: int, now_ms: int) -> None:
+        """`relay.sqlcollect.refuse_unless_resynced` and `start_resync` (None: the caller is
+        no device, as in the sans-I/O tests)."""
+        if device_id is None or device_id not in self.resync:
+            return
+        if not resync:
+            raise ResyncRequiredError()
+        if cursor == 0:
+            self.resync[device_id] = now_ms
+
+    def check_push(self, device_id: str, envelopes: int, ack: int | None) -> None:
+        """`relay.sqlcollect.resync_refusal`, raised."""
+        if device_id not in self.resync:
+            return
+        if envelopes or ack is None or ack < self.last_run_seq:
+            raise ResyncRequiredError()
+        del self.resync[device_id]
 
     def ghosts_of(self, key: bytes) -> list[VersionVector]:
         return [vector for _, vector in self.ghosts.get(key, ())]
@@ -82,10 +134,6 @@ def candidates(
         if len(by_key[parse_header(by_seq[seq]).key]) == 1:
             taken.append(seq)
     return taken
-
-
-Acks = dict[str, tuple[int, int]]
-"""device id → (the cursor it last acknowledged, when)."""
 
 
 def devices_floor(devices: Iterable[str], acks: Acks) -> int | None:

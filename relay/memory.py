@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from relay.collection import page_end
+from relay.collection import check_run_bounds, page_end, split, to_flag
 from relay.errors import (
     AccountExistsError,
     CounterStaleError,
@@ -177,6 +177,8 @@ class MemoryRelay:
             entry = self._account(account.name)
             entry.record = account
             entry.devices[device.id] = device
+            if entry.runs.last_run_seq:  # `relay.sqlcollect.flag_if_runs`
+                entry.runs.resync[device.id] = None
             self._tokens.update((t.hash, t) for t in tokens)
             return self.state(account.name)
 
@@ -251,6 +253,7 @@ class MemoryRelay:
                     entry.runs.collected_versions,
                     entry.runs.collected_bytes,
                     held_back_by(entry.devices, entry.acks),
+                    len(entry.runs.resync),
                 )
                 for account, entry in sorted(self._accounts.items())
                 if entry.record is not None and name in (None, account)
@@ -284,6 +287,8 @@ class MemoryRelay:
             if any(t.device_id not in {device.id, *entry.devices} for t in tokens):
                 raise NotFoundError("no such device")  # as the SQL backends' foreign key
             entry.devices[device.id] = device
+            if entry.runs.last_run_seq:  # `relay.sqlcollect.flag_if_runs`
+                entry.runs.resync[device.id] = None
             self._tokens.update((t.hash, t) for t in tokens)
 
     def renew_device(self, name: str, device_id: str, tokens: list[TokenRecord]) -> bool:
@@ -321,6 +326,7 @@ class MemoryRelay:
             entry = self._accounts.get(name)
             if entry is None or entry.devices.pop(device_id, None) is None:
                 return False
+            entry.runs.resync.pop(device_id, None)
             held = {
                 h for h, t in self._tokens.items() if (t.account, t.device_id) == (name, device_id)
             }
@@ -474,8 +480,10 @@ class MemoryRelay:
         if batch.counter <= last:
             raise CounterStaleError(batch.counter, last)
         account.push_counters[pusher.device_id] = batch.counter
-        if batch.ack is not None:  # as sent: a repair may have taken the cursor back
-            account.acks[pusher.device_id] = (min(batch.ack, account.head), self._rules.clock_ms())
+        ack = None if batch.ack is None else min(batch.ack, account.head)
+        if ack is not None:  # as sent: a repair may have taken the cursor back
+            account.acks[pusher.device_id] = (ack, self._rules.clock_ms())
+        account.runs.check_push(pusher.device_id, len(batch.envelopes), ack)
         return keys, tombs
 
     @staticmethod
@@ -523,10 +531,19 @@ class MemoryRelay:
 
     # -- pull -------------------------------------------------------------------------------
 
-    def pull(self, name: str, cursor: int, limit: int | None = None) -> Page:
+    def pull(
+        self,
+        name: str,
+        cursor: int,
+        limit: int | None = None,
+        *,
+        device_id: str | None = None,
+        resync: bool = False,
+    ) -> Page:
         count = page_bounds(cursor, limit, self._rules.page_size)
         with self._mutex:
             account = self._account(name)
+            account.runs.check_pull(device_id, resync, cursor, self._rules.clock_ms())
             run = account.runs.next_run(cursor)
             until = account.head if run is None else run - 1  # a page ends at a run
             sizes: list[tuple[int, int]] = []
@@ -551,31 +568,31 @@ class MemoryRelay:
 
     # -- collection -------------------------------------------------------------------------
 
-    def collect(self, name: str, *, limit: int = MAX_RUN_MARKERS) -> CollectReport:
-        if not 1 <= limit <= MAX_RUN_MARKERS:
-            raise InvalidArgumentError(f"a run collects 1..{MAX_RUN_MARKERS}, not {limit}")
+    def collect(
+        self, name: str, *, limit: int = MAX_RUN_MARKERS, horizon_ms: int | None = None
+    ) -> CollectReport:
+        check_run_bounds(limit, horizon_ms)
         with self._mutex:
             account = self._accounts.get(name)
             if account is None:  # a run creates no account, unlike a push
                 raise NotFoundError("no such account")
-            floor = devices_floor(account.devices, account.acks)
+            runs = account.runs
+            standings = runs.standings(account.devices.values(), account.acks)
+            floor, stale = split(standings, self._rules.clock_ms(), horizon_ms)
             if floor is None:
                 return CollectReport(name, None, None, 0, 0, 0)
-            released = account.runs.release(floor)
+            released = runs.release(floor)
             taken = candidates(account.tombs, account.by_seq, account.by_key, floor, limit)
+            flagged = to_flag(stale, account.head + 1 if taken else max(released, default=None))
+            runs.resync.update(dict.fromkeys(flagged))
             if not taken:
-                return CollectReport(name, floor, None, 0, 0, released)
+                return CollectReport(name, floor, None, 0, 0, len(released), len(flagged))
             account.head = run = account.head + 1
-            headers = [parse_header(account.by_seq[seq]) for seq in taken]
-            size = sum(len(account.by_seq.pop(seq)) for seq in taken)
-            for seq, header in zip(taken, headers, strict=True):
-                del account.by_key[header.key]
-                account.tombs.discard(seq)
+            size = runs.add(run, taken, account.by_seq, account.by_key, account.tombs)
             account.stored_bytes -= size
-            account.runs.add(run, headers, size)
         for listener in self._listeners:
             listener(name, run)
-        return CollectReport(name, floor, run, len(taken), size, released)
+        return CollectReport(name, floor, run, len(taken), size, len(released), len(flagged))
 
     @staticmethod
     def _compact_seqs(account: _Account) -> None:

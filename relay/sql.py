@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
-from relay.collection import page_end
+from relay.collection import check_run_bounds, page_end
 from relay.dialect import Transaction
 from relay.errors import (
     AccountExistsError,
@@ -30,7 +30,14 @@ from relay.signing import (
     Pusher,
     bundle_keys,
 )
-from relay.sqlcollect import collect, next_run, run_markers
+from relay.sqlcollect import (
+    collect,
+    flag_if_runs,
+    next_run,
+    refuse_unless_resynced,
+    run_markers,
+    start_resync,
+)
 from relay.sqlpush import PendingPush, authorized, push_plan, write_plan
 from relay.storage import (
     AccountRecord,
@@ -54,7 +61,6 @@ from relay.versions import (
     is_over_quota,
     page_bounds,
 )
-from replica.errors import InvalidArgumentError
 from replica.wire import (
     MAX_RUN_MARKERS,
     Header,
@@ -227,7 +233,9 @@ class SQLStorage(ABC):
                 " FROM devices d WHERE d.account = a.id),"
                 " a.collected_versions, a.collected_bytes,"
                 " (SELECT d.id FROM devices d WHERE d.account = a.id"
-                " ORDER BY d.ack_seq IS NOT NULL, d.ack_seq, d.id LIMIT 1) FROM accounts a"
+                " ORDER BY d.ack_seq IS NOT NULL, d.ack_seq, d.id LIMIT 1),"
+                " (SELECT count(*) FROM devices d WHERE d.account = a.id AND d.resync = 1)"
+                " FROM accounts a"
                 " WHERE CAST(? AS TEXT) IS NULL OR a.name = ? ORDER BY a.name",
                 (name, name),
             )
@@ -265,6 +273,7 @@ class SQLStorage(ABC):
                 if row is None:
                     raise NotFoundError("no such account")
                 _insert_device(tx, row[0], device, tokens)
+                flag_if_runs(tx, row[0], device.id)
         except Exception as exc:  # the account was deleted meanwhile
             if not self._is_missing_parent(exc):
                 raise
@@ -433,8 +442,8 @@ class SQLStorage(ABC):
         blocking foreign-key checks of new devices or tokens); the push is authorized under
         it. The stored versions of the batch's keys are read at once (one query on PostgreSQL,
         chunks on SQLite), the batch decided in memory (`PushPlan`), and what stays written
-        with one statement per table. A push over quota raises `QuotaExceededError` only
-        once its counter is recorded: the caller commits, then raises (`PendingPush.refusal`)."""
+        with one statement per table. A push over quota, or of a device that must resync,
+        is refused once its counter is recorded: the caller commits, then raises."""
         row = tx.one(
             "SELECT id, epoch, head, stored_bytes, bundle FROM accounts WHERE name = ?"
             " FOR NO KEY UPDATE",
@@ -443,9 +452,10 @@ class SQLStorage(ABC):
         if row is None:
             raise NotFoundError("no such account")
         account_id, epoch, before, stored_bytes, bundle = row
-        state = RelayState(self._storage_id, epoch, before)
-        account_keys = bundle_keys(bundle)
+        state, account_keys = RelayState(self._storage_id, epoch, before), bundle_keys(bundle)
         checked, tombs = authorized(tx, account_id, account_keys, state, push)
+        if push.refusal is not None:  # a device that must resync first
+            return PushResult([], state), False
         keys = [header.key for header in checked if isinstance(header, Header)]
         plan = push_plan(tx, account_id, before, stored_bytes, keys, account_keys)
         receipts = [
@@ -465,13 +475,25 @@ class SQLStorage(ABC):
         state = RelayState(self._storage_id, epoch, plan.head)
         return PushResult(receipts, state), plan.head != before
 
-    def pull(self, name: str, cursor: int, limit: int | None = None) -> Page:
+    def pull(
+        self,
+        name: str,
+        cursor: int,
+        limit: int | None = None,
+        *,
+        device_id: str | None = None,
+        resync: bool = False,
+    ) -> Page:
         count = page_bounds(cursor, limit, self._rules.page_size)
+        if device_id is not None and resync and cursor == 0:
+            self._start_resync(name, device_id)
         with self._snapshot() as tx:
             row = tx.one("SELECT id, epoch, head FROM accounts WHERE name = ?", (name,))
             if row is None:
                 raise NotFoundError("no such account")
             account_id, epoch, head = row
+            if device_id is not None and not resync:
+                refuse_unless_resynced(tx, account_id, device_id)
             run = next_run(tx, account_id, cursor)
             until = head if run is None else run - 1  # a page ends at a run
             sizes = tx.all(
@@ -493,11 +515,16 @@ class SQLStorage(ABC):
         state = RelayState(self._storage_id, epoch, head)
         return Page(cursor, entries, next_cursor, has_more, state, collected)
 
-    def collect(self, name: str, *, limit: int = MAX_RUN_MARKERS) -> CollectReport:
-        if not 1 <= limit <= MAX_RUN_MARKERS:
-            raise InvalidArgumentError(f"a run collects 1..{MAX_RUN_MARKERS}, not {limit}")
+    def _start_resync(self, name: str, device_id: str) -> None:
         with self._write() as tx:
-            report = collect(tx, name, self._rules.clock_ms(), limit)
+            start_resync(tx, name, device_id, self._rules.clock_ms())
+
+    def collect(
+        self, name: str, *, limit: int = MAX_RUN_MARKERS, horizon_ms: int | None = None
+    ) -> CollectReport:
+        check_run_bounds(limit, horizon_ms)
+        with self._write() as tx:
+            report = collect(tx, name, self._rules.clock_ms(), limit, horizon_ms)
         if report.run is not None:
             self._tell_listeners(name, report.run)
         return report

@@ -3,9 +3,9 @@ the markers a page carries, and the ghosts a push meets (`relay.collection`)."""
 
 from __future__ import annotations
 
-from relay.collection import Candidate, ack_floor
+from relay.collection import Candidate, Standing, split, to_flag
 from relay.dialect import Transaction
-from relay.errors import NotFoundError
+from relay.errors import NotFoundError, ResyncRequiredError
 from relay.storage import CollectReport
 from replica.wire import CollectedRun, VersionVector, decode_vector, node_from_i64, pack_markers
 
@@ -18,27 +18,49 @@ CANDIDATES = (
 """Declared tombstones at or below the floor that are their key's sole stored version."""
 
 
-def collect(tx: Transaction, name: str, now_ms: int, limit: int) -> CollectReport:
+def collect(
+    tx: Transaction, name: str, now_ms: int, limit: int, horizon_ms: int | None
+) -> CollectReport:
     """One run over `name`'s versions (`Storage.collect`), under the account's row lock."""
     row = tx.one("SELECT id, head FROM accounts WHERE name = ? FOR NO KEY UPDATE", (name,))
     if row is None:
         raise NotFoundError("no such account")
     account_id, head = row
-    acks = tx.all("SELECT ack_seq FROM devices WHERE account = ?", (account_id,))
-    floor = ack_floor(ack for (ack,) in acks)
+    where = split(standings(tx, account_id), now_ms, horizon_ms)
+    floor = where.floor
     if floor is None:
         return CollectReport(name, None, None, 0, 0, 0)
+    top = tx.one(
+        "SELECT max(seq) FROM collect_runs WHERE account = ? AND seq <= ?", (account_id, floor)
+    )
     released = tx.run(
         "DELETE FROM collect_runs WHERE account = ? AND seq <= ?", (account_id, floor)
     )
     tx.run("DELETE FROM collected WHERE account = ? AND seq <= ?", (account_id, floor))
     taken = [Candidate(*c) for c in tx.all(CANDIDATES, (account_id, floor, limit))]
-    if not taken:
-        return CollectReport(name, floor, None, 0, 0, released)
-    run = head + 1
-    size = delete_as_run(tx, account_id, run, taken, (now_ms, floor))
-    tx.announce(name, run)
-    return CollectReport(name, floor, run, len(taken), size, released)
+    run = None
+    if taken:
+        run = head + 1
+        size = delete_as_run(tx, account_id, run, taken, (now_ms, floor))
+        tx.announce(name, run)
+    flagged = to_flag(where.stale, run or (top[0] if top else None))
+    tx.run_in(
+        "UPDATE devices SET resync = 1, resync_ms = NULL WHERE account = ? AND id = ANY(?)",
+        (account_id,),
+        flagged,
+    )
+    if run is None:
+        return CollectReport(name, floor, None, 0, 0, released, len(flagged))
+    return CollectReport(name, floor, run, len(taken), size, released, len(flagged))
+
+
+def standings(tx: Transaction, account_id: int) -> list[Standing]:
+    """What collection knows of each device of the account (`relay.collection.split`)."""
+    rows = tx.all(
+        "SELECT id, ack_seq, ack_ms, created_ms, resync, resync_ms FROM devices WHERE account = ?",
+        (account_id,),
+    )
+    return [Standing(i, a, at, c, bool(r), rm) for i, a, at, c, r, rm in rows]
 
 
 def delete_as_run(
@@ -61,10 +83,10 @@ def delete_as_run(
         (account_id, run, *at, len(taken), size),
     )
     tx.run(
-        "UPDATE accounts SET head = ?, stored_bytes = stored_bytes - ?,"
+        "UPDATE accounts SET head = ?, last_run_seq = ?, stored_bytes = stored_bytes - ?,"
         " collected_versions = collected_versions + ?, collected_bytes = collected_bytes + ?"
         " WHERE id = ?",
-        (run, size, len(taken), size, account_id),
+        (run, run, size, len(taken), size, account_id),
     )
     return size
 
@@ -101,3 +123,50 @@ def ghosts_of(
     for key, vector in rows:
         ghosts.setdefault(bytes(key), []).append(decode_vector(bytes(vector)))
     return ghosts
+
+
+def flag_if_runs(tx: Transaction, account_id: int, device_id: str) -> None:
+    """A device added after a run resyncs first: it may be a copy of an older replica
+    holding what the run's tombstones replaced, and the run's ghosts may be gone."""
+    tx.run(
+        "UPDATE devices SET resync = 1 WHERE account = ? AND id = ?"
+        " AND (SELECT last_run_seq FROM accounts WHERE id = ?) > 0",
+        (account_id, device_id, account_id),
+    )
+
+
+def start_resync(tx: Transaction, name: str, device_id: str, now_ms: int) -> None:
+    """A flagged device's full resync begins (its pull from 0): runs wait for it."""
+    tx.run(
+        "UPDATE devices SET resync_ms = ? WHERE id = ? AND resync = 1"
+        " AND account = (SELECT id FROM accounts WHERE name = ?)",
+        (now_ms, device_id, name),
+    )
+
+
+def refuse_unless_resynced(tx: Transaction, account_id: int, device_id: str) -> None:
+    """`ResyncRequiredError` for a flagged device pulling as usual."""
+    row = tx.one("SELECT resync FROM devices WHERE account = ? AND id = ?", (account_id, device_id))
+    if row is not None and row[0]:
+        raise ResyncRequiredError()
+
+
+def resync_refusal(
+    tx: Transaction, account_id: int, device_id: str, envelopes: int, ack: int | None
+) -> ResyncRequiredError | None:
+    """A flagged device's signed push: the empty one that acks at least the latest run
+    ends its resync; any other is refused."""
+    row = tx.one(
+        "SELECT d.resync, a.last_run_seq FROM devices d JOIN accounts a ON a.id = d.account"
+        " WHERE d.account = ? AND d.id = ?",
+        (account_id, device_id),
+    )
+    if row is None or not row[0]:
+        return None
+    if envelopes or ack is None or ack < row[1]:
+        return ResyncRequiredError()
+    tx.run(
+        "UPDATE devices SET resync = 0, resync_ms = NULL WHERE account = ? AND id = ?",
+        (account_id, device_id),
+    )
+    return None

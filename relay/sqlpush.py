@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from relay.dialect import Transaction
 from relay.errors import CounterStaleError, RelayError, UnauthorizedError
 from relay.signing import BundleKeys, Pusher, authorize_push, refuse_epochs_ahead, reseal_epoch
-from relay.sqlcollect import ghosts_of
+from relay.sqlcollect import ghosts_of, resync_refusal
 from relay.versions import PushPlan, StoredVersion
 from replica.wire import (
     Header,
@@ -86,7 +86,9 @@ def authorized(
         return refuse_epochs_ahead(keys, push.checked), [False] * len(batch.envelopes)
     assert push.pusher is not None, "a signed push has its pusher"
     ack = None if batch.ack is None else min(batch.ack, state.head)
-    record_push(tx, account_id, push.pusher.device_id, batch.counter, ack, push.received_ms)
+    device_id = push.pusher.device_id
+    record_push(tx, account_id, device_id, batch.counter, ack, push.received_ms)
+    push.refusal = resync_refusal(tx, account_id, device_id, len(batch.envelopes), ack)
     return refuse_epochs_ahead(keys, push.checked), push.tombs
 
 

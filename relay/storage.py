@@ -83,6 +83,8 @@ class AccountSummary:
     held_back_by: str | None
     """The device collection waits for: one that has not acknowledged anything yet, else
     the one whose last ack is the floor (a lost phone's, say: revoking it lets runs go on)."""
+    resyncing: int
+    """Devices flagged to pull everything again before they push (`resync_required`)."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,9 @@ class CollectReport:
     bytes: int
     released: int
     """Earlier runs dropped, markers and ghosts, now that every device has pulled past them."""
+    flagged: int = 0
+    """Devices past the horizon that this call flagged to resync: they would never see the
+    markers of a run it made or released."""
 
 
 @dataclass(frozen=True)
@@ -242,18 +247,32 @@ class Storage(Protocol):
         grow the account past its quota (`relay.versions.is_over_quota`)."""
         ...
 
-    def pull(self, name: str, cursor: int, limit: int | None = None) -> Page:
+    def pull(
+        self,
+        name: str,
+        cursor: int,
+        limit: int | None = None,
+        *,
+        device_id: str | None = None,
+        resync: bool = False,
+    ) -> Page:
         """Versions with seq > cursor in seq order: at most min(`limit`, page size) of them
-        and `max_page_bytes` of envelopes (at least one), never reading more than that."""
+        and `max_page_bytes` of envelopes (at least one), never reading more than that. A
+        device flagged to resync (`device_id`) pulls only with `resync`, and its pull from 0
+        marks when its resync began; else `ResyncRequiredError`."""
         ...
 
     def stored_versions(self, name: str) -> int: ...
 
-    def collect(self, name: str, *, limit: int = MAX_RUN_MARKERS) -> CollectReport:
+    def collect(
+        self, name: str, *, limit: int = MAX_RUN_MARKERS, horizon_ms: int | None = None
+    ) -> CollectReport:
         """One collection run (`relay.collection`), in one transaction under the account's
         lock, so pushes and runs take turns: at most `limit` tombstones, each its key's sole
         version, at or below every device's last ack. A run that deletes any takes the next
-        seq (the head) and keeps their dots until every device has acknowledged it."""
+        seq (the head) and keeps their dots until every device has acknowledged it. With
+        `horizon_ms`, a device silent for longer counts for nothing, and is flagged to
+        resync once a run it did not pull past is made or released."""
         ...
 
     def listen(self, listener: HeadListener) -> None:

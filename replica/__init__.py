@@ -38,6 +38,7 @@ from replica.outside import Merged
 from replica.record import Context, Record, Version
 from replica.repair import Diagnosis, Finding, RepairReport
 from replica.replica import Replica
+from replica.resync import Resynced
 from replica.schema import DEFAULT_PROFILE, REGISTER_ID, Collection, Schema
 from replica.snapshot import backup_replica_file, copy_replica_file
 from replica.status import Status
@@ -106,6 +107,7 @@ __all__ = [
     "ReplicaClosedError",
     "ReplicaLockedError",
     "ReplicaOptions",
+    "Resynced",
     "RollbackError",
     "ScanPage",
     "Schema",

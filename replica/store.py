@@ -327,9 +327,12 @@ class Store(AsideTables, BlindTables):
 
     def set_node(self, node: int, feed_id: str) -> None:
         """Write as `node` from now on, and start another change feed (`feed_id`): a copied
-        file's history is not the original's, so its followers must read it again."""
+        file's history is not the original's, so its followers must read it again. Its next
+        sync pulls everything again (`resync_needed`, replica/resync.py): a copy may be
+        older than a tombstone collection, and push what it collected back."""
         self.set_meta("node", str(node))
         self.set_meta("feed_id", feed_id)
+        self.set_meta("resync_needed", 1)
 
     def checkpoint_truncate(self) -> None:
         """Copy the WAL into the file and empty it (a no-op while a reader holds it open)."""
@@ -458,6 +461,9 @@ class Store(AsideTables, BlindTables):
             (seq, limit),
         ).fetchall()
         return [(changed, bytes(key), table) for changed, key, table in rows]
+
+    def max_version_id(self) -> int:
+        return int(self.db.execute("SELECT coalesce(max(id), 0) FROM versions").fetchone()[0])
 
     def delete_versions(self, rows: Iterable[Row]) -> None:
         self.db.executemany(

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from replica import clock
+from replica import clock, resync
 from replica.asides import Row
 from replica.collected import apply_markers
 from replica.errors import InvalidArgumentError, ProtocolError, RollbackError
@@ -55,6 +55,9 @@ COUNTER_BLOCK = 64
 """Push counters a session takes at once: a round of up to 64 batches writes the file once
 for them; numbers a session leaves unused are skipped (counters only need to increase)."""
 DEFAULT_BATCH_BYTES = 4 * 1024 * 1024
+KEEPALIVE_MS = 24 * 3600 * 1000
+"""A device that syncs acks at least this often, moved or not: a relay's collection
+horizon (90 days by default) leaves out a device silent for longer."""
 ACK_EVERY_S = 600.0
 """How often at most a session sends an ack with nothing to push (`ack_due`): collection
 waits days for an ack, and a phone's battery should not pay for fresher ones."""
@@ -114,6 +117,11 @@ class SyncSession:
         self._acked = 0
         self._acked_at: float | None = None
         """The last ack this session signed, and when (`time.monotonic`)."""
+        self._resyncing = False
+        """Between `begin_resync` and `finish_resync`: pages note what the relay still has."""
+        self._offered: tuple[int, int] | None = None
+        """Meta `offered_through` before this pass raised it, and what it raised it to (None:
+        it did not)."""
 
     # -- push -----------------------------------------------------------------------------------
 
@@ -163,6 +171,7 @@ class SyncSession:
         """Start a new pass over the dirty versions (after a failed or refused push)."""
         self._after = {"versions": 0, "held": 0}
         self._superseded = set()
+        self._offered = None
 
     def acknowledge(self, batch: PushBatch, result: PushResult) -> Acknowledged:
         """Clear dirty for versions the relay stored; refused stay dirty, and so do those it
@@ -190,6 +199,7 @@ class SyncSession:
                 # the cursor this session signed last, in this batch or in one still in flight
                 # (should that one fail, the relay holds less: collection only waits longer)
                 self._store.set_meta("acked_cursor", self._acked)
+                self._store.set_meta("acked_ms", self._core.options.wall_clock_ms())
         return Acknowledged(
             stored=sum(r.status == "stored" for r in result.receipts),
             superseded=sum(r.status == "superseded" for r in result.receipts),
@@ -281,6 +291,8 @@ class SyncSession:
             envelopes, seqs = [e.envelope for e in entries], [e.seq for e in entries]
             result = core.merge(envelopes, now_ms=now, source="pull", seqs=seqs, relay=page.state)
             collected = 0
+            if self._resyncing:
+                resync.saw(self._store, page.entries)
             if advanced:
                 cursor = page.next_cursor
                 self._store.set_meta("cursor", cursor)
@@ -299,6 +311,62 @@ class SyncSession:
             untrusted=result.untrusted,
             collected=collected,
         )
+
+    # -- full resync ----------------------------------------------------------------------------
+
+    @property
+    def resync_needed(self) -> bool:
+        """This file took a new node id (a restored backup, a copy): it may be older than a
+        tombstone collection its relay ran, and resyncs before it pushes (`begin_resync`)."""
+        with self._core.mutex:
+            return self._store.get_int("resync_needed") == 1
+
+    def begin_resync(self) -> None:
+        """Pull everything again from 0, noting what the relay still has (replica/resync.py):
+        what a relay that ran a collection without this device asks (`resync_required`).
+        It refuses every push first, so what this pass offered was not stored: its rows
+        count as never offered (a row stored earlier in the pass cannot have been deleted
+        and collected since)."""
+        with self._core.mutex, self._store.transaction():
+            resync.begin(self._store)
+            self._unoffer()
+            self._resyncing = True
+        self.restart()
+
+    def push_refused(self) -> None:
+        """The relay refused a push of this pass outright (a 4xx: nothing of it stored):
+        what the pass offered counts as never offered again (`offered_through`), so the
+        file is as before the pass; a version an earlier batch of it stored cannot have been
+        deleted and collected since."""
+        if self._offered is not None:
+            with self._core.mutex, self._store.transaction():
+                self._unoffer()
+
+    def _unoffer(self) -> None:
+        """Put `offered_through` back, unless another session raised it since."""
+        if self._offered is None:
+            return
+        before, raised = self._offered
+        self._offered = None
+        if self._store.get_int("offered_through") != raised:
+            return
+        if before == 0:
+            self._store.delete_meta("offered_through")
+        else:
+            self._store.set_meta("offered_through", before)
+
+    def finish_resync(self) -> resync.Resynced:
+        """At the head after `begin_resync`: settle what the relay no longer has. An ack is
+        then due, whatever was acked before: the empty push that ends the resync there."""
+        if not self._resyncing:
+            raise InvalidArgumentError("no resync was begun in this session")
+        with self._core.mutex, self._store.transaction():
+            done = resync.finish(self._store)
+            for name in ("acked_cursor", "resync_needed"):
+                self._store.delete_meta(name)
+            self._resyncing = False
+        self._acked, self._acked_at = 0, None
+        return done
 
     def _after_runs(self, entries: list[PageEntry]) -> list[PageEntry]:
         """The entries of a page that was not next that no collection run applied here can
@@ -330,7 +398,7 @@ class SyncSession:
             if signing_key is None:
                 return batch
             stored = self._store.get_bytes("relay_state")
-            counter = self._next_counter()
+            counter = self._next_counter(offered=self._after["versions"])
             cursor = self._store.get_int("cursor")  # the ack: every version up to it is here
             self._acked, self._acked_at = cursor, time.monotonic()
         if stored is None:
@@ -345,10 +413,11 @@ class SyncSession:
     def ack_due(self) -> PushBatch | None:
         """An empty batch to push (signed, it acks the cursor) when the cursor passed both
         the last one this session signed and the last one the relay took from this file
-        (meta `acked_cursor`, any session's), and this session acked nothing for
-        `ACK_EVERY_S`; None otherwise, and for a version-1 account, whose unsigned pushes ack
-        nothing. A device that only reads, or whose own pushes moved its cursor, so tells
-        the relay how far it is: collection waits for every device
+        (meta `acked_cursor`, any session's), or the relay took none from this file for
+        `KEEPALIVE_MS` (meta `acked_ms`), and this session acked nothing for `ACK_EVERY_S`;
+        None otherwise, and for a version-1 account, whose unsigned pushes ack nothing. A
+        device that only reads, or whose own pushes moved its cursor, so tells the relay how
+        far it is: collection waits for every device active within its horizon
         (docs/tombstone-collection.md §1)."""
         if self._acked_at is not None and time.monotonic() - self._acked_at < ACK_EVERY_S:
             return None
@@ -357,18 +426,31 @@ class SyncSession:
             if opener is None or opener.keys.signing_key is None:
                 return None
             last = max(self._acked, self._store.get_int("acked_cursor"))
-            if self._store.get_int("cursor") <= last:
+            acked_ms = self._store.get_int("acked_ms")  # 0: never (the cursor says when)
+            silent = acked_ms and self._core.options.wall_clock_ms() - acked_ms >= KEEPALIVE_MS
+            if self._store.get_int("cursor") <= last and not silent:
                 return None
         return PushBatch([])
 
-    def _next_counter(self) -> int:
+    def _next_counter(self, *, offered: int = 0) -> int:
         """The next counter of the block this session took, or of a new block: the file
-        keeps the block's last number, so another session (any process) takes the next."""
-        if self._counters is None or self._counters[0] > self._counters[1]:
+        keeps the block's last number, so another session (any process) takes the next. A
+        batch with a version row above meta `offered_through` raises it (in the same
+        transaction) before it is sent: a resync tells what may have reached the relay."""
+        spent = self._counters is None or self._counters[0] > self._counters[1]
+        if spent or offered > self._store.get_int("offered_through"):
             with self._store.transaction():
-                first = self._store.get_int("push_counter") + 1
-                self._store.set_meta("push_counter", first + COUNTER_BLOCK - 1)
-            self._counters = [first, first + COUNTER_BLOCK - 1]
+                marked = self._store.get_int("offered_through")
+                if offered > marked:
+                    raised = self._store.max_version_id()
+                    before = marked if self._offered is None else self._offered[0]
+                    self._offered = (before, raised)
+                    self._store.set_meta("offered_through", raised)
+                if spent:
+                    first = self._store.get_int("push_counter") + 1
+                    self._store.set_meta("push_counter", first + COUNTER_BLOCK - 1)
+                    self._counters = [first, first + COUNTER_BLOCK - 1]
+        assert self._counters is not None, "taken above"
         counter = self._counters[0]
         self._counters[0] += 1
         return counter

@@ -281,6 +281,7 @@ class ErrorCode(enum.StrEnum):
     KEY_RETIRED = "key_retired"
     DEVICE_REVOKED = "device_revoked"
     COUNTER_STALE = "counter_stale"
+    RESYNC_REQUIRED = "resync_required"
 
 
 U32 = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]

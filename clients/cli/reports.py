@@ -37,6 +37,23 @@ def report_round(report: SyncReport) -> None:
         err.print(f"[yellow]warning:[/yellow] {message}; {UNTRUSTED_HINT}", markup=True)
     if report.pushing_paused:
         err.print(f"[yellow]warning:[/yellow] {PAUSED_WARNING}", markup=True)
+    report_resync(report)
+
+
+def report_resync(report: SyncReport) -> None:
+    """What a full resync did, when the relay asked for one and it changed anything here
+    (a device that joins after a run resyncs too, from nothing)."""
+    done = report.resynced
+    if done is None or not (done.dropped or done.set_aside):
+        return
+    err.print(
+        "[yellow]note:[/yellow] the relay deleted records for good while this device was "
+        f"away, so it pulled everything again: {done.dropped} version(s) deleted meanwhile "
+        f"are gone here too, {done.set_aside} set aside (kept here, neither merged nor "
+        "pushed: they may be writes another device deleted; `sealsync status` counts them "
+        "under held)",
+        markup=True,
+    )
 
 
 REFUSAL_HINTS: dict[ErrorCode, str] = {
@@ -101,6 +118,7 @@ def report_sync(report: SyncReport) -> None:
         if not (report.quarantined or report.untrusted):
             fail(message, hint)
         print_error(message, hint)  # and exit 3 below
+    report_resync(report)
     report_set_aside(report)
 
 

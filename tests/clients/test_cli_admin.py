@@ -299,3 +299,31 @@ def test_relay_collect_deletes_the_tombstones_every_device_acknowledged(
         assert (status["tombstones"], status["collected"]) == (0, 1)
     unknown = cli.runner.invoke(main, [*collect, "--account", "nobody"])
     assert unknown.exit_code == 1 and "no account 'nobody'" in unknown.output
+
+
+def test_a_device_that_joins_after_a_collection_run_resyncs_first(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    """A device added after a run may be a copy of an older replica holding what the run's
+    tombstones replaced: the relay flags it (`resync_required`), and its first sync (the
+    join's) pulls everything again, asking for it, then acks the run and syncs as usual."""
+    relay = start_relay()
+    assert relay.db is not None
+    a, b = two_devices(cli, relay, tmp_path)
+    cli.ok(a, "put", "messages", "n1", '{"text": "kept"}')
+    cli.ok(a, "put", "messages", "n2", '{"text": "deleted"}')
+    cli.ok(a, "rm", "messages", "n2")
+    for device in (a, b, a):
+        cli.ok(device, "sync")
+    collected = cli.runner.invoke(main, ["relay", "collect", "--db", str(relay.db), "--json"])
+    (ann,) = json.loads(collected.stdout)
+    assert ann["versions"] == 1, collected.output
+    c = tmp_path / "c.db"
+    joined = cli.ok(c, "join", "--relay", relay.url, "--account", "ann", "--device-name", "new")
+    assert "1 pulled" in joined.stdout and "pulled everything" not in joined.stderr
+    assert listed_accounts(relay)["ann"]["resyncing"] == 0  # flagged when added, then acked
+    assert [r["id"] for r in cli.json_objects(c, "ls", "messages")] == ["n1"]
+    cli.ok(c, "put", "messages", "n3", '{"text": "from c"}')
+    cli.ok(c, "sync")
+    cli.ok(a, "sync")
+    assert "n3" in cli.ok(a, "ls", "messages").stdout

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from clients.cli import main
 from replica import Replica
-from tests.clients.test_cli import Cli, assert_user_error, dump
+from tests.clients.test_cli import Cli, assert_user_error, dump, listed_accounts
 from tests.relay.server import RelayProcess
 
 
@@ -83,3 +84,35 @@ def test_backup_and_restore_refuse_what_is_not_a_replica_and_leave_no_file(
     sqlite3.connect(empty_sqlite).close()
     assert_user_error(cli(target, "restore", str(empty_sqlite)))
     assert list(tmp_path.glob("restored.db*")) == [] and list(tmp_path.glob(".restored*")) == []
+
+
+def test_a_backup_older_than_a_collection_run_restores_without_what_it_collected(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    """The backup holds a thread deleted and collected since, every device past the run: a
+    restored file resyncs before it pushes (it took a new node id), so the thread is gone
+    from it too instead of living on there, or coming back everywhere."""
+    relay = start_relay()
+    assert relay.db is not None
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    cli.ok(a, "init", "--relay", relay.url, "--account", "ann")
+    cli.ok(a, "put", "threads", "kept", '{"title": "kept"}')
+    cli.ok(a, "put", "threads", "gone", '{"title": "deleted later"}')
+    cli.ok(a, "sync")
+    cli.ok(b, "join", "--relay", relay.url, "--account", "ann")
+    folder = tmp_path / "backups"
+    cli.ok(a, "backup", "--to", str(folder))
+    (copy,) = folder.glob("*.db")
+    cli.ok(b, "rm", "threads", "gone")
+    collect = ["relay", "collect", "--db", str(relay.db), "--json"]
+    for _ in range(2):  # a run, then its release once both devices passed it
+        for device in (b, a, b, a):
+            cli.ok(device, "sync")
+        assert cli.runner.invoke(main, collect).exit_code == 0
+    assert listed_accounts(relay)["ann"]["collected"] == 1
+    cli.ok(a, "restore", str(copy), "--force")
+    assert [r["id"] for r in cli.json_objects(a, "ls", "threads")] == ["gone", "kept"]
+    cli.ok(a, "sync")
+    cli.ok(b, "sync")
+    for device in (a, b):
+        assert [r["id"] for r in cli.json_objects(device, "ls", "threads")] == ["kept"]

@@ -10,13 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from relay.errors import NotFoundError
+from relay.errors import NotFoundError, ResyncRequiredError
 from relay.signing import Pusher
 from relay.storage import AccountSummary, Device, Storage
 from replica.errors import InvalidArgumentError, ProtocolError
 from replica.generations import PushSigner, sign_push
 from replica.wire import CollectedRun, Page, PushBatch, tombstone_bits
 from replica.wiremarks import MARKER, pack_markers, unpack_markers
+from tests.conftest import FakeClock
 from tests.relay.conftest import HLC, NOW_MS, StorageFactory, envelope
 from tests.relay.owners import signed_account
 
@@ -219,3 +220,71 @@ def test_markers_cut_short_are_a_protocol_error(
 ) -> None:
     with pytest.raises(ProtocolError, match="not a multiple"):
         unpack_markers(CollectedRun(3, pack_markers(dots) + b"\0" * cut))
+
+
+DAY_MS = 24 * 3600 * 1000
+
+
+def test_a_device_silent_past_the_horizon_holds_nothing_back_and_must_resync(
+    make_storage: StorageFactory,
+) -> None:
+    """A lost phone: past the horizon it is left out of the floor, and once a run collects
+    what it never pulled it is flagged; it then pulls everything again (from 0, asking
+    for it) and ends that with an empty push acking the latest run."""
+    clock = FakeClock(NOW_MS)
+    bob = Bob(make_storage(clock=clock))
+    bob.storage.add_device("bob", Device("d2", "phone", NOW_MS), [])
+    bob.ack(0, device="d2")
+    bob.push([version(B, 1)], tombs=[True])
+    bob.ack(1)
+    assert bob.storage.collect("bob", horizon_ms=90 * DAY_MS).run is None  # d2 is within it
+    clock.advance(91 * DAY_MS)
+    bob.ack(1)  # d1 stays active
+    report = bob.storage.collect("bob", horizon_ms=90 * DAY_MS)
+    assert (report.ack_floor, report.run, report.flagged) == (1, 2, 1)
+    assert bob.summary().resyncing == 1
+    with pytest.raises(ResyncRequiredError):
+        bob.storage.pull("bob", 0, device_id="d2")
+    with pytest.raises(ResyncRequiredError):
+        bob.push([version(A, 3)], device="d2")
+    assert bob.storage.pull("bob", 0, device_id="d1").next_cursor == 2  # d1 pulls as usual
+    page = bob.storage.pull("bob", 0, device_id="d2", resync=True)
+    assert (page.next_cursor, markers(page)) == (2, [(B, 7, HLC + 1)])
+    with pytest.raises(ResyncRequiredError):
+        bob.ack(1, device="d2")  # not past the run: still flagged
+    bob.ack(2, device="d2")
+    assert bob.summary().resyncing == 0
+    assert bob.storage.pull("bob", 2, device_id="d2").entries == []
+    assert bob.push([version(A, 3)], device="d2") == ["stored"]
+
+
+def test_a_resync_under_way_holds_runs_back_and_a_device_added_after_a_run_resyncs(
+    make_storage: StorageFactory,
+) -> None:
+    clock = FakeClock(NOW_MS)
+    bob = Bob(make_storage(clock=clock))
+    bob.push([version(B, 1)], tombs=[True])
+    bob.ack(1)
+    assert bob.storage.collect("bob").run == 2
+    bob.storage.add_device("bob", Device("d2", "restored", NOW_MS), [])  # flagged at once
+    assert bob.summary().resyncing == 1
+    with pytest.raises(ResyncRequiredError):
+        bob.storage.pull("bob", 0, device_id="d2")
+    bob.push([version(C, 3)], tombs=[True])
+    bob.ack(3)
+    bob.storage.pull("bob", 0, device_id="d2", resync=True)  # its resync begins
+    held = bob.storage.collect("bob")
+    assert (held.ack_floor, held.run) == (None, None)  # none while it pulls everything
+    clock.advance(DAY_MS + 1)  # a resync that long has stopped: runs go on
+    assert bob.storage.collect("bob").run == 4
+    with pytest.raises(ResyncRequiredError):
+        bob.ack(3, device="d2")  # the run it would miss came meanwhile
+    bob.ack(4, device="d2")
+    assert bob.summary().resyncing == 0
+
+
+def test_a_horizon_is_within_its_bounds(make_storage: StorageFactory) -> None:
+    bob = Bob(make_storage())
+    for horizon in (0, -1, 11 * 365 * DAY_MS):
+        with pytest.raises(InvalidArgumentError, match="horizon"):
+            bob.storage.collect("bob", horizon_ms=horizon)

@@ -1,19 +1,22 @@
-"""Tombstone collection never brings back what it took (docs/tombstone-collection.md §2-§4;
-slice 2: every device active, no horizon yet).
+"""Tombstone collection never brings back what it took (docs/tombstone-collection.md §2-§4).
 
 A hypothesis state machine: three replicas of one signed account on the memory relay
 (pushes signed, so they declare tombstones and acks), writes and deletes over four records,
 pushes, pulls (duplicated or reordered pages too), pushes whose answer is lost, reseeds
-(everything pushed again, the cursor back to 0), reopened files, and collection runs. After
-every step: no stored relay version, and no version of a device that pulled past a run, is
-one a collected tombstone covered; at the end, after syncing until quiet, every replica
-holds the same versions and nothing collectible is left on the relay."""
+(everything pushed again, the cursor back to 0), reopened files, freshness locks, time
+passing (an hour, or past the collection horizon: a device that did not sync meanwhile is
+left out, and flagged to resync once a run passes it by), and collection runs. After every
+step: no stored relay version, and no version of a device that pulled past a run (and is
+not flagged to resync), is one a collected tombstone covered; at the end, after syncing
+until quiet (flagged devices resync), every replica holds the same versions and nothing
+collectible is left on the relay."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from relay.errors import ResyncRequiredError
 from relay.memory import MemoryRelay
 from relay.signing import Pusher
 from relay.storage import AccountRecord
@@ -35,6 +39,8 @@ NAME = "acct"
 IDS = ["a", "b", "c", "d"]
 REPLICAS = 3
 NOW_MS = 1_800_000_000_000
+DAY_MS = 24 * 3600 * 1000
+HORIZON_MS = 10 * DAY_MS
 EXAMPLES = int(
     os.environ.get("SEALSYNC_COLLECTION_EXAMPLES", "150" if os.environ.get("CI") else "40")
 )
@@ -51,12 +57,14 @@ def sibling_dots(replica: Replica) -> dict[bytes, frozenset[tuple[int, int]]]:
 class Device:
     """One replica, a device of the account, signing its pushes."""
 
-    def __init__(self, folder: Path, index: int, relay: MemoryRelay) -> None:
+    def __init__(self, folder: Path, index: int, relay: MemoryRelay, clock: FakeClock) -> None:
         self.id = f"d{index}"
         self.path = folder / f"{self.id}.db"
         self.relay = relay
         bundle, self.key = shared_account()
-        self.options = ReplicaOptions(freshness_window_s=0, synchronous="normal")
+        self.options = ReplicaOptions(
+            freshness_window_s=0, synchronous="normal", wall_clock_ms=clock
+        )
         self.replica = Replica.join(self.path, bundle, options=self.options)
         self.replica.unlock_with_key(self.key)
         self.session = self.replica.sync_session(max_batch_count=3)
@@ -95,10 +103,21 @@ class Device:
             signed = session.sign(due, NAME, self.id)
             session.acknowledge(signed, self.relay.push(NAME, signed, Pusher.of(self.id, signed)))
 
+    def resync(self) -> None:
+        """What the driver does on `resync_required`: pull everything again, settle, ack."""
+        self.session.begin_resync()
+        while True:
+            page = self.relay.pull(NAME, self.session.cursor, device_id=self.id, resync=True)
+            self.session.apply_page(page)
+            if not page.has_more:
+                break
+        self.session.finish_resync()
+        self.ack()
+
     def pages(self) -> list[Page]:
         pages, cursor = [], self.session.cursor
         while True:
-            page = self.relay.pull(NAME, cursor)
+            page = self.relay.pull(NAME, cursor, device_id=self.id)
             pages.append(page)
             if not page.has_more:
                 return pages
@@ -109,7 +128,8 @@ class CollectionMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.folder = Path(tempfile.mkdtemp(prefix="sealsync-collect-"))
-        self.relay = MemoryRelay(clock_ms=FakeClock(NOW_MS), page_size=3)
+        self.clock = FakeClock(NOW_MS)
+        self.relay = MemoryRelay(clock_ms=self.clock, page_size=3)
         bundle, _ = shared_account()
         record = AccountRecord(
             NAME, b"h" * 32, b"r" * 32, KdfParams(b"s" * 16), bundle, bundle_version(bundle), NOW_MS
@@ -117,7 +137,7 @@ class CollectionMachine(RuleBasedStateMachine):
         self.relay.create_account(record, RelayDevice("d0", "d0", NOW_MS), [], None, NOW_MS)
         for index in range(1, REPLICAS):
             self.relay.add_device(NAME, RelayDevice(f"d{index}", f"d{index}", NOW_MS), [])
-        self.devices = [Device(self.folder, i, self.relay) for i in range(REPLICAS)]
+        self.devices = [Device(self.folder, i, self.relay, self.clock) for i in range(REPLICAS)]
         self.collected: list[tuple[int, Header]] = []
         """(run seq, header) of every tombstone a run deleted."""
 
@@ -144,8 +164,12 @@ class CollectionMachine(RuleBasedStateMachine):
         perhaps duplicated, reversed, or none), settle what the relay called superseded,
         then the empty push that acks the cursor."""
         d = self.devices[device]
-        d.push(lose_answer=lose_answer)
-        pages = [] if mode == "none" else d.pages()
+        try:
+            d.push(lose_answer=lose_answer)
+            pages = [] if mode == "none" else d.pages()
+        except ResyncRequiredError:
+            d.resync()
+            return
         if mode == "twice":
             pages = [page for page in pages for _ in (0, 1)]
         elif mode == "reversed":
@@ -174,9 +198,13 @@ class CollectionMachine(RuleBasedStateMachine):
     def reopen(self, device: int) -> None:
         self.devices[device].reopen()
 
+    @rule(ms=st.sampled_from([3600 * 1000, HORIZON_MS + DAY_MS]))
+    def advance(self, ms: int) -> None:
+        self.clock.advance(ms)
+
     @rule()
     def collect(self) -> None:
-        report = self.relay.collect(NAME)
+        report = self.relay.collect(NAME, horizon_ms=HORIZON_MS)
         if report.run is not None:
             headers = self.relay._account(NAME).runs.headers[report.run]
             self.collected += [(report.run, header) for header in headers]
@@ -190,7 +218,10 @@ class CollectionMachine(RuleBasedStateMachine):
 
     @invariant()
     def a_device_past_a_run_holds_nothing_it_covered(self) -> None:
+        flagged = self.relay._account(NAME).runs.resync
         for device in self.devices:
+            if device.id in flagged:  # it resyncs before it pushes or pulls again
+                continue
             cursor = device.session.cursor
             dots = sibling_dots(device.replica)
             for run, header in self.collected:
@@ -204,10 +235,13 @@ class CollectionMachine(RuleBasedStateMachine):
             device.unlock_all()
         for _ in range(4):
             for device in self.devices:
-                device.push()
-                for page in device.pages():
-                    device.session.apply_page(page)
-                device.ack()
+                try:
+                    device.push()
+                    for page in device.pages():
+                        device.session.apply_page(page)
+                    device.ack()
+                except ResyncRequiredError:
+                    device.resync()
             self.collect()
         first = sibling_dots(self.devices[0].replica)
         for device in self.devices[1:]:
@@ -279,5 +313,68 @@ def test_a_write_a_held_tombstone_covers_is_not_pushed_past_its_ghost() -> None:
         machine.sync(0, lose_answer=False, mode="next")
         machine.the_relay_keeps_nothing_a_collected_tombstone_covered()
         machine.quiesce_and_compare()
+    finally:
+        machine.teardown()
+
+
+def stale_run(machine: CollectionMachine, *, before: Callable[[], None]) -> None:
+    """Device 2 stays silent past the horizon while `before` runs on the others, which
+    sync again (so stay active); then device 1 deletes record "a", and a run collects it
+    without device 2, which is flagged."""
+    machine.advance(HORIZON_MS + DAY_MS)
+    before()
+    machine.delete(1, "a")
+    for device in (1, 0, 1):
+        machine.sync(device, lose_answer=False, mode="next")
+    machine.collect()
+    assert len(machine.collected) == 1
+    assert machine.relay._account(NAME).runs.resync.keys() == {"d2"}
+
+
+def test_a_device_back_after_the_horizon_drops_what_was_collected_meanwhile() -> None:
+    machine = CollectionMachine()
+    try:
+        machine.put(0, "a", 1)
+        machine.sync(0, lose_answer=False, mode="next")
+        machine.sync(2, lose_answer=False, mode="next")
+        stale_run(machine, before=lambda: machine.sync(1, lose_answer=False, mode="next"))
+        device = machine.devices[2]
+        assert device.replica.get("notes", "a") is not None
+        machine.put(2, "b", 2)  # written while away: never offered, so pushed
+        machine.sync(2, lose_answer=False, mode="next")  # resync_required: it resyncs
+        assert device.replica.get("notes", "a") is None
+        assert machine.relay._account(NAME).runs.resync == {}
+        machine.sync(2, lose_answer=False, mode="next")
+        machine.sync(0, lose_answer=False, mode="next")
+        assert machine.devices[0].replica.get("notes", "b") is not None
+        machine.quiesce_and_compare()
+    finally:
+        machine.teardown()
+
+
+def test_a_write_whose_answer_was_lost_before_the_device_went_stale_is_set_aside() -> None:
+    """Device 2's write reached the relay, its answer did not; device 1 deleted over it and
+    a run collected that while device 2 was away. Pushed again, it would bring the record
+    back once the run is released: the resync sets it aside instead."""
+    machine = CollectionMachine()
+    try:
+        machine.put(0, "a", 1)
+        machine.sync(0, lose_answer=False, mode="next")
+        machine.sync(2, lose_answer=False, mode="next")
+        machine.put(2, "a", 2)
+        machine.sync(2, lose_answer=True, mode="none")
+
+        def others_see_it() -> None:
+            for device in (0, 1):
+                machine.sync(device, lose_answer=False, mode="next")
+
+        stale_run(machine, before=others_see_it)
+        device = machine.devices[2]
+        machine.sync(2, lose_answer=False, mode="next")
+        status = device.replica.status()
+        assert (status.dirty, status.held_other) == (0, {"collected": 1})
+        assert device.replica.get("notes", "a") is None
+        machine.quiesce_and_compare()
+        machine.the_relay_keeps_nothing_a_collected_tombstone_covered()
     finally:
         machine.teardown()

@@ -449,3 +449,23 @@ def test_an_ack_the_relay_took_is_not_offered_again_by_the_next_session(
     again.check_relay_state(STATE)
     again.apply_page(page_of(envelopes[:1], 0))
     assert again.ack_due() is not None
+
+
+def test_a_device_that_syncs_acks_at_least_daily_even_when_nothing_moved(
+    make_replica: ReplicaFactory,
+) -> None:
+    """A relay's collection horizon leaves out a device silent for longer: one that syncs
+    says so once a day (`KEEPALIVE_MS`), its cursor moved or not."""
+    clock = FakeClock()
+    writer, reader = make_replica("w"), make_replica("r", wall_clock_ms=clock)
+    writer.put("notes", "n", {})
+    session = reader.sync_session()
+    session.check_relay_state(STATE)
+    session.apply_page(page_of(dirty_envelopes(writer), 0))
+    due = session.ack_due()
+    assert due is not None
+    session.acknowledge(session.sign(due, ACCOUNT, "device"), PushResult([], STATE))
+    clock.advance(sync_module.KEEPALIVE_MS - 1)
+    assert reader.sync_session().ack_due() is None
+    clock.advance(1)
+    assert reader.sync_session().ack_due() is not None

@@ -1,0 +1,99 @@
+"""A full resync (docs/tombstone-collection.md §3): what a device does when its relay ran a
+tombstone collection without it (away past the horizon, or a copy of an older replica
+logging in as a new device), and so will never send it the markers of that run.
+
+The device pulls everything again from 0 and notes each version the relay still has. What
+it holds that the relay does not was dropped there: dominated by a version the pull brings
+(the merge drops it here too), or collected with a tombstone that covered it — this device
+never merged that tombstone, so its copy would live on here, and, pushed again, bring the
+record back on every device. So, at the head:
+
+- an unseen version this device acknowledged (`dirty = 0`) is deleted: the relay had it;
+- an unseen dirty version that may have been offered before (its row at or below meta
+  `offered_through`, the highest row id of this file any push included when it was signed)
+  is *set aside*: moved to `held` with reason `collected`, never merged or pushed, kept for
+  the person to look at (its push may have been stored, then deleted on another device);
+- an unseen dirty version never offered is this device's new write: it is pushed;
+- an unseen held version is set aside too: merged later, it could be one a collected
+  tombstone replaced.
+
+The unseen set lives in a temporary table of the file's connection: a resync cut short
+starts again from 0 at the next sync, as the relay still asks for one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from replica.asides import HeldVersion, Row
+from replica.store import Store
+from replica.wire import PageEntry, node_from_i64, node_to_i64, peek_dot
+
+SET_ASIDE = "collected"
+"""The `held` reason of a version a resync set aside."""
+
+
+@dataclass(frozen=True)
+class Resynced:
+    """What a full resync did to this file."""
+
+    dropped: int
+    """Versions deleted: acknowledged once, gone from the relay since."""
+    set_aside: int
+    """Versions moved to `held` (reason `collected`): neither merged nor pushed."""
+
+
+def begin(store: Store) -> None:
+    """Note every version and held version as unseen, and pull from 0 (inside the caller's
+    transaction)."""
+    store.db.execute("DROP TABLE IF EXISTS temp.resync_unseen")
+    store.db.execute(
+        "CREATE TEMP TABLE resync_unseen (key BLOB NOT NULL, node INTEGER NOT NULL,"
+        " hlc INTEGER NOT NULL, PRIMARY KEY (key, node, hlc)) WITHOUT ROWID"
+    )
+    store.db.execute(
+        "INSERT OR IGNORE INTO resync_unseen SELECT key, node, hlc FROM versions"
+        " UNION SELECT key, node, hlc FROM held"
+    )
+    for name in ("cursor", "run_passed"):
+        store.delete_meta(name)
+
+
+def saw(store: Store, entries: list[PageEntry]) -> None:
+    """The relay still has these versions."""
+    dots = (peek_dot(entry.envelope) for entry in entries)
+    store.db.executemany(
+        "DELETE FROM resync_unseen WHERE key = ? AND node = ? AND hlc = ?",
+        [(key, node_to_i64(node), hlc) for key, node, hlc in (d for d in dots if d)],
+    )
+
+
+def finish(store: Store) -> Resynced:
+    """Settle what the relay no longer has (inside the caller's transaction)."""
+    offered = store.get_int("offered_through")
+    rows = store.db.execute(
+        "SELECT v.id, v.dirty, v.changed, v.key, v.node, v.hlc, v.envelope, v.scope"
+        " FROM versions v JOIN resync_unseen u ON u.key = v.key AND u.node = v.node"
+        " AND u.hlc = v.hlc"
+    ).fetchall()
+    gone = [r for r in rows if not r[1] or r[0] <= offered]
+    aside = [r for r in gone if r[1]]
+    store.hold(
+        HeldVersion(Row(key, node_from_i64(node), hlc, envelope), SET_ASIDE, None, scope)
+        for _, _, _, key, node, hlc, envelope, scope in aside
+    )
+    store.db.executemany("DELETE FROM versions WHERE id = ?", [(r[0],) for r in gone])
+    held = store.db.execute(
+        "UPDATE held SET reason = ?, repush = 0, release_after_ms = NULL WHERE reason <> ?"
+        " AND (key, node, hlc) IN (SELECT key, node, hlc FROM resync_unseen)",
+        (SET_ASIDE, SET_ASIDE),
+    ).rowcount
+    floor = max((r[2] or 0 for r in gone), default=0)
+    if floor > store.get_int("feed_floor"):
+        store.set_meta("feed_floor", floor)
+    store.db.executemany(
+        "DELETE FROM history WHERE key = ?1 AND NOT EXISTS (SELECT 1 FROM versions WHERE key = ?1)",
+        [(key,) for key in {r[3] for r in gone}],
+    )
+    store.db.execute("DROP TABLE temp.resync_unseen")
+    return Resynced(len(gone) - len(aside), len(aside) + held)

@@ -92,10 +92,16 @@ class Reconciling(ChatBase):
             return False
 
     def _revive(self, thread: str) -> bool:
+        """A deleted chat with a live message comes back. So does an absent one once this
+        file dropped collected tombstones: its delete may have been collected everywhere
+        while a message written concurrently was still on its way (before, absent means
+        not here yet: a chat's record is pushed before its messages)."""
         with self._operation(thread):
             record = self.replica.get(THREADS, thread, profile=self.profile)
-            if record is None or not record.deleted:
-                return False  # live, or not here yet (its record is on its way)
+            if record is None and not self.replica.collected_tombstones():
+                return False
+            if record is not None and not record.deleted:
+                return False
             live = [
                 r
                 for r in self._message_records(thread)
@@ -104,14 +110,13 @@ class Reconciling(ChatBase):
             if not live:
                 return False
             document = self._last_live_document(thread, record, live)
-            self.replica.put(
-                THREADS, thread, document, profile=self.profile, context=record.context
-            )
+            context = None if record is None else record.context
+            self.replica.put(THREADS, thread, document, profile=self.profile, context=context)
         return True
 
-    def _last_live_document(self, thread: str, record: Record, live: list[Record]) -> Any:
+    def _last_live_document(self, thread: str, record: Record | None, live: list[Record]) -> Any:
         now = self._now_ms()
-        known = [v for v in record.conflicts if not v.deleted]
+        known = [] if record is None else [v for v in record.conflicts if not v.deleted]
         known += [v for v in self.replica.history(THREADS, thread, profile=self.profile)]
         for version in sorted(known, key=lambda v: v.hlc, reverse=True):
             if not version.deleted:

@@ -3,6 +3,7 @@
 No network code lives here: `relay/` serves envelopes and `clients/` moves them.
 """
 
+from replica.aside import AsideVersion
 from replica.asides import ChangeMark
 from replica.bundles import NewAccount
 from replica.compaction import Compacted
@@ -67,6 +68,7 @@ __all__ = [
     "REGISTER_ID",
     "Acknowledged",
     "Applied",
+    "AsideVersion",
     "Change",
     "ChangeEvent",
     "ChangeMark",

@@ -13,6 +13,7 @@ from typing import Any
 
 from replica import feed, held, journal, leases
 from replica.asides import ChangeMark
+from replica.collected import collected_counts
 from replica.core import Core
 from replica.errors import DegradedError, InvalidArgumentError
 from replica.events import Subscriber
@@ -58,6 +59,14 @@ class Coordination:
         with self._core.mutex:
             self._core.check_open()
             return self._core.store.count_held()
+
+    def collected_tombstones(self) -> int:
+        """Tombstones this file dropped as its relay collected them, to date: cheap, unlike
+        `status()`. Once there is one, a record absent here may be one deleted and collected
+        everywhere, not only one still on its way (specs/replica.md §2)."""
+        with self._core.mutex:
+            self._core.check_open()
+            return collected_counts(self._core.store)[0]
 
     def release_due(self) -> None:
         """Merge held versions whose lock ended or whose time came, now (reads and writes do

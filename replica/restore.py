@@ -10,6 +10,14 @@ The backup file is only read. Before anything is written, a sample of its envelo
 authenticate under this account's keys: each envelope is bound to its account's id, so the
 backup of another account opens none of them, and is refused. Versions merge a page per
 transaction: a merge cut short merges the rest when run again, and nothing twice.
+
+A backup may be older than a tombstone collection its relay ran since: what it holds may be
+what collected tombstones replaced. So a merge makes the next sync a full resync
+(`resync_needed`, replica/resync.py), and a version the backup's device may have pushed
+already (dirty there, at or below its `offered_through`; every dirty one of a backup from
+before that mark, once it had signed a push) is merged as *awaiting the resync's verdict*
+(`dirty = 2`): not pushed, and set aside if the relay no longer has it. A replica that
+syncs through a folder (no relay state) pushes them: a folder never collects.
 """
 
 from __future__ import annotations
@@ -33,8 +41,11 @@ SAMPLE_ROWS = 32
 
 Progress = Callable[[int, int], None]
 """Called with (versions read, versions in all) after each page."""
-_Row = tuple[bytes, int, int, bytes, bool]
-"""key, node (as stored), hlc, envelope, and whether it was still to be pushed."""
+_Row = tuple[bytes, int, int, bytes, int]
+"""key, node (as stored), hlc, envelope, and whether it was still to be pushed: 0 no, 1 yes
+(never offered), 2 perhaps pushed already (its verdict waits for a resync)."""
+AWAITING_RESYNC = 2
+"""`versions.dirty` of a version merged from a backup that may have been pushed already."""
 
 
 def merge_backup(
@@ -45,7 +56,8 @@ def merge_backup(
     report = Merged()
     with _checked(core, backup) as db:
         total = _count(db, scopes)
-        for page in _pages(db, scopes):
+        offered = _offered_through(db)
+        for page in _pages(db, scopes, offered):
             _merge_page(core, page, report)
             if progress is not None:
                 progress(report.read, total)
@@ -144,28 +156,57 @@ def _count(db: sqlite3.Connection, scopes: frozenset[bytes] | None) -> int:
     return int(db.execute(query, tuple(scopes)).fetchone()[0])
 
 
-def _pages(db: sqlite3.Connection, scopes: frozenset[bytes] | None) -> Iterator[list[_Row]]:
+def _offered_through(db: sqlite3.Connection) -> int:
+    """The highest row id of the backup that a push may have included: its mark, or every
+    row when it signed pushes before there was one (none when it never signed)."""
+
+    def meta(name: str) -> int | None:
+        row = db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+        return None if row is None else int(row[0])
+
+    marked = meta("offered_through")
+    if marked is not None:
+        return marked
+    return (1 << 62) if (meta("push_counter") or 0) > 0 else 0
+
+
+def _pages(
+    db: sqlite3.Connection, scopes: frozenset[bytes] | None, offered: int
+) -> Iterator[list[_Row]]:
     """The backup's versions and held versions, a page at a time; only the versions of
     `scopes` when given (a held version of an unverified scope is not among them)."""
     columns = "key, node, hlc, envelope"
+    state = f"CASE WHEN dirty = 0 THEN 0 WHEN id <= {int(offered)} THEN 2 ELSE 1 END"
     queries: list[tuple[str, tuple[bytes, ...]]]
     if scopes is None:
         queries = [
-            (f"SELECT {columns}, dirty FROM versions ORDER BY id", ()),
+            (f"SELECT {columns}, {state} FROM versions ORDER BY id", ()),
             (f"SELECT {columns}, repush FROM held", ()),
         ]
     else:
         marks = ",".join("?" * len(scopes))
         where = f"WHERE scope IN ({marks}) ORDER BY id"
-        queries = [(f"SELECT {columns}, dirty FROM versions {where}", tuple(scopes))]
+        queries = [(f"SELECT {columns}, {state} FROM versions {where}", tuple(scopes))]
     for query, args in queries:
         cursor = db.execute(query, args)
         while rows := cursor.fetchmany(PAGE_ROWS):
-            yield [(bytes(k), node, hlc, bytes(e), bool(mark)) for k, node, hlc, e, mark in rows]
+            yield [(bytes(k), node, hlc, bytes(e), int(mark)) for k, node, hlc, e, mark in rows]
 
 
 def _merge_page(core: Core, page: Sequence[_Row], report: Merged) -> None:
-    to_push = frozenset(
-        (key, node_from_i64(node), hlc) for key, node, hlc, _, dirty in page if dirty
-    )
-    report.add(merge_outside(core, [row[3] for row in page], "backup", to_push))
+    """One page in one transaction, with the verdicts it leaves to the next resync."""
+    with core.mutex, core.write_transaction():
+        # a folder keeps no acks and never collects: there, nothing waits for a verdict
+        push_all = core.store.get_bytes("relay_state") is None
+        to_push = frozenset(
+            (key, node_from_i64(node), hlc)
+            for key, node, hlc, _, state in page
+            if state == 1 or (state == AWAITING_RESYNC and push_all)
+        )
+        awaiting = [] if push_all else [r[:3] for r in page if r[4] == AWAITING_RESYNC]
+        report.add(merge_outside(core, [row[3] for row in page], "backup", to_push))
+        core.store.db.executemany(
+            "UPDATE versions SET dirty = ? WHERE key = ? AND node = ? AND hlc = ? AND dirty = 0",
+            [(AWAITING_RESYNC, *dot) for dot in awaiting],
+        )
+        core.store.set_meta("resync_needed", 1)

@@ -14,6 +14,8 @@ record back on every device. So, at the head:
   is *set aside*: moved to `held` with reason `collected`, never merged or pushed, kept for
   the person to look at (its push may have been stored, then deleted on another device);
 - an unseen dirty version never offered is this device's new write: it is pushed;
+- a version merged from a backup that may have been pushed already (`dirty = 2`,
+  replica/restore.py) is set aside if unseen, and counts as acknowledged if seen;
 - an unseen held version is set aside too: merged later, it could be one a collected
   tombstone replaced.
 
@@ -76,13 +78,14 @@ def finish(store: Store) -> Resynced:
         " FROM versions v JOIN resync_unseen u ON u.key = v.key AND u.node = v.node"
         " AND u.hlc = v.hlc"
     ).fetchall()
-    gone = [r for r in rows if not r[1] or r[0] <= offered]
+    gone = [r for r in rows if r[1] != 1 or r[0] <= offered]  # 2: merged from a backup
     aside = [r for r in gone if r[1]]
     store.hold(
         HeldVersion(Row(key, node_from_i64(node), hlc, envelope), SET_ASIDE, None, scope)
         for _, _, _, key, node, hlc, envelope, scope in aside
     )
     store.db.executemany("DELETE FROM versions WHERE id = ?", [(r[0],) for r in gone])
+    store.db.execute("UPDATE versions SET dirty = 0 WHERE dirty = 2")  # seen: the relay has it
     held = store.db.execute(
         "UPDATE held SET reason = ?, repush = 0, release_after_ms = NULL WHERE reason <> ?"
         " AND (key, node, hlc) IN (SELECT key, node, hlc FROM resync_unseen)",

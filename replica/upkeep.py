@@ -1,21 +1,26 @@
 """The methods of a `Replica` that look after its file: what state it is in (`status`), which
-rows do not open (`diagnose`) and setting them aside (`repair`, specs/replica.md §7), and
-giving freed pages back to the disk (`compact`, replica/compaction.py).
+rows do not open (`diagnose`) and setting them aside (`repair`, specs/replica.md §7),
+giving freed pages back to the disk (`compact`, replica/compaction.py), and what a full
+resync set aside (`set_aside`, `take_aside`, replica/aside.py).
 
 A mixin of `Replica` (replica/replica.py), which owns the `Core` these work through.
 """
 
 from __future__ import annotations
 
-from replica import compaction, repair
+from replica import aside, compaction, repair
+from replica.aside import AsideVersion
 from replica.compaction import Compacted
 from replica.core import Core
+from replica.envelope import Identity
+from replica.record import Context
 from replica.repair import Diagnosis, RepairReport
+from replica.schema import DEFAULT_PROFILE
 from replica.status import Status, read_status
 
 
 class Upkeep:
-    """Status, diagnose, repair and compact of a `Replica`."""
+    """Status, diagnose, repair, compact and set-aside versions of a `Replica`."""
 
     _core: Core
 
@@ -48,3 +53,15 @@ class Upkeep:
         with core.mutex:
             core.check_open()
             return compaction.compact(core)
+
+    def set_aside(self) -> list[AsideVersion]:
+        """The versions a full resync set aside (specs/replica.md §2): kept here, never
+        merged or pushed, since either could bring back what the relay collected."""
+        with self._core.mutex:
+            return aside.set_aside(self._core)
+
+    def take_aside(self, collection: str, id: str, *, profile: str = DEFAULT_PROFILE) -> Context:
+        """Write the record's newest version set aside back as a new version, over what it
+        shows now, and drop what was set aside of it; the record's context after."""
+        with self._core.mutex:
+            return aside.take_aside(self._core, Identity(profile, collection, id))

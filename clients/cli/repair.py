@@ -1,5 +1,6 @@
-"""`diagnose` and `repair`: the replica's unreadable rows, shown and then set aside; and
-`compact`, which gives the file's free pages back to the disk.
+"""`diagnose` and `repair`: the replica's unreadable rows, shown and then set aside;
+`compact`, which gives the file's free pages back to the disk; and `aside`, what a full
+resync set aside, listed or taken back.
 
 `diagnose` opens every stored version with the account's keys and names what cannot be opened
 (corrupt: malformed or in the wrong row; undecryptable: it does not authenticate), changing
@@ -19,7 +20,7 @@ from clients.cli.console import ExitCode, fail, out, user_errors
 from clients.cli.settings import CliSettings
 from clients.device import opened_replica
 from clients.folder import forget_merged
-from replica import Diagnosis
+from replica import DEFAULT_PROFILE, Diagnosis
 
 SHOWN_FINDINGS = 50
 """Findings listed in the table; `--json` lists them all."""
@@ -115,4 +116,34 @@ def compact(settings: CliSettings, as_json: bool) -> None:
     )
 
 
-REPAIR_COMMANDS = (diagnose, repair, compact)
+@click.command("aside")
+@click.option(
+    "--take",
+    nargs=2,
+    metavar="COLLECTION ID",
+    help="Write this record's version set aside back as a new version (it then syncs).",
+)
+@click.option("--profile", default=DEFAULT_PROFILE, show_default=True, help="With --take.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.pass_obj
+def aside(settings: CliSettings, take: tuple[str, str] | None, profile: str, as_json: bool) -> None:
+    """List the versions a full resync set aside: writes of this device the relay may have
+    stored before another device deleted them for good, kept here, neither merged nor
+    pushed. `--take COLLECTION ID` brings one back."""
+    with user_errors(), opened_replica(settings.replica_path, settings.passphrase) as replica:
+        if take is not None:
+            replica.take_aside(*take, profile=profile)
+            out.print(f"took back {take[0]}/{take[1]}: it syncs as a new version")
+            return
+        versions = replica.set_aside()
+    if as_json:
+        out.print_json(json.dumps([vars(v) for v in versions]))
+        return
+    table = Table("profile", "collection", "id", "deleted", "document")
+    for v in versions:
+        document = "" if v.deleted else json.dumps(v.document)[:60]
+        table.add_row(v.profile, v.collection, v.id, "yes" if v.deleted else "", document)
+    out.print(table if versions else "nothing is set aside")
+
+
+REPAIR_COMMANDS = (diagnose, repair, compact, aside)

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from chat.reconcile import RECOVERED_TITLE
 from chat.schema import MESSAGES
 from replica import InvalidArgumentError, ItemLimitError, Replica
+from replica.wire import CollectedRun, Page, peek_dot
+from replica.wiremarks import pack_markers
 from tests.chat.conftest import StoreFactory, a_chat, sync, texts
-from tests.replica.helpers import dirty_envelopes
+from tests.replica.helpers import STATE, apply, dirty_envelopes
 
 
 def test_fork_copies_through_a_message_and_leaves_the_source(make_store: StoreFactory) -> None:
@@ -186,3 +189,31 @@ def test_reconcile_with_nothing_new_writes_nothing(make_store: StoreFactory) -> 
     store.reconcile()
     store.reconcile()
     assert store.replica.feed_head() == head
+
+
+def test_a_message_that_outlived_its_chats_collected_delete_brings_the_chat_back(
+    make_store: StoreFactory,
+) -> None:
+    """A deleted a chat; b, offline, appended to it. c merged the delete, and the relay then
+    collected its tombstones (every device acknowledged them before b's message arrived):
+    c dropped them, and b's message arrives under a chat c no longer has at all. It comes
+    back as "Recovered chat" (its history went with the tombstones), no message orphaned."""
+    a, b, c = make_store("a"), make_store("b"), make_store("c")
+    thread = a.new_chat("Trip")
+    a.append(thread, "user", "known to all")
+    sync(a, b, c)
+    a.delete(thread)
+    tombs = dirty_envelopes(a.replica)
+    apply(c.replica, tombs)
+    assert c.reconcile() == 0 and c.chat(thread) is None
+    session = c.replica.sync_session()
+    at = session.cursor
+    marked = [dot for dot in map(peek_dot, tombs) if dot is not None]
+    run = CollectedRun(at + 1, pack_markers(marked))
+    assert session.apply_page(Page(at, [], at + 1, False, STATE, run)).collected == len(tombs)
+    b.append(thread, "user", "written while a deleted")
+    apply(c.replica, dirty_envelopes(b.replica))
+    assert c.reconcile() == 1
+    view = c.chat(thread)
+    assert view is not None and view.thread.title == RECOVERED_TITLE
+    assert texts(c, thread) == ["written while a deleted"]

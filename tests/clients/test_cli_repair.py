@@ -60,3 +60,14 @@ def test_a_damaged_pulled_version_is_counted_named_and_repaired(
     assert "1 record(s) readable again" in repaired.stdout
     healthy = cli.ok(b, "diagnose")
     assert "0 corrupt, 0 undecryptable; 0 degraded" in healthy.stdout
+
+
+def test_aside_lists_nothing_until_a_resync_sets_something_aside(cli: Cli, tmp_path: Path) -> None:
+    """`aside` (what a full resync set aside: specs/replica.md §2, the taking back is
+    `tests/replica/test_collection.py`): empty at first, in both forms, and taking back
+    what is not there is one error line that changes nothing."""
+    a = tmp_path / "a.db"
+    cli.ok(a, "init", "--folder", str(tmp_path / "Sync"))
+    assert "nothing is set aside" in cli.ok(a, "aside").stdout
+    assert cli.json(a, "aside") == []
+    assert_user_error(cli(a, "aside", "--take", "threads", "t1"), "nothing of threads/t1")

@@ -29,7 +29,7 @@ from relay.memory import MemoryRelay
 from relay.signing import Pusher
 from relay.storage import AccountRecord
 from relay.storage import Device as RelayDevice
-from replica import Replica, ReplicaOptions
+from replica import InvalidArgumentError, Replica, ReplicaOptions, backup_replica_file
 from replica.wire import Header, KdfParams, Page, bundle_version, dominates, node_from_i64
 from tests.conftest import FakeClock
 from tests.replica.test_convergence import shared_account
@@ -164,6 +164,9 @@ class CollectionMachine(RuleBasedStateMachine):
         perhaps duplicated, reversed, or none), settle what the relay called superseded,
         then the empty push that acks the cursor."""
         d = self.devices[device]
+        if d.session.resync_needed:  # as the driver: before pushing anything
+            d.resync()
+            return
         try:
             d.push(lose_answer=lose_answer)
             pages = [] if mode == "none" else d.pages()
@@ -374,6 +377,56 @@ def test_a_write_whose_answer_was_lost_before_the_device_went_stale_is_set_aside
         status = device.replica.status()
         assert (status.dirty, status.held_other) == (0, {"collected": 1})
         assert device.replica.get("notes", "a") is None
+        machine.quiesce_and_compare()
+        machine.the_relay_keeps_nothing_a_collected_tombstone_covered()
+        (kept,) = device.replica.set_aside()
+        assert (kept.collection, kept.id, kept.document, kept.deleted) == (
+            "notes",
+            "a",
+            {"v": 2},
+            False,
+        )
+        device.replica.take_aside("notes", "a")  # the person wants it back: a new write
+        assert device.replica.set_aside() == [] and device.replica.status().held_other == {}
+        with pytest.raises(InvalidArgumentError, match="nothing of notes/a is set aside"):
+            device.replica.take_aside("notes", "a")
+        machine.quiesce_and_compare()
+        for other in machine.devices:
+            record = other.replica.get("notes", "a")
+            assert record is not None and record.document == {"v": 2}, other.id
+    finally:
+        machine.teardown()
+
+
+def test_a_backup_merged_after_its_write_was_deleted_and_collected_sets_it_aside(
+    tmp_path: Path,
+) -> None:
+    """Device 2's write reached the relay without its answer, and a backup of its file was
+    taken then; device 1 deleted the record and a run collected and released it. Merged
+    into device 0, the backup's write, which its device may have pushed, waits for the
+    resync the merge asks for: the relay no longer has it, so it is set aside, not pushed."""
+    machine = CollectionMachine()
+    try:
+        machine.put(0, "a", 1)
+        for device in range(REPLICAS):
+            machine.sync(device, lose_answer=False, mode="next")
+        machine.put(2, "a", 2)
+        machine.sync(2, lose_answer=True, mode="none")
+        backup = tmp_path / "d2-backup.db"
+        backup_replica_file(machine.devices[2].path, backup)
+        machine.sync(1, lose_answer=False, mode="next")
+        machine.delete(1, "a")  # after device 1 pulled device 2's write
+        for _ in range(2):  # a run, then its release
+            for device in (2, 1, 0, 2, 1, 0):
+                machine.sync(device, lose_answer=False, mode="next")
+            machine.collect()
+        assert len(machine.collected) == 1 and not machine.relay._account(NAME).runs.seqs
+        replica = machine.devices[0].replica
+        replica.merge_backup(backup)
+        assert replica.get("notes", "a") is not None and replica.status().dirty == 0
+        machine.sync(0, lose_answer=False, mode="next")  # the resync the merge asked for
+        assert replica.get("notes", "a") is None
+        assert [(v.id, v.document) for v in replica.set_aside()] == [("a", {"v": 2})]
         machine.quiesce_and_compare()
         machine.the_relay_keeps_nothing_a_collected_tombstone_covered()
     finally:

@@ -27,6 +27,7 @@ from starlette.routing import Route
 from relay import codec, tokens
 from relay.accesslog import AccessLog
 from relay.bodylimit import BodyLimit
+from relay.collector import collection_runs
 from relay.config import RelayConfig
 from relay.errors import (
     BadCredentialsError,
@@ -542,7 +543,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        yield
+        async with collection_runs(storage, config, api.call):
+            yield
         if on_shutdown is not None:
             await api.call(on_shutdown)
 

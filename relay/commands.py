@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from relay import tokens
+from relay.collector import collect_all
 from relay.config import RelayConfig, load_config
 from relay.serve import configure_logging, open_storage, serve
 from relay.sqlite import SQLiteStorage
@@ -243,7 +244,7 @@ def relay_collect(
     last version of its record, and give their space back to the account (runs of at most
     10,000; a device that never acknowledged holds its account's back). Each device drops
     its own copies as it next syncs."""
-    horizon_ms = None if horizon_days is None else horizon_days * 24 * 3600 * 1000
+    horizon_ms = None if horizon_days is None else horizon_days * DAY_MS
     with where.opened() as storage:
         if name is not None and not storage.accounts(name):
             raise InvalidArgumentError(
@@ -279,26 +280,6 @@ def relay_compact(*, where: RelayStorage, as_json: bool) -> None:
         out.print_json(json.dumps({"before": before, "after": after}))
         return
     out.print(f"compacted: {before} bytes before, {after} after ({before - after} given back)")
-
-
-def collect_all(storage: Storage, name: str, horizon_ms: int | None) -> dict[str, object]:
-    """Runs over one account until one finds nothing more; their totals."""
-    runs = versions = size = released = flagged = 0
-    while True:
-        report = storage.collect(name, horizon_ms=horizon_ms)
-        released, flagged = released + report.released, flagged + report.flagged
-        if report.run is None:
-            break
-        runs, versions, size = runs + 1, versions + report.versions, size + report.bytes
-    return {
-        "account": name,
-        "ack_floor": report.ack_floor,
-        "runs": runs,
-        "versions": versions,
-        "bytes": size,
-        "released": released,
-        "flagged": flagged,
-    }
 
 
 def delete_account(where: RelayStorage, name: str, *, as_json: bool, yes: bool) -> None:

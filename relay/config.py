@@ -66,6 +66,13 @@ class RelayConfig:
     metrics: bool = False
     """Serve the relay's metrics at GET /metrics (Prometheus' text format, no token asked:
     counts by route and status only; expose the port only where the scraper is)."""
+    collect: bool = False
+    """Run tombstone collection over every account every `collect_every_s`, leaving out
+    devices silent for `tombstone_horizon_days` (they resync when they return): deleted
+    data then gives its space back without `sealsync relay collect` (specs/protocol.md §5.1)."""
+    collect_every_s: int = 60 * 60
+    tombstone_horizon_days: int = 90
+    """Below `refresh_token_s`: a device that still holds a live session has acked within."""
     accept_unsigned_pushes: bool = False
     """Take unsigned pushes into version-1 accounts, which have no signing key: for a
     transition only, for a stolen token can then forge their versions. Off, their devices

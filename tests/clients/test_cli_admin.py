@@ -4,6 +4,7 @@ each user mistake is an `error:` with a `hint:` that changes nothing."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -327,3 +328,26 @@ def test_a_device_that_joins_after_a_collection_run_resyncs_first(
     cli.ok(c, "sync")
     cli.ok(a, "sync")
     assert "n3" in cli.ok(a, "ls", "messages").stdout
+
+
+def test_relay_serve_collects_on_its_own_with_the_collect_setting(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    """With `collect` on, the relay runs collection every `collect_every_s` itself (here
+    every second), with the horizon of `tombstone_horizon_days`, and logs what it freed."""
+    relay = start_relay("collect=true", "collect_every_s=1", "tombstone_horizon_days=30")
+    a, b = two_devices(cli, relay, tmp_path)
+    cli.ok(a, "put", "messages", "n1", '{"text": "hello"}')
+    cli.ok(a, "rm", "messages", "n1")
+    for device in (a, b, a):
+        cli.ok(device, "sync")
+    deadline = time.monotonic() + 30
+    while listed_accounts(relay)["ann"]["collected"] == 0:
+        assert time.monotonic() < deadline, "no run within 30 s"
+        time.sleep(0.2)
+    logged = [json.loads(line) for line in relay.log_path.read_text().splitlines() if line]
+    runs = [entry for entry in logged if entry["message"] == "tombstones collected"]
+    assert runs and runs[0]["account"] == "ann" and runs[0]["versions"] == 1
+    for device in (a, b):
+        cli.ok(device, "sync")
+        assert cli.json_object(device, "status")["collected"] == 1

@@ -93,12 +93,13 @@ class Reconciling(ChatBase):
 
     def _revive(self, thread: str) -> bool:
         """A deleted chat with a live message comes back. So does an absent one once this
-        file dropped collected tombstones: its delete may have been collected everywhere
-        while a message written concurrently was still on its way (before, absent means
-        not here yet: a chat's record is pushed before its messages)."""
+        file dropped what its relay collected: its delete may have been collected
+        everywhere while a message written concurrently was still on its way (before, or
+        while versions wait to be opened, absent means not here yet: a chat's record is
+        pushed before its messages)."""
         with self._operation(thread):
             record = self.replica.get(THREADS, thread, profile=self.profile)
-            if record is None and not self.replica.collected_tombstones():
+            if record is None and not self._absent_means_gone():
                 return False
             if record is not None and not record.deleted:
                 return False
@@ -113,6 +114,11 @@ class Reconciling(ChatBase):
             context = None if record is None else record.context
             self.replica.put(THREADS, thread, document, profile=self.profile, context=context)
         return True
+
+    def _absent_means_gone(self) -> bool:
+        held = self.replica.held_counts()
+        unopened = held.get("sealed", 0) or held.get("epoch", 0)
+        return not unopened and self.replica.saw_collection()
 
     def _last_live_document(self, thread: str, record: Record | None, live: list[Record]) -> Any:
         now = self._now_ms()

@@ -25,13 +25,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Generic, Literal, TypeVar, cast
 
-from clients.errors import NoSessionError, RelayClientError, RelayRefusedError
+from clients.errors import (
+    NoSessionError,
+    RelayClientError,
+    RelayRefusedError,
+    UnknownOutcomeError,
+)
 from clients.http import RelayClient
 from clients.live import HeadFeed
 from clients.retry import Backoff, Retrier
 from replica import (
     DEFAULT_BATCH_BYTES,
     DEFAULT_BATCH_COUNT,
+    RESYNC_LEASE,
     ChangeEvent,
     ErrorCode,
     Replica,
@@ -49,6 +55,9 @@ FRAMING_BYTES = 1024
 PER_ENVELOPE_FRAMING_BYTES = 5
 """A MessagePack bin header is at most 5 bytes."""
 DEFAULT_BACKOFF = Backoff()
+RESYNC_WAIT_S = 600.0
+"""How long a round waits for another process's full resync of the same file."""
+RESYNC_ATTEMPTS = 3
 WATCH_TICK_S = 0.1
 """How often a waiting `watch` looks at its stop event."""
 
@@ -378,30 +387,50 @@ class SyncDriver:
         if session.resync_needed:  # a restored or copied file: before it pushes anything
             self._resync(session, tally, report)
         try:
-            self._push_all(session, tally, report)
-            self._pull_all(session, tally, report)
+            self._exchange(session, tally, report)
         except RelayRefusedError as exc:
             if exc.code != ErrorCode.RESYNC_REQUIRED:
-                session.push_refused()
                 raise
             self._resync(session, tally, report)
-            self._push_all(session, tally, report)
-            self._pull_all(session, tally, report)
+            self._exchange(session, tally, report)
+
+    def _exchange(self, session: SyncSession, tally: _Tally, report: _Reporter) -> None:
+        """Push, pull, settle what was superseded, ack."""
+        self._push_all(session, tally, report)
+        self._pull_all(session, tally, report)
         tally.unconfirmed = session.settle_superseded()
         self._ack(session)
 
     def _resync(self, session: SyncSession, tally: _Tally, report: _Reporter) -> None:
         """Pull everything again, settle what the relay no longer has, and end the resync
-        with the ack it waits for (replica/resync.py); then the round goes on."""
+        with the ack it waits for (replica/resync.py); then the round goes on. One process
+        of the file at a time (the lease); begun again when another process's pull
+        overtook it, or a collection run came meanwhile (the ack is refused)."""
         log.warning(
             "pulling everything again before pushing: tombstones were collected without "
             "this device, or this file is a restored copy"
         )
+        with self._replica.lease(RESYNC_LEASE, ttl_s=60.0, wait_s=RESYNC_WAIT_S):
+            for _ in range(RESYNC_ATTEMPTS):
+                if self._resync_once(session, tally, report):
+                    break
+            else:
+                raise UnknownOutcomeError("a full resync was overtaken each time it ran")
+        session.restart()
+
+    def _resync_once(self, session: SyncSession, tally: _Tally, report: _Reporter) -> bool:
         session.begin_resync()
         self._pull_all(session, tally, report, resync=True)
         tally.resynced = session.finish_resync()
-        self._ack(session)
-        session.restart()
+        if tally.resynced is None:
+            return False
+        try:
+            self._ack(session)
+        except RelayRefusedError as exc:
+            if exc.code != ErrorCode.RESYNC_REQUIRED:
+                raise
+            return False
+        return True
 
     def _ack(self, session: SyncSession) -> None:
         """Tell the relay how far this device pulled, with an empty signed push, when no

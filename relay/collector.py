@@ -49,11 +49,16 @@ async def collect_periodically(
     every_s: float,
     horizon_days: int,
     call: Callable[..., Awaitable[Any]],
+    stop: asyncio.Event,
 ) -> None:
-    """Every `every_s`, run collection over every account in a worker thread (`call`), and
-    log what it freed; a failure is logged and the next round tries again."""
+    """Every `every_s` until `stop`, run collection over every account in a worker thread
+    (`call`), and log what it freed; a failure is logged and the next round tries again."""
     while True:
-        await asyncio.sleep(every_s)
+        try:
+            await asyncio.wait_for(stop.wait(), every_s)
+            return
+        except TimeoutError:
+            pass
         try:
             totals = await call(collect_every_account, storage, horizon_days * DAY_MS)
         except Exception:
@@ -68,13 +73,15 @@ async def collect_periodically(
 async def collection_runs(
     storage: Storage, config: RelayConfig, call: Callable[..., Awaitable[Any]]
 ) -> AsyncIterator[None]:
-    """While the relay serves: `collect_periodically` if the `collect` setting is on."""
+    """While the relay serves: `collect_periodically` if the `collect` setting is on. At
+    shutdown a run under way finishes before the storage is closed."""
     if not config.collect:
         yield
         return
-    every_s, days = config.collect_every_s, config.tombstone_horizon_days
-    task = asyncio.create_task(collect_periodically(storage, every_s, days, call))
+    every_s, days, stop = config.collect_every_s, config.tombstone_horizon_days, asyncio.Event()
+    task = asyncio.create_task(collect_periodically(storage, every_s, days, call, stop))
     try:
         yield
     finally:
-        task.cancel()
+        stop.set()
+        await task

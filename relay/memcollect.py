@@ -76,6 +76,13 @@ class Runs:
         del self.seqs[: len(released)]
         return released
 
+    def flag(self, flagged: Iterable[str], last: int | None) -> None:
+        """`relay.sqlcollect.collect`'s flags: the stale devices, and every resync under way
+        begun again once a run was made or released (`last`)."""
+        self.resync.update(dict.fromkeys(flagged))
+        if last is not None:
+            self.resync = dict.fromkeys(self.resync)
+
     def standings(self, devices: Iterable[Device], acks: Acks) -> list[Standing]:
         """What collection knows of each device (`relay.collection.split`)."""
         standings = []
@@ -94,14 +101,14 @@ class Runs:
             return
         if not resync:
             raise ResyncRequiredError()
-        if cursor == 0:
+        if cursor == 0 and self.resync[device_id] is None:
             self.resync[device_id] = now_ms
 
     def check_push(self, device_id: str, envelopes: int, ack: int | None) -> None:
         """`relay.sqlcollect.resync_refusal`, raised."""
         if device_id not in self.resync:
             return
-        if envelopes or ack is None or ack < self.last_run_seq:
+        if envelopes or ack is None or ack < self.last_run_seq or self.resync[device_id] is None:
             raise ResyncRequiredError()
         del self.resync[device_id]
 

@@ -583,8 +583,8 @@ class MemoryRelay:
                 return CollectReport(name, None, None, 0, 0, 0)
             released = runs.release(floor)
             taken = candidates(account.tombs, account.by_seq, account.by_key, floor, limit)
-            flagged = to_flag(stale, account.head + 1 if taken else max(released, default=None))
-            runs.resync.update(dict.fromkeys(flagged))
+            last = account.head + 1 if taken else max(released, default=None)
+            runs.flag(flagged := to_flag(stale, last), last)
             if not taken:
                 return CollectReport(name, floor, None, 0, 0, len(released), len(flagged))
             account.head = run = account.head + 1

@@ -268,8 +268,8 @@ class SQLStorage(ABC):
 
     def add_device(self, name: str, device: Device, tokens: list[TokenRecord]) -> None:
         try:
-            with self._write() as tx:
-                row = tx.one("SELECT id FROM accounts WHERE name = ?", (name,))
+            with self._write() as tx:  # locked: a run committing meanwhile would miss it
+                row = tx.one("SELECT id FROM accounts WHERE name = ? FOR NO KEY UPDATE", (name,))
                 if row is None:
                     raise NotFoundError("no such account")
                 _insert_device(tx, row[0], device, tokens)

@@ -43,12 +43,17 @@ def collect(
         run = head + 1
         size = delete_as_run(tx, account_id, run, taken, (now_ms, floor))
         tx.announce(name, run)
-    flagged = to_flag(where.stale, run or (top[0] if top else None))
+    last = run or (top[0] if top else None)
+    flagged = to_flag(where.stale, last)
     tx.run_in(
         "UPDATE devices SET resync = 1, resync_ms = NULL WHERE account = ? AND id = ANY(?)",
         (account_id,),
         flagged,
     )
+    if last is not None:  # a resync past its grace missed this run: it begins again
+        tx.run(
+            "UPDATE devices SET resync_ms = NULL WHERE account = ? AND resync = 1", (account_id,)
+        )
     if run is None:
         return CollectReport(name, floor, None, 0, 0, released, len(flagged))
     return CollectReport(name, floor, run, len(taken), size, released, len(flagged))
@@ -136,9 +141,10 @@ def flag_if_runs(tx: Transaction, account_id: int, device_id: str) -> None:
 
 
 def start_resync(tx: Transaction, name: str, device_id: str, now_ms: int) -> None:
-    """A flagged device's full resync begins (its pull from 0): runs wait for it."""
+    """A flagged device's full resync begins (its first pull from 0 since it was flagged,
+    or since a run overtook it): runs wait for it, within `RESYNC_GRACE_MS` of then."""
     tx.run(
-        "UPDATE devices SET resync_ms = ? WHERE id = ? AND resync = 1"
+        "UPDATE devices SET resync_ms = ? WHERE id = ? AND resync = 1 AND resync_ms IS NULL"
         " AND account = (SELECT id FROM accounts WHERE name = ?)",
         (now_ms, device_id, name),
     )
@@ -154,16 +160,16 @@ def refuse_unless_resynced(tx: Transaction, account_id: int, device_id: str) -> 
 def resync_refusal(
     tx: Transaction, account_id: int, device_id: str, envelopes: int, ack: int | None
 ) -> ResyncRequiredError | None:
-    """A flagged device's signed push: the empty one that acks at least the latest run
-    ends its resync; any other is refused."""
+    """A flagged device's signed push: the empty one that acks at least the latest run, at
+    the end of a resync no run overtook, ends it; any other is refused."""
     row = tx.one(
-        "SELECT d.resync, a.last_run_seq FROM devices d JOIN accounts a ON a.id = d.account"
-        " WHERE d.account = ? AND d.id = ?",
+        "SELECT d.resync, d.resync_ms, a.last_run_seq FROM devices d"
+        " JOIN accounts a ON a.id = d.account WHERE d.account = ? AND d.id = ?",
         (account_id, device_id),
     )
     if row is None or not row[0]:
         return None
-    if envelopes or ack is None or ack < row[1]:
+    if envelopes or ack is None or ack < row[2] or row[1] is None:
         return ResyncRequiredError()
     tx.run(
         "UPDATE devices SET resync = 0, resync_ms = NULL WHERE account = ? AND id = ?",

@@ -46,6 +46,7 @@ from replica.status import Status
 from replica.sync import (
     DEFAULT_BATCH_BYTES,
     DEFAULT_BATCH_COUNT,
+    RESYNC_LEASE,
     Acknowledged,
     Applied,
     SyncSession,
@@ -66,6 +67,7 @@ __all__ = [
     "DEFAULT_BATCH_COUNT",
     "DEFAULT_PROFILE",
     "REGISTER_ID",
+    "RESYNC_LEASE",
     "Acknowledged",
     "Applied",
     "AsideVersion",

@@ -60,13 +60,14 @@ class Coordination:
             self._core.check_open()
             return self._core.store.count_held()
 
-    def collected_tombstones(self) -> int:
-        """Tombstones this file dropped as its relay collected them, to date: cheap, unlike
-        `status()`. Once there is one, a record absent here may be one deleted and collected
-        everywhere, not only one still on its way (specs/replica.md §2)."""
+    def saw_collection(self) -> bool:
+        """Whether this file ever dropped what its relay collected (a run's markers, or a
+        full resync): cheap, unlike `status()`. From then on a record absent here may be one
+        deleted and collected everywhere, not only one still on its way (replica.md §2)."""
         with self._core.mutex:
             self._core.check_open()
-            return collected_counts(self._core.store)[0]
+            store = self._core.store
+            return collected_counts(store)[0] > 0 or store.get_int("resync_dropped") > 0
 
     def release_due(self) -> None:
         """Merge held versions whose lock ended or whose time came, now (reads and writes do

@@ -13,11 +13,11 @@ transaction: a merge cut short merges the rest when run again, and nothing twice
 
 A backup may be older than a tombstone collection its relay ran since: what it holds may be
 what collected tombstones replaced. So a merge makes the next sync a full resync
-(`resync_needed`, replica/resync.py), and a version the backup's device may have pushed
-already (dirty there, at or below its `offered_through`; every dirty one of a backup from
-before that mark, once it had signed a push) is merged as *awaiting the resync's verdict*
-(`dirty = 2`): not pushed, and set aside if the relay no longer has it. A replica that
-syncs through a folder (no relay state) pushes them: a folder never collects.
+(`resync_needed`, replica/resync.py), and a version still to be pushed in the backup is
+merged as *awaiting the resync's verdict* (`dirty = 2`): its device, or a later copy of
+its file, may have pushed it since, and another device deleted it for good; it is not
+pushed, and is set aside if the relay no longer has it. A replica that syncs through a
+folder (no relay state) pushes them: a folder never collects.
 """
 
 from __future__ import annotations
@@ -41,9 +41,8 @@ SAMPLE_ROWS = 32
 
 Progress = Callable[[int, int], None]
 """Called with (versions read, versions in all) after each page."""
-_Row = tuple[bytes, int, int, bytes, int]
-"""key, node (as stored), hlc, envelope, and whether it was still to be pushed: 0 no, 1 yes
-(never offered), 2 perhaps pushed already (its verdict waits for a resync)."""
+_Row = tuple[bytes, int, int, bytes, bool]
+"""key, node (as stored), hlc, envelope, and whether it was still to be pushed."""
 AWAITING_RESYNC = 2
 """`versions.dirty` of a version merged from a backup that may have been pushed already."""
 
@@ -56,8 +55,7 @@ def merge_backup(
     report = Merged()
     with _checked(core, backup) as db:
         total = _count(db, scopes)
-        offered = _offered_through(db)
-        for page in _pages(db, scopes, offered):
+        for page in _pages(db, scopes):
             _merge_page(core, page, report)
             if progress is not None:
                 progress(report.read, total)
@@ -156,54 +154,36 @@ def _count(db: sqlite3.Connection, scopes: frozenset[bytes] | None) -> int:
     return int(db.execute(query, tuple(scopes)).fetchone()[0])
 
 
-def _offered_through(db: sqlite3.Connection) -> int:
-    """The highest row id of the backup that a push may have included: its mark, or every
-    row when it signed pushes before there was one (none when it never signed)."""
-
-    def meta(name: str) -> int | None:
-        row = db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
-        return None if row is None else int(row[0])
-
-    marked = meta("offered_through")
-    if marked is not None:
-        return marked
-    return (1 << 62) if (meta("push_counter") or 0) > 0 else 0
-
-
-def _pages(
-    db: sqlite3.Connection, scopes: frozenset[bytes] | None, offered: int
-) -> Iterator[list[_Row]]:
+def _pages(db: sqlite3.Connection, scopes: frozenset[bytes] | None) -> Iterator[list[_Row]]:
     """The backup's versions and held versions, a page at a time; only the versions of
     `scopes` when given (a held version of an unverified scope is not among them)."""
     columns = "key, node, hlc, envelope"
-    state = f"CASE WHEN dirty = 0 THEN 0 WHEN id <= {int(offered)} THEN 2 ELSE 1 END"
     queries: list[tuple[str, tuple[bytes, ...]]]
     if scopes is None:
         queries = [
-            (f"SELECT {columns}, {state} FROM versions ORDER BY id", ()),
+            (f"SELECT {columns}, dirty FROM versions ORDER BY id", ()),
             (f"SELECT {columns}, repush FROM held", ()),
         ]
     else:
         marks = ",".join("?" * len(scopes))
         where = f"WHERE scope IN ({marks}) ORDER BY id"
-        queries = [(f"SELECT {columns}, {state} FROM versions {where}", tuple(scopes))]
+        queries = [(f"SELECT {columns}, dirty FROM versions {where}", tuple(scopes))]
     for query, args in queries:
         cursor = db.execute(query, args)
         while rows := cursor.fetchmany(PAGE_ROWS):
-            yield [(bytes(k), node, hlc, bytes(e), int(mark)) for k, node, hlc, e, mark in rows]
+            yield [(bytes(k), node, hlc, bytes(e), bool(mark)) for k, node, hlc, e, mark in rows]
 
 
 def _merge_page(core: Core, page: Sequence[_Row], report: Merged) -> None:
     """One page in one transaction, with the verdicts it leaves to the next resync."""
     with core.mutex, core.write_transaction():
         # a folder keeps no acks and never collects: there, nothing waits for a verdict
-        push_all = core.store.get_bytes("relay_state") is None
+        pending = [(key, node, hlc) for key, node, hlc, _, dirty in page if dirty]
+        push_now = core.store.get_bytes("relay_state") is None
         to_push = frozenset(
-            (key, node_from_i64(node), hlc)
-            for key, node, hlc, _, state in page
-            if state == 1 or (state == AWAITING_RESYNC and push_all)
+            (key, node_from_i64(node), hlc) for key, node, hlc in (pending if push_now else [])
         )
-        awaiting = [] if push_all else [r[:3] for r in page if r[4] == AWAITING_RESYNC]
+        awaiting = [] if push_now else pending
         report.add(merge_outside(core, [row[3] for row in page], "backup", to_push))
         core.store.db.executemany(
             "UPDATE versions SET dirty = ? WHERE key = ? AND node = ? AND hlc = ? AND dirty = 0",

@@ -9,18 +9,23 @@ never merged that tombstone, so its copy would live on here, and, pushed again, 
 record back on every device. So, at the head:
 
 - an unseen version this device acknowledged (`dirty = 0`) is deleted: the relay had it;
-- an unseen dirty version that may have been offered before (its row at or below meta
-  `offered_through`, the highest row id of this file any push included when it was signed)
-  is *set aside*: moved to `held` with reason `collected`, never merged or pushed, kept for
-  the person to look at (its push may have been stored, then deleted on another device);
-- an unseen dirty version never offered is this device's new write: it is pushed;
-- a version merged from a backup that may have been pushed already (`dirty = 2`,
-  replica/restore.py) is set aside if unseen, and counts as acknowledged if seen;
+- an unseen dirty version that may have been offered before is *set aside*: moved to `held`
+  with reason `collected`, never merged or pushed, kept for the person to look at (its push
+  may have been stored, then deleted on another device). That is one whose hlc is at or
+  below meta `offered_through` (the clock when a push last included a version not yet
+  covered: every version this node wrote since has a greater hlc), one written as another
+  node (a reseed marks pulled versions too; a restored or
+  copied file's versions were written under its old node id, and their copies elsewhere
+  may have pushed them since), and one merged from a backup (`dirty = 2`,
+  replica/restore.py), which counts as acknowledged if seen;
+- an unseen dirty version of this node above the mark is a new write: it is pushed;
 - an unseen held version is set aside too: merged later, it could be one a collected
   tombstone replaced.
 
 The unseen set lives in a temporary table of the file's connection: a resync cut short
-starts again from 0 at the next sync, as the relay still asks for one.
+starts again from 0 at the next sync, as the relay still asks for one. So does one that
+another process's pull overtook (its pages were not all the next ones): what that process
+merged, this one never saw, and would take for gone.
 """
 
 from __future__ import annotations
@@ -57,8 +62,12 @@ def begin(store: Store) -> None:
         "INSERT OR IGNORE INTO resync_unseen SELECT key, node, hlc FROM versions"
         " UNION SELECT key, node, hlc FROM held"
     )
-    for name in ("cursor", "run_passed"):
-        store.delete_meta(name)
+    store.delete_meta("cursor")
+
+
+def abandon(store: Store) -> None:
+    """A resync that will not finish: its notes go (the next begins anew)."""
+    store.db.execute("DROP TABLE IF EXISTS temp.resync_unseen")
 
 
 def saw(store: Store, entries: list[PageEntry]) -> None:
@@ -72,13 +81,13 @@ def saw(store: Store, entries: list[PageEntry]) -> None:
 
 def finish(store: Store) -> Resynced:
     """Settle what the relay no longer has (inside the caller's transaction)."""
-    offered = store.get_int("offered_through")
+    offered, own = store.get_int("offered_through"), node_to_i64(store.get_int("node"))
     rows = store.db.execute(
         "SELECT v.id, v.dirty, v.changed, v.key, v.node, v.hlc, v.envelope, v.scope"
         " FROM versions v JOIN resync_unseen u ON u.key = v.key AND u.node = v.node"
         " AND u.hlc = v.hlc"
     ).fetchall()
-    gone = [r for r in rows if r[1] != 1 or r[0] <= offered]  # 2: merged from a backup
+    gone = [r for r in rows if r[1] != 1 or r[5] <= offered or r[4] != own]
     aside = [r for r in gone if r[1]]
     store.hold(
         HeldVersion(Row(key, node_from_i64(node), hlc, envelope), SET_ASIDE, None, scope)
@@ -99,4 +108,7 @@ def finish(store: Store) -> Resynced:
         [(key,) for key in {r[3] for r in gone}],
     )
     store.db.execute("DROP TABLE temp.resync_unseen")
-    return Resynced(len(gone) - len(aside), len(aside) + held)
+    dropped = len(gone) - len(aside)
+    if dropped:
+        store.set_meta("resync_dropped", store.get_int("resync_dropped") + dropped)
+    return Resynced(dropped, len(aside) + held)

@@ -462,9 +462,6 @@ class Store(AsideTables, BlindTables):
         ).fetchall()
         return [(changed, bytes(key), table) for changed, key, table in rows]
 
-    def max_version_id(self) -> int:
-        return int(self.db.execute("SELECT coalesce(max(id), 0) FROM versions").fetchone()[0])
-
     def delete_versions(self, rows: Iterable[Row]) -> None:
         self.db.executemany(
             "DELETE FROM versions WHERE key = ? AND node = ? AND hlc = ?",
@@ -530,7 +527,7 @@ class Store(AsideTables, BlindTables):
         return int(self.db.execute("SELECT count(*) FROM versions WHERE dirty = 1").fetchone()[0])
 
     def mark_all_for_push(self) -> None:
-        self.db.execute("UPDATE versions SET dirty = 1")
+        self.db.execute("UPDATE versions SET dirty = 1 WHERE dirty <> 2")  # 2 waits for a resync
         self.db.execute("UPDATE held SET repush = 1")
 
     def has_identity(self, key: bytes, node: int, hlc: int) -> bool:

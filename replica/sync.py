@@ -58,6 +58,8 @@ DEFAULT_BATCH_BYTES = 4 * 1024 * 1024
 KEEPALIVE_MS = 24 * 3600 * 1000
 """A device that syncs acks at least this often, moved or not: a relay's collection
 horizon (90 days by default) leaves out a device silent for longer."""
+RESYNC_LEASE = "sealsync/resync"
+"""The lease a driver holds over a full resync: one process of a file resyncs at a time."""
 ACK_EVERY_S = 600.0
 """How often at most a session sends an ack with nothing to push (`ack_due`): collection
 waits days for an ack, and a phone's battery should not pay for fresher ones."""
@@ -119,6 +121,11 @@ class SyncSession:
         """The last ack this session signed, and when (`time.monotonic`)."""
         self._resyncing = False
         """Between `begin_resync` and `finish_resync`: pages note what the relay still has."""
+        self._resync_at = -1
+        """Where the resync's pages reached, each starting where the one before ended; -1
+        once one did not (another process's pull moved the cursor past what this one saw)."""
+        self._offering = 0
+        """The greatest hlc of the versions this pass offered so far (`next_batch`)."""
         self._offered: tuple[int, int] | None = None
         """Meta `offered_through` before this pass raised it, and what it raised it to (None:
         it did not)."""
@@ -139,6 +146,8 @@ class SyncSession:
                 while rows := self._store.rows_to_push(table, self._max_count, self._after[table]):
                     chosen = _fit(rows, self._max_bytes)
                     self._after[table] = chosen[-1][0]
+                    if table == "versions":
+                        self._offering = max(self._offering, *(r.hlc for _, r, _ in chosen))
                     sound = [(row.envelope, tomb) for _, row, tomb in chosen if self._is_sound(row)]
                     if sound:
                         bits = tombstone_bits([tomb for _, tomb in sound])
@@ -171,6 +180,7 @@ class SyncSession:
         """Start a new pass over the dirty versions (after a failed or refused push)."""
         self._after = {"versions": 0, "held": 0}
         self._superseded = set()
+        self._offering = 0
         self._offered = None
 
     def acknowledge(self, batch: PushBatch, result: PushResult) -> Acknowledged:
@@ -293,6 +303,7 @@ class SyncSession:
             collected = 0
             if self._resyncing:
                 resync.saw(self._store, page.entries)
+                self._resync_at = page.next_cursor if page.cursor == self._resync_at else -1
             if advanced:
                 cursor = page.next_cursor
                 self._store.set_meta("cursor", cursor)
@@ -324,23 +335,15 @@ class SyncSession:
     def begin_resync(self) -> None:
         """Pull everything again from 0, noting what the relay still has (replica/resync.py):
         what a relay that ran a collection without this device asks (`resync_required`).
-        It refuses every push first, so what this pass offered was not stored: its rows
-        count as never offered (a row stored earlier in the pass cannot have been deleted
-        and collected since)."""
+        The relay refuses every push of a flagged device, so what this pass offered was not
+        stored: its rows count as never offered again (a row stored before the flag cannot
+        have been deleted and collected since). One process of a file at a time: the
+        driver holds the lease `RESYNC_LEASE` meanwhile."""
         with self._core.mutex, self._store.transaction():
             resync.begin(self._store)
             self._unoffer()
-            self._resyncing = True
+            self._resyncing, self._resync_at = True, 0
         self.restart()
-
-    def push_refused(self) -> None:
-        """The relay refused a push of this pass outright (a 4xx: nothing of it stored):
-        what the pass offered counts as never offered again (`offered_through`), so the
-        file is as before the pass; a version an earlier batch of it stored cannot have been
-        deleted and collected since."""
-        if self._offered is not None:
-            with self._core.mutex, self._store.transaction():
-                self._unoffer()
 
     def _unoffer(self) -> None:
         """Put `offered_through` back, unless another session raised it since."""
@@ -355,16 +358,21 @@ class SyncSession:
         else:
             self._store.set_meta("offered_through", before)
 
-    def finish_resync(self) -> resync.Resynced:
+    def finish_resync(self) -> resync.Resynced | None:
         """At the head after `begin_resync`: settle what the relay no longer has. An ack is
-        then due, whatever was acked before: the empty push that ends the resync there."""
+        then due, whatever was acked before: the empty push that ends the resync there.
+        None, changing nothing, when a page of it was not the next one (another process
+        pulled meanwhile, so this one did not see everything): begin again."""
         if not self._resyncing:
             raise InvalidArgumentError("no resync was begun in this session")
+        self._resyncing = False
         with self._core.mutex, self._store.transaction():
+            if self._resync_at != self._store.get_int("cursor"):
+                resync.abandon(self._store)
+                return None
             done = resync.finish(self._store)
             for name in ("acked_cursor", "resync_needed"):
                 self._store.delete_meta(name)
-            self._resyncing = False
         self._acked, self._acked_at = 0, None
         return done
 
@@ -398,7 +406,7 @@ class SyncSession:
             if signing_key is None:
                 return batch
             stored = self._store.get_bytes("relay_state")
-            counter = self._next_counter(offered=self._after["versions"])
+            counter = self._next_counter(offered=self._offering)
             cursor = self._store.get_int("cursor")  # the ack: every version up to it is here
             self._acked, self._acked_at = cursor, time.monotonic()
         if stored is None:
@@ -435,14 +443,15 @@ class SyncSession:
     def _next_counter(self, *, offered: int = 0) -> int:
         """The next counter of the block this session took, or of a new block: the file
         keeps the block's last number, so another session (any process) takes the next. A
-        batch with a version row above meta `offered_through` raises it (in the same
-        transaction) before it is sent: a resync tells what may have reached the relay."""
+        batch with a version above meta `offered_through` (an hlc) raises it to the clock (in
+        the same transaction) before it is sent: every version this file wrote so far may
+        have reached the relay, every later one has a greater hlc (replica/resync.py)."""
         spent = self._counters is None or self._counters[0] > self._counters[1]
         if spent or offered > self._store.get_int("offered_through"):
             with self._store.transaction():
                 marked = self._store.get_int("offered_through")
                 if offered > marked:
-                    raised = self._store.max_version_id()
+                    raised = self._store.get_int("clock")
                     before = marked if self._offered is None else self._offered[0]
                     self._offered = (before, raised)
                     self._store.set_meta("offered_through", raised)

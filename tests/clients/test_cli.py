@@ -78,9 +78,14 @@ class Cli:
 
 def dump(path: Path) -> list[str]:
     """The replica's logical content: unchanged means these lines are unchanged. The push
-    counter is left out: it goes up before every push is sent, refused or not."""
+    counter and the mark of what was offered (`offered_through`) are left out: both go up
+    before a push is sent, refused or not."""
     with sqlite3.connect(path) as db:
-        return [line for line in db.iterdump() if "'push_counter'" not in line]
+        return [
+            line
+            for line in db.iterdump()
+            if "'push_counter'" not in line and "'offered_through'" not in line
+        ]
 
 
 def assert_user_error(result: Result, *words: str) -> None:

@@ -279,6 +279,9 @@ def test_a_resync_under_way_holds_runs_back_and_a_device_added_after_a_run_resyn
     assert bob.storage.collect("bob").run == 4
     with pytest.raises(ResyncRequiredError):
         bob.ack(3, device="d2")  # the run it would miss came meanwhile
+    with pytest.raises(ResyncRequiredError):
+        bob.ack(4, device="d2")  # the run overtook its resync: it begins again
+    bob.storage.pull("bob", 0, device_id="d2", resync=True)
     bob.ack(4, device="d2")
     assert bob.summary().resyncing == 0
 

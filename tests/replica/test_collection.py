@@ -104,15 +104,23 @@ class Device:
             session.acknowledge(signed, self.relay.push(NAME, signed, Pusher.of(self.id, signed)))
 
     def resync(self) -> None:
-        """What the driver does on `resync_required`: pull everything again, settle, ack."""
-        self.session.begin_resync()
-        while True:
-            page = self.relay.pull(NAME, self.session.cursor, device_id=self.id, resync=True)
-            self.session.apply_page(page)
-            if not page.has_more:
-                break
-        self.session.finish_resync()
-        self.ack()
+        """What the driver does on `resync_required`: pull everything again, settle, ack;
+        begun again when it was overtaken (here: by a run past the grace, refusing the ack)."""
+        for _ in range(3):
+            self.session.begin_resync()
+            while True:
+                page = self.relay.pull(NAME, self.session.cursor, device_id=self.id, resync=True)
+                self.session.apply_page(page)
+                if not page.has_more:
+                    break
+            if self.session.finish_resync() is None:
+                continue
+            try:
+                self.ack()
+                return
+            except ResyncRequiredError:
+                continue
+        raise AssertionError("a resync was overtaken three times")
 
     def pages(self) -> list[Page]:
         pages, cursor = [], self.session.cursor
@@ -170,17 +178,16 @@ class CollectionMachine(RuleBasedStateMachine):
         try:
             d.push(lose_answer=lose_answer)
             pages = [] if mode == "none" else d.pages()
+            if mode == "twice":
+                pages = [page for page in pages for _ in (0, 1)]
+            elif mode == "reversed":
+                pages.reverse()
+            for page in pages:
+                d.session.apply_page(page)
+            d.session.settle_superseded()
+            d.ack()
         except ResyncRequiredError:
             d.resync()
-            return
-        if mode == "twice":
-            pages = [page for page in pages for _ in (0, 1)]
-        elif mode == "reversed":
-            pages.reverse()
-        for page in pages:
-            d.session.apply_page(page)
-        d.session.settle_superseded()
-        d.ack()
 
     @rule(device=st.integers(0, REPLICAS - 1), id=st.sampled_from(IDS))
     def lock(self, device: int, id: str) -> None:

@@ -1,0 +1,173 @@
+"""A full resync never brings back what a collection took, and never drops what the relay
+still has (replica/resync.py, specs/replica.md §2): the paths a review found, step by step,
+on the memory relay of `tests/replica/test_collection.py`'s machine."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from relay.errors import ResyncRequiredError
+from replica import Replica, SyncSession, backup_replica_file
+from tests.replica.test_collection import DAY_MS, HORIZON_MS, NAME, REPLICAS, CollectionMachine
+
+
+def sync(machine: CollectionMachine, *devices: int) -> None:
+    for device in devices:
+        machine.sync(device, lose_answer=False, mode="next")
+
+
+def run_and_release(machine: CollectionMachine, *devices: int) -> None:
+    """A run, then its release, every device in `devices` syncing before each."""
+    for _ in range(2):
+        sync(machine, *devices, *devices)
+        machine.collect()
+    assert machine.collected and not machine.relay._account(NAME).runs.seqs
+
+
+def leave_d2_out(machine: CollectionMachine) -> None:
+    """Device 2 falls silent past the horizon; the others sync on."""
+    machine.advance(HORIZON_MS + DAY_MS)
+    sync(machine, 0, 1)
+
+
+def test_a_whole_restore_never_pushes_what_its_device_pushed_after_the_backup(
+    tmp_path: Path,
+) -> None:
+    """Record b was written and backed up before its push; then pushed, deleted elsewhere,
+    collected and released. The restored file holds b dirty, above the backup's mark of
+    what was offered: written under the old node id, it is set aside, not pushed."""
+    machine = CollectionMachine()
+    try:
+        machine.put(0, "a", 1)
+        sync(machine, *range(REPLICAS))
+        machine.put(2, "c", 3)
+        sync(machine, 2)  # the mark of what was offered is set
+        machine.put(2, "b", 2)
+        backup = tmp_path / "d2-backup.db"
+        backup_replica_file(machine.devices[2].path, backup)
+        sync(machine, 2, 1)
+        machine.delete(1, "b")
+        run_and_release(machine, 2, 1, 0)
+        device = machine.devices[2]
+        device.replica.close()
+        shutil.copy(backup, device.path)
+        device.reopen()
+        device.replica.take_new_node_id()  # what `restore` does
+        device.session.sign_above(1_000)
+        sync(machine, 2, 2, 0)
+        assert device.replica.get("notes", "b") is None
+        assert [v.id for v in device.replica.set_aside()] == ["b"]
+        machine.the_relay_keeps_nothing_a_collected_tombstone_covered()
+        machine.quiesce_and_compare()
+    finally:
+        machine.teardown()
+
+
+def test_a_reseed_before_a_resync_pushes_nothing_another_device_wrote(tmp_path: Path) -> None:
+    """A reseed marks every version, pulled ones too, to be pushed; the resync that follows
+    sets aside what another node wrote and the relay no longer has."""
+    machine = CollectionMachine()
+    try:
+        machine.put(2, "own", 1)
+        sync(machine, 2, 0, 1, 2)
+        machine.put(0, "p", 1)
+        sync(machine, 0, 1, 2)
+        leave_d2_out(machine)
+        machine.delete(0, "p")
+        run_and_release(machine, 0, 1)
+        assert "d2" in machine.relay._account(NAME).runs.resync
+        machine.devices[2].session.reseed()  # an epoch change met at the start of its round
+        sync(machine, 2, 2, 0)
+        assert machine.devices[2].replica.get("notes", "p") is None
+        assert machine.devices[0].replica.get("notes", "p") is None
+        machine.the_relay_keeps_nothing_a_collected_tombstone_covered()
+    finally:
+        machine.teardown()
+
+
+def test_a_resync_overtaken_by_a_run_past_its_grace_begins_again() -> None:
+    """Device 2 pulled p in the first page of its resync, then slept past the grace; p was
+    deleted and collected meanwhile. Its ending ack is refused, and the resync it then
+    begins again drops p."""
+    machine = CollectionMachine()
+    try:
+        machine.put(0, "p", 1)
+        for i in range(6):
+            machine.put(0, f"r{i}", i)
+        sync(machine, 0, 1, 2)
+        leave_d2_out(machine)
+        machine.put(0, "x", 1)
+        sync(machine, 0)
+        machine.delete(0, "x")
+        sync(machine, 0, 1, 0, 1)
+        machine.collect()
+        device = machine.devices[2]
+        device.session.begin_resync()
+        page = machine.relay.pull(NAME, 0, device_id=device.id, resync=True)
+        device.session.apply_page(page)  # p is on it
+        machine.advance(DAY_MS + 3_600_000)
+        machine.delete(0, "p")
+        sync(machine, 0, 1, 0, 1)
+        machine.collect()
+        while page.has_more:
+            page = machine.relay.pull(NAME, device.session.cursor, device_id="d2", resync=True)
+            device.session.apply_page(page)
+        assert device.session.finish_resync() is not None
+        with pytest.raises(ResyncRequiredError):
+            device.ack()  # a run overtook it
+        sync(machine, 2)  # so it begins again
+        assert "d2" not in machine.relay._account(NAME).runs.resync
+        assert device.replica.get("notes", "p") is None
+        machine.a_device_past_a_run_holds_nothing_it_covered()
+        machine.quiesce_and_compare()
+    finally:
+        machine.teardown()
+
+
+def test_a_resync_another_process_overtook_changes_nothing_and_begins_again() -> None:
+    """Two processes of one file resync at once (the driver's lease prevents it; this is
+    what the session does without it): the one whose pages another's pull overtook drops
+    nothing the relay still has."""
+    machine = CollectionMachine()
+    try:
+        for i in range(9):
+            machine.put(0, f"r{i}", i)
+        sync(machine, *range(REPLICAS))
+        leave_d2_out(machine)
+        machine.put(0, "x", 1)
+        sync(machine, 0)
+        machine.delete(0, "x")
+        sync(machine, 0, 1, 0, 1)
+        machine.collect()
+        device = machine.devices[2]
+        other = Replica.open(device.path, options=device.options)
+        try:
+            other.unlock_with_key(device.key)
+            first, second = device.session, other.sync_session(max_batch_count=3)
+            first.begin_resync()
+            first.apply_page(machine.relay.pull(NAME, 0, device_id="d2", resync=True))
+            pull_to_the_head(machine, second)
+            assert second.finish_resync() is not None
+            pull_to_the_head(machine, first, begin=False)
+            assert first.finish_resync() is None  # overtaken: nothing settled
+        finally:
+            other.close()
+        assert all(device.replica.get("notes", f"r{i}") is not None for i in range(9))
+    finally:
+        machine.teardown()
+
+
+def pull_to_the_head(
+    machine: CollectionMachine, session: SyncSession, *, begin: bool = True
+) -> None:
+    """A resync's pulls, as device 2, to the head (begun here unless `begin` is false)."""
+    if begin:
+        session.begin_resync()
+    while True:
+        page = machine.relay.pull(NAME, session.cursor, device_id="d2", resync=True)
+        session.apply_page(page)
+        if not page.has_more:
+            return

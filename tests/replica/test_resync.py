@@ -33,6 +33,17 @@ def leave_d2_out(machine: CollectionMachine) -> None:
     sync(machine, 0, 1)
 
 
+def flag_d2(machine: CollectionMachine) -> None:
+    """Device 2 left out, then a run (of record x, written and deleted meanwhile) flags it."""
+    leave_d2_out(machine)
+    machine.put(0, "x", 1)
+    sync(machine, 0)
+    machine.delete(0, "x")
+    sync(machine, 0, 1, 0, 1)
+    machine.collect()
+    assert "d2" in machine.relay._account(NAME).runs.resync
+
+
 def test_a_whole_restore_never_pushes_what_its_device_pushed_after_the_backup(
     tmp_path: Path,
 ) -> None:
@@ -98,12 +109,7 @@ def test_a_resync_overtaken_by_a_run_past_its_grace_begins_again() -> None:
         for i in range(6):
             machine.put(0, f"r{i}", i)
         sync(machine, 0, 1, 2)
-        leave_d2_out(machine)
-        machine.put(0, "x", 1)
-        sync(machine, 0)
-        machine.delete(0, "x")
-        sync(machine, 0, 1, 0, 1)
-        machine.collect()
+        flag_d2(machine)
         device = machine.devices[2]
         device.session.begin_resync()
         page = machine.relay.pull(NAME, 0, device_id=device.id, resync=True)
@@ -136,12 +142,7 @@ def test_a_resync_another_process_overtook_changes_nothing_and_begins_again() ->
         for i in range(9):
             machine.put(0, f"r{i}", i)
         sync(machine, *range(REPLICAS))
-        leave_d2_out(machine)
-        machine.put(0, "x", 1)
-        sync(machine, 0)
-        machine.delete(0, "x")
-        sync(machine, 0, 1, 0, 1)
-        machine.collect()
+        flag_d2(machine)
         device = machine.devices[2]
         other = Replica.open(device.path, options=device.options)
         try:

@@ -14,10 +14,10 @@ record back on every device. So, at the head:
   may have been stored, then deleted on another device). That is one whose hlc is at or
   below meta `offered_through` (the clock when a push last included a version not yet
   covered: every version this node wrote since has a greater hlc), one written as another
-  node (a reseed marks pulled versions too; a restored or
-  copied file's versions were written under its old node id, and their copies elsewhere
-  may have pushed them since), and one merged from a backup (`dirty = 2`,
-  replica/restore.py), which counts as acknowledged if seen;
+  node (a reseed marks pulled versions too; a restored or copied file's versions were
+  written under its old node id, and their copies elsewhere may have pushed them since),
+  and one merged from a backup (`dirty = 2`, replica/restore.py), which counts as
+  acknowledged if seen;
 - an unseen dirty version of this node above the mark is a new write: it is pushed;
 - an unseen held version is set aside too: merged later, it could be one a collected
   tombstone replaced.

@@ -39,14 +39,13 @@ from replica.outside import Merged
 from replica.record import Context, Record, Version
 from replica.repair import Diagnosis, Finding, RepairReport
 from replica.replica import Replica
-from replica.resync import Resynced
+from replica.resync import RESYNC_LEASE, Resynced
 from replica.schema import DEFAULT_PROFILE, REGISTER_ID, Collection, Schema
 from replica.snapshot import backup_replica_file, copy_replica_file
 from replica.status import Status
 from replica.sync import (
     DEFAULT_BATCH_BYTES,
     DEFAULT_BATCH_COUNT,
-    RESYNC_LEASE,
     Acknowledged,
     Applied,
     SyncSession,

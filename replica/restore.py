@@ -27,13 +27,17 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from pathlib import Path
 
+from replica import leases
 from replica.core import Core
 from replica.envelope import open_envelope
 from replica.errors import EnvelopeError, ProtocolError, StoreError, UnknownEpochError
 from replica.files import read_only_uri
 from replica.outside import Merged, merge_outside
+from replica.resync import RESYNC_LEASE
 from replica.wire import node_from_i64, parse_header
 
+MERGE_WAIT_S = 30.0
+"""How long a merge waits for a full resync of the file under way (`RESYNC_LEASE`)."""
 PAGE_ROWS = 1000
 """Versions merged per transaction."""
 SAMPLE_ROWS = 32
@@ -53,7 +57,10 @@ def merge_backup(
     """Merge the versions of `backup` (those of `scopes` only, when given) into the replica
     of `core`, which must be unlocked."""
     report = Merged()
-    with _checked(core, backup) as db:
+    with (
+        leases.take(core, RESYNC_LEASE, ttl_s=60.0, wait_s=MERGE_WAIT_S),
+        _checked(core, backup) as db,
+    ):
         total = _count(db, scopes)
         for page in _pages(db, scopes):
             _merge_page(core, page, report)

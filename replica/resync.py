@@ -38,6 +38,10 @@ from replica.wire import PageEntry, node_from_i64, node_to_i64, peek_dot
 
 SET_ASIDE = "collected"
 """The `held` reason of a version a resync set aside."""
+RESYNC_LEASE = "sealsync/resync"
+"""The lease held over a full resync (by the driver) and over a merge of a backup: one of
+them at a time on a file, or a merge's writes would be settled by a resync that never
+looked at them."""
 
 
 @dataclass(frozen=True)

@@ -58,8 +58,6 @@ DEFAULT_BATCH_BYTES = 4 * 1024 * 1024
 KEEPALIVE_MS = 24 * 3600 * 1000
 """A device that syncs acks at least this often, moved or not: a relay's collection
 horizon (90 days by default) leaves out a device silent for longer."""
-RESYNC_LEASE = "sealsync/resync"
-"""The lease a driver holds over a full resync: one process of a file resyncs at a time."""
 ACK_EVERY_S = 600.0
 """How often at most a session sends an ack with nothing to push (`ack_due`): collection
 waits days for an ack, and a phone's battery should not pay for fresher ones."""

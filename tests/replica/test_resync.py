@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from relay.errors import ResyncRequiredError
-from replica import Replica, SyncSession, backup_replica_file
+from replica import (
+    RESYNC_LEASE,
+    LeaseBusyError,
+    Replica,
+    SyncSession,
+    backup_replica_file,
+    restore,
+)
 from tests.replica.test_collection import DAY_MS, HORIZON_MS, NAME, REPLICAS, CollectionMachine
 
 
@@ -172,3 +179,25 @@ def pull_to_the_head(
         session.apply_page(page)
         if not page.has_more:
             return
+
+
+def test_a_merge_waits_for_a_resync_of_the_file_under_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resync settles what it saw; a backup merged meanwhile (its writes waiting for a
+    verdict) would be settled unseen. So a merge takes the resync's lease: while a resync
+    holds it, the merge waits, then refuses, writing nothing."""
+    machine = CollectionMachine()
+    try:
+        machine.put(2, "b", 1)
+        backup = tmp_path / "d2-backup.db"
+        backup_replica_file(machine.devices[2].path, backup)
+        replica = machine.devices[0].replica
+        monkeypatch.setattr(restore, "MERGE_WAIT_S", 0.2)
+        with replica.lease(RESYNC_LEASE):  # as the driver holds it over a resync
+            with pytest.raises(LeaseBusyError):
+                replica.merge_backup(backup)
+            assert replica.get("notes", "b") is None
+        assert replica.merge_backup(backup).merged == 1
+    finally:
+        machine.teardown()

@@ -75,6 +75,15 @@ class UntrustedCertificateError(RelayClientError):
     code = "untrusted_certificate"
 
 
+class ResyncBusyError(RelayClientError):
+    """Another process is pulling everything again into this replica file (a full resync,
+    replica/resync.py): this one waited for it, and tries again later (`sync --watch` does
+    at its next wake)."""
+
+    code = "resync_busy"
+    retryable = True
+
+
 class NoSessionError(RelayClientError):
     """A call that needs a device session before one was registered, logged in or given."""
 

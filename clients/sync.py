@@ -29,7 +29,7 @@ from clients.errors import (
     NoSessionError,
     RelayClientError,
     RelayRefusedError,
-    UnknownOutcomeError,
+    ResyncBusyError,
 )
 from clients.http import RelayClient
 from clients.live import HeadFeed
@@ -40,6 +40,7 @@ from replica import (
     RESYNC_LEASE,
     ChangeEvent,
     ErrorCode,
+    LeaseBusyError,
     Replica,
     Resynced,
     RollbackError,
@@ -55,8 +56,9 @@ FRAMING_BYTES = 1024
 PER_ENVELOPE_FRAMING_BYTES = 5
 """A MessagePack bin header is at most 5 bytes."""
 DEFAULT_BACKOFF = Backoff()
-RESYNC_WAIT_S = 600.0
-"""How long a round waits for another process's full resync of the same file."""
+RESYNC_WAIT_S = 60.0
+"""How long a round waits for another process's full resync of the same file, before it
+gives up for now (`ResyncBusyError`, which a watch retries at its next wake)."""
 RESYNC_ATTEMPTS = 3
 WATCH_TICK_S = 0.1
 """How often a waiting `watch` looks at its stop event."""
@@ -410,12 +412,22 @@ class SyncDriver:
             "pulling everything again before pushing: tombstones were collected without "
             "this device, or this file is a restored copy"
         )
-        with self._replica.lease(RESYNC_LEASE, ttl_s=60.0, wait_s=RESYNC_WAIT_S):
+        try:
+            lease = self._replica.lease(RESYNC_LEASE, ttl_s=60.0, wait_s=RESYNC_WAIT_S)
+        except LeaseBusyError:
+            raise ResyncBusyError(
+                "another process is pulling everything again into this replica",
+                hint="sync again once it is done",
+            ) from None
+        with lease:
             for _ in range(RESYNC_ATTEMPTS):
                 if self._resync_once(session, tally, report):
                     break
             else:
-                raise UnknownOutcomeError("a full resync was overtaken each time it ran")
+                raise ResyncBusyError(
+                    "a full resync was overtaken each time it ran (another process pulled)",
+                    hint="sync again",
+                )
         session.restart()
 
     def _resync_once(self, session: SyncSession, tally: _Tally, report: _Reporter) -> bool:

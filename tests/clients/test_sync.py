@@ -14,10 +14,19 @@ from pathlib import Path
 
 import pytest
 
+from clients import sync as sync_module
+from clients.errors import ResyncBusyError
 from clients.http import RelayClient
 from clients.keys import adopt_relay_keys, rotate_revoking
 from clients.sync import Progress, SyncDriver, SyncReport, is_epoch_change
-from replica import LoginKeys, Replica, ReplicaLockedError, RollbackError, passphrase_login_keys
+from replica import (
+    RESYNC_LEASE,
+    LoginKeys,
+    Replica,
+    ReplicaLockedError,
+    RollbackError,
+    passphrase_login_keys,
+)
 from replica.wire import LoginRequest, parse_header
 from tests.clients.chaos import ChaosTransport, FirstReplyLost
 from tests.clients.conftest import Device, Fleet, contents
@@ -450,3 +459,24 @@ def test_a_watch_that_meets_newer_keys_pulls_only_and_keeps_its_writes(
     with pytest.raises(ReplicaLockedError):  # its keys are stale, its record is not damaged
         b.replica.get("notes", "mine")
     assert b.replica.status().degraded == 0
+
+
+def test_a_sync_behind_another_processes_resync_gives_up_for_now_and_retries(
+    start_relay: Callable[..., RelayProcess],
+    fleets: Callable[..., Fleet],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A restored file resyncs before it pushes, one process at a time (the lease): a round
+    that finds another process's resync under way waits, then gives up for now with a
+    retryable error (a watch tries again at its next wake), and resyncs once it is done."""
+    relay = start_relay()
+    device = fleets(relay.url).add("laptop")
+    device.replica.put("notes", "n", {"title": "kept"})
+    device.driver.sync()
+    device.replica.take_new_node_id()  # what `restore` does: the next sync resyncs first
+    monkeypatch.setattr(sync_module, "RESYNC_WAIT_S", 0.2)
+    with device.replica.lease(RESYNC_LEASE), pytest.raises(ResyncBusyError) as caught:
+        device.driver.sync()  # while another process's resync holds the lease
+    assert caught.value.retryable and caught.value.hint == "sync again once it is done"
+    report = device.driver.sync()
+    assert report.resynced is not None and device.replica.get("notes", "n") is not None

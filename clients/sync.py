@@ -38,6 +38,7 @@ from replica import (
     DEFAULT_BATCH_BYTES,
     DEFAULT_BATCH_COUNT,
     RESYNC_LEASE,
+    RESYNC_LEASE_TTL_S,
     ChangeEvent,
     ErrorCode,
     LeaseBusyError,
@@ -60,6 +61,8 @@ RESYNC_WAIT_S = 60.0
 """How long a round waits for another process's full resync of the same file, before it
 gives up for now (`ResyncBusyError`, which a watch retries at its next wake)."""
 RESYNC_ATTEMPTS = 3
+"""Full resyncs a round begins before it gives up for now (each overtaken by another
+process's pull, or by a collection run that refused its ending ack)."""
 WATCH_TICK_S = 0.1
 """How often a waiting `watch` looks at its stop event."""
 
@@ -413,7 +416,9 @@ class SyncDriver:
             "this device, or this file is a restored copy"
         )
         try:
-            lease = self._replica.lease(RESYNC_LEASE, ttl_s=60.0, wait_s=RESYNC_WAIT_S)
+            lease = self._replica.lease(
+                RESYNC_LEASE, ttl_s=RESYNC_LEASE_TTL_S, wait_s=RESYNC_WAIT_S
+            )
         except LeaseBusyError:
             raise ResyncBusyError(
                 "another process is pulling everything again into this replica",
@@ -425,7 +430,8 @@ class SyncDriver:
                     break
             else:
                 raise ResyncBusyError(
-                    "a full resync was overtaken each time it ran (another process pulled)",
+                    f"a full resync was overtaken all {RESYNC_ATTEMPTS} times it ran (by another "
+                    "process's pull, or a collection run)",
                     hint="sync again",
                 )
         session.restart()

@@ -24,12 +24,13 @@ from typing import NamedTuple
 from replica.errors import InvalidArgumentError
 from replica.wire import MAX_RUN_MARKERS, PageEntry, VersionVector, dominates
 
-RESYNC_GRACE_MS = 24 * 3600 * 1000
+DAY_MS = 24 * 3600 * 1000
+RESYNC_GRACE_MS = DAY_MS
 """How long a device's full resync holds runs back, from its first pull; past it, a resync
 still going is taken to have stopped (the device starts again at its next sync)."""
 
 
-MAX_HORIZON_MS = 10 * 365 * 24 * 3600 * 1000
+MAX_HORIZON_MS = 10 * 365 * DAY_MS
 
 
 def check_run_bounds(limit: int, horizon_ms: int | None) -> None:

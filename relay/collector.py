@@ -11,12 +11,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from relay.collection import DAY_MS
 from relay.config import RelayConfig
 from relay.storage import Storage
 
 log = logging.getLogger(f"sealsync.{__name__}")
-
-DAY_MS = 24 * 3600 * 1000
 
 
 def collect_all(storage: Storage, name: str, horizon_ms: int | None) -> dict[str, object]:

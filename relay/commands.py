@@ -24,7 +24,8 @@ from rich.console import Console
 from rich.table import Table
 
 from relay import tokens
-from relay.collector import collect_all
+from relay.collection import DAY_MS
+from relay.collector import collect_all, collect_every_account
 from relay.config import RelayConfig, load_config
 from relay.serve import configure_logging, open_storage, serve
 from relay.sqlite import SQLiteStorage
@@ -33,7 +34,6 @@ from replica.errors import InvalidArgumentError
 from replica.wire import system_clock_ms
 
 DEFAULT_PORT = 8787
-DAY_MS = 86_400_000
 out = Console(highlight=False, soft_wrap=True)
 
 
@@ -250,8 +250,10 @@ def relay_collect(
             raise InvalidArgumentError(
                 f"no account {name!r} on this relay", hint="`sealsync relay accounts` lists them"
             )
-        names = [name] if name is not None else [a.name for a in storage.accounts()]
-        totals = [collect_all(storage, account, horizon_ms) for account in names]
+        if name is None:
+            totals = collect_every_account(storage, horizon_ms)
+        else:
+            totals = [collect_all(storage, name, horizon_ms)]
     if as_json:
         out.print_json(json.dumps(totals))
         return

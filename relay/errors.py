@@ -131,7 +131,8 @@ class ResyncRequiredError(ConflictError):
     def __init__(self) -> None:
         super().__init__(
             "this device must pull everything again first: tombstones were collected while "
-            "it was away"
+            "it was away (pull from cursor 0 with resync=1, then ack the head in an empty "
+            "signed push)"
         )
 
 

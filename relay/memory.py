@@ -177,8 +177,6 @@ class MemoryRelay:
             entry = self._account(account.name)
             entry.record = account
             entry.devices[device.id] = device
-            if entry.runs.last_run_seq:  # `relay.sqlcollect.flag_if_runs`
-                entry.runs.resync[device.id] = None
             self._tokens.update((t.hash, t) for t in tokens)
             return self.state(account.name)
 

@@ -31,10 +31,10 @@ from relay.signing import (
     bundle_keys,
 )
 from relay.sqlcollect import (
+    account_to_pull,
     collect,
     flag_if_runs,
     next_run,
-    refuse_unless_resynced,
     run_markers,
     start_resync,
 )
@@ -488,12 +488,7 @@ class SQLStorage(ABC):
         if device_id is not None and resync and cursor == 0:
             self._start_resync(name, device_id)
         with self._snapshot() as tx:
-            row = tx.one("SELECT id, epoch, head FROM accounts WHERE name = ?", (name,))
-            if row is None:
-                raise NotFoundError("no such account")
-            account_id, epoch, head = row
-            if device_id is not None and not resync:
-                refuse_unless_resynced(tx, account_id, device_id)
+            account_id, epoch, head = account_to_pull(tx, name, device_id, resync)
             run = next_run(tx, account_id, cursor)
             until = head if run is None else run - 1  # a page ends at a run
             sizes = tx.all(

@@ -30,20 +30,21 @@ def collect(
     floor = where.floor
     if floor is None:
         return CollectReport(name, None, None, 0, 0, 0)
-    top = tx.one(
-        "SELECT max(seq) FROM collect_runs WHERE account = ? AND seq <= ?", (account_id, floor)
-    )
-    released = tx.run(
-        "DELETE FROM collect_runs WHERE account = ? AND seq <= ?", (account_id, floor)
-    )
+    released = [
+        seq
+        for (seq,) in tx.all(
+            "DELETE FROM collect_runs WHERE account = ? AND seq <= ? RETURNING seq",
+            (account_id, floor),
+        )
+    ]
     tx.run("DELETE FROM collected WHERE account = ? AND seq <= ?", (account_id, floor))
     taken = [Candidate(*c) for c in tx.all(CANDIDATES, (account_id, floor, limit))]
-    run = None
+    run, size = None, 0
     if taken:
         run = head + 1
         size = delete_as_run(tx, account_id, run, taken, (now_ms, floor))
         tx.announce(name, run)
-    last = run or (top[0] if top else None)
+    last = run or max(released, default=None)
     flagged = to_flag(where.stale, last)
     tx.run_in(
         "UPDATE devices SET resync = 1, resync_ms = NULL WHERE account = ? AND id = ANY(?)",
@@ -54,9 +55,7 @@ def collect(
         tx.run(
             "UPDATE devices SET resync_ms = NULL WHERE account = ? AND resync = 1", (account_id,)
         )
-    if run is None:
-        return CollectReport(name, floor, None, 0, 0, released, len(flagged))
-    return CollectReport(name, floor, run, len(taken), size, released, len(flagged))
+    return CollectReport(name, floor, run, len(taken), size, len(released), len(flagged))
 
 
 def standings(tx: Transaction, account_id: int) -> list[Standing]:
@@ -150,18 +149,30 @@ def start_resync(tx: Transaction, name: str, device_id: str, now_ms: int) -> Non
     )
 
 
-def refuse_unless_resynced(tx: Transaction, account_id: int, device_id: str) -> None:
-    """`ResyncRequiredError` for a flagged device pulling as usual."""
-    row = tx.one("SELECT resync FROM devices WHERE account = ? AND id = ?", (account_id, device_id))
-    if row is not None and row[0]:
+def account_to_pull(
+    tx: Transaction, name: str, device_id: str | None, resync: bool
+) -> tuple[int, str, int]:
+    """(id, epoch, head) of the account a pull reads; `ResyncRequiredError` for a device
+    flagged to resync pulling as usual (one statement: pulls are the hot path)."""
+    row = tx.one(
+        "SELECT a.id, a.epoch, a.head, (SELECT d.resync FROM devices d"
+        " WHERE d.account = a.id AND d.id = ?) FROM accounts a WHERE a.name = ?",
+        (device_id, name),
+    )
+    if row is None:
+        raise NotFoundError("no such account")
+    account_id, epoch, head, flagged = row
+    if flagged and not resync:
         raise ResyncRequiredError()
+    return account_id, epoch, head
 
 
 def resync_refusal(
     tx: Transaction, account_id: int, device_id: str, envelopes: int, ack: int | None
 ) -> ResyncRequiredError | None:
-    """A flagged device's signed push: the empty one that acks at least the latest run, at
-    the end of a resync no run overtook, ends it; any other is refused."""
+    """A flagged device's signed push (`record_push` found the flag): the empty one that
+    acks at least the latest run, at the end of a resync no run overtook, ends it; any
+    other is refused."""
     row = tx.one(
         "SELECT d.resync, d.resync_ms, a.last_run_seq FROM devices d"
         " JOIN accounts a ON a.id = d.account WHERE d.account = ? AND d.id = ?",

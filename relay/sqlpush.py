@@ -87,29 +87,31 @@ def authorized(
     assert push.pusher is not None, "a signed push has its pusher"
     ack = None if batch.ack is None else min(batch.ack, state.head)
     device_id = push.pusher.device_id
-    record_push(tx, account_id, device_id, batch.counter, ack, push.received_ms)
-    push.refusal = resync_refusal(tx, account_id, device_id, len(batch.envelopes), ack)
+    if record_push(tx, account_id, device_id, batch.counter, ack, push.received_ms):
+        push.refusal = resync_refusal(tx, account_id, device_id, len(batch.envelopes), ack)
     return refuse_epochs_ahead(keys, push.checked), push.tombs
 
 
 def record_push(
     tx: Transaction, account_id: int, device_id: str, counter: int, ack: int | None, now_ms: int
-) -> None:
+) -> bool:
     """Take `counter` as the device's last, or raise `CounterStaleError` with the last one
     when it is not above it (`UnauthorizedError` when the device was revoked meanwhile); and
     `ack` (at most the head) as how far it pulled now: as sent, even below what it said
-    before (a repair or a restored file pulls again from lower down)."""
+    before (a repair or a restored file pulls again from lower down). Whether the device is
+    flagged to resync (read by the same statement)."""
     acked = ""
     values: tuple[int, ...] = ()
     if ack is not None:
         acked = ", ack_seq = ?, ack_ms = ?"
         values = (ack, now_ms)
-    if tx.run(
+    flagged = tx.one(
         f"UPDATE devices SET push_counter = ?{acked} WHERE account = ? AND id = ?"
-        " AND push_counter < ?",
+        " AND push_counter < ? RETURNING resync",
         (counter, *values, account_id, device_id, counter),
-    ):
-        return
+    )
+    if flagged is not None:
+        return bool(flagged[0])
     row = tx.one(
         "SELECT push_counter FROM devices WHERE account = ? AND id = ?", (account_id, device_id)
     )

@@ -39,7 +39,7 @@ from replica.outside import Merged
 from replica.record import Context, Record, Version
 from replica.repair import Diagnosis, Finding, RepairReport
 from replica.replica import Replica
-from replica.resync import RESYNC_LEASE, Resynced
+from replica.resync import RESYNC_LEASE, RESYNC_LEASE_TTL_S, Resynced
 from replica.schema import DEFAULT_PROFILE, REGISTER_ID, Collection, Schema
 from replica.snapshot import backup_replica_file, copy_replica_file
 from replica.status import Status
@@ -67,6 +67,7 @@ __all__ = [
     "DEFAULT_PROFILE",
     "REGISTER_ID",
     "RESYNC_LEASE",
+    "RESYNC_LEASE_TTL_S",
     "Acknowledged",
     "Applied",
     "AsideVersion",

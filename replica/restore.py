@@ -33,7 +33,7 @@ from replica.envelope import open_envelope
 from replica.errors import EnvelopeError, ProtocolError, StoreError, UnknownEpochError
 from replica.files import read_only_uri
 from replica.outside import Merged, merge_outside
-from replica.resync import RESYNC_LEASE
+from replica.resync import RESYNC_LEASE, RESYNC_LEASE_TTL_S
 from replica.wire import node_from_i64, parse_header
 
 MERGE_WAIT_S = 30.0
@@ -58,7 +58,7 @@ def merge_backup(
     of `core`, which must be unlocked."""
     report = Merged()
     with (
-        leases.take(core, RESYNC_LEASE, ttl_s=60.0, wait_s=MERGE_WAIT_S),
+        leases.take(core, RESYNC_LEASE, ttl_s=RESYNC_LEASE_TTL_S, wait_s=MERGE_WAIT_S),
         _checked(core, backup) as db,
     ):
         total = _count(db, scopes)

@@ -42,6 +42,8 @@ RESYNC_LEASE = "sealsync/resync"
 """The lease held over a full resync (by the driver) and over a merge of a backup: one of
 them at a time on a file, or a merge's writes would be settled by a resync that never
 looked at them."""
+RESYNC_LEASE_TTL_S = 60.0
+"""The lease's time to live: renewed while held, it runs out this long after a crash."""
 
 
 @dataclass(frozen=True)

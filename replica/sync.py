@@ -445,7 +445,7 @@ class SyncSession:
         the same transaction) before it is sent: every version this file wrote so far may
         have reached the relay, every later one has a greater hlc (replica/resync.py)."""
         spent = self._counters is None or self._counters[0] > self._counters[1]
-        if spent or offered > self._store.get_int("offered_through"):
+        if spent or (offered and offered > self._store.get_int("offered_through")):
             with self._store.transaction():
                 marked = self._store.get_int("offered_through")
                 if offered > marked:

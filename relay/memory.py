@@ -561,8 +561,8 @@ class MemoryRelay:
                 collected = account.runs.markers(run)
             next_cursor, has_more = page_end(entries, has_more, run, account.head, cursor)
             self._compact_seqs(account)
-            state = self.state(name)
-        return Page(cursor, entries, next_cursor, has_more, state, collected)
+            state, last_run = self.state(name), account.runs.last_run_seq
+        return Page(cursor, entries, next_cursor, has_more, state, collected, last_run)
 
     # -- collection -------------------------------------------------------------------------
 

@@ -488,7 +488,7 @@ class SQLStorage(ABC):
         if device_id is not None and resync and cursor == 0:
             self._start_resync(name, device_id)
         with self._snapshot() as tx:
-            account_id, epoch, head = account_to_pull(tx, name, device_id, resync)
+            account_id, epoch, head, last_run = account_to_pull(tx, name, device_id, resync)
             run = next_run(tx, account_id, cursor)
             until = head if run is None else run - 1  # a page ends at a run
             sizes = tx.all(
@@ -508,7 +508,7 @@ class SQLStorage(ABC):
         entries = [PageEntry(seq, envelope) for seq, envelope in rows]
         next_cursor, has_more = page_end(entries, has_more, run, head, cursor)
         state = RelayState(self._storage_id, epoch, head)
-        return Page(cursor, entries, next_cursor, has_more, state, collected)
+        return Page(cursor, entries, next_cursor, has_more, state, collected, last_run)
 
     def _start_resync(self, name: str, device_id: str) -> None:
         with self._write() as tx:

@@ -151,20 +151,20 @@ def start_resync(tx: Transaction, name: str, device_id: str, now_ms: int) -> Non
 
 def account_to_pull(
     tx: Transaction, name: str, device_id: str | None, resync: bool
-) -> tuple[int, str, int]:
-    """(id, epoch, head) of the account a pull reads; `ResyncRequiredError` for a device
-    flagged to resync pulling as usual (one statement: pulls are the hot path)."""
+) -> tuple[int, str, int, int]:
+    """(id, epoch, head, last run) of the account a pull reads; `ResyncRequiredError` for a
+    device flagged to resync pulling as usual (one statement: pulls are the hot path)."""
     row = tx.one(
-        "SELECT a.id, a.epoch, a.head, (SELECT d.resync FROM devices d"
+        "SELECT a.id, a.epoch, a.head, a.last_run_seq, (SELECT d.resync FROM devices d"
         " WHERE d.account = a.id AND d.id = ?) FROM accounts a WHERE a.name = ?",
         (device_id, name),
     )
     if row is None:
         raise NotFoundError("no such account")
-    account_id, epoch, head, flagged = row
+    account_id, epoch, head, last_run, flagged = row
     if flagged and not resync:
         raise ResyncRequiredError()
-    return account_id, epoch, head
+    return account_id, epoch, head, last_run
 
 
 def resync_refusal(

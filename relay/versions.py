@@ -141,7 +141,7 @@ def declared_tombstones(batch: PushBatch) -> list[bool]:
     """Each envelope's tombstone bit; `InvalidError` for bits past the last envelope, checked
     before anything of the push is recorded."""
     try:
-        return tombstone_flags(batch)
+        return tombstone_flags(len(batch.envelopes), batch.tombstones)
     except ProtocolError as exc:
         raise InvalidError(str(exc)) from None
 

@@ -12,8 +12,8 @@ record back on every device. So, at the head:
 - an unseen dirty version that may have been offered before is *set aside*: moved to `held`
   with reason `collected`, never merged or pushed, kept for the person to look at (its push
   may have been stored, then deleted on another device). That is one whose hlc is at or
-  below meta `offered_through` (the clock when a push last included a version not yet
-  covered: every version this node wrote since has a greater hlc), one written as another
+  below meta `offered_through` (the greatest hlc a signed push included: every version
+  this node wrote since has a greater hlc), one written as another
   node (a reseed marks pulled versions too; a restored or copied file's versions were
   written under its old node id, and their copies elsewhere may have pushed them since),
   and one merged from a backup (`dirty = 2`, replica/restore.py), which counts as
@@ -21,6 +21,10 @@ record back on every device. So, at the head:
 - an unseen dirty version of this node above the mark is a new write: it is pushed;
 - an unseen held version is set aside too: merged later, it could be one a collected
   tombstone replaced.
+
+On a relay that never ran a collection (its pages' `last_run` is 0, and no run was applied
+here), nothing it lacks can have been collected: every unseen version is pushed (again), and
+nothing is dropped or set aside. That is the usual resync of a restored file.
 
 The unseen set lives in a temporary table of the file's connection: a resync cut short
 starts again from 0 at the next sync, as the relay still asks for one. So does one that
@@ -85,8 +89,11 @@ def saw(store: Store, entries: list[PageEntry]) -> None:
     )
 
 
-def finish(store: Store) -> Resynced:
-    """Settle what the relay no longer has (inside the caller's transaction)."""
+def finish(store: Store, *, collected: bool) -> Resynced:
+    """Settle what the relay no longer has (inside the caller's transaction); `collected`:
+    whether it ever ran a collection (its last page's `last_run`, or a run applied here)."""
+    if not collected:
+        return _nothing_collected(store)
     offered, own = store.get_int("offered_through"), node_to_i64(store.get_int("node"))
     rows = store.db.execute(
         "SELECT v.id, v.dirty, v.changed, v.key, v.node, v.hlc, v.envelope, v.scope"
@@ -118,3 +125,16 @@ def finish(store: Store) -> Resynced:
     if dropped:
         store.set_meta("resync_dropped", store.get_int("resync_dropped") + dropped)
     return Resynced(dropped, len(aside) + held)
+
+
+def _nothing_collected(store: Store) -> Resynced:
+    """A relay that never collected lacks a version only if it never stored it (or lost
+    it): no tombstone it took away could cover one, so every unseen version is pushed
+    (again), and nothing is dropped or set aside. Held versions stay held."""
+    store.db.execute(
+        "UPDATE versions SET dirty = 1 WHERE (key, node, hlc) IN"
+        " (SELECT key, node, hlc FROM resync_unseen)"
+    )
+    store.db.execute("UPDATE versions SET dirty = 0 WHERE dirty = 2")  # seen: the relay has it
+    store.db.execute("DROP TABLE temp.resync_unseen")
+    return Resynced(0, 0)

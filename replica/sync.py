@@ -122,6 +122,8 @@ class SyncSession:
         self._resync_at = -1
         """Where the resync's pages reached, each starting where the one before ended; -1
         once one did not (another process's pull moved the cursor past what this one saw)."""
+        self._resync_run = 0
+        """The relay's latest collection run, as the resync's last page said (0: none)."""
         self._offering = 0
         """The greatest hlc of the versions this pass offered so far (`next_batch`)."""
         self._offered: tuple[int, int] | None = None
@@ -302,6 +304,7 @@ class SyncSession:
             if self._resyncing:
                 resync.saw(self._store, page.entries)
                 self._resync_at = page.next_cursor if page.cursor == self._resync_at else -1
+                self._resync_run = page.last_run
             if advanced:
                 cursor = page.next_cursor
                 self._store.set_meta("cursor", cursor)
@@ -340,7 +343,7 @@ class SyncSession:
         with self._core.mutex, self._store.transaction():
             resync.begin(self._store)
             self._unoffer()
-            self._resyncing, self._resync_at = True, 0
+            self._resyncing, self._resync_at, self._resync_run = True, 0, 0
         self.restart()
 
     def _unoffer(self) -> None:
@@ -368,7 +371,8 @@ class SyncSession:
             if self._resync_at != self._store.get_int("cursor"):
                 resync.abandon(self._store)
                 return None
-            done = resync.finish(self._store)
+            collected = self._resync_run > 0 or self._store.get_int("run_passed") > 0
+            done = resync.finish(self._store, collected=collected)
             for name in ("acked_cursor", "resync_needed"):
                 self._store.delete_meta(name)
         self._acked, self._acked_at = 0, None
@@ -441,18 +445,18 @@ class SyncSession:
     def _next_counter(self, *, offered: int = 0) -> int:
         """The next counter of the block this session took, or of a new block: the file
         keeps the block's last number, so another session (any process) takes the next. A
-        batch with a version above meta `offered_through` (an hlc) raises it to the clock (in
-        the same transaction) before it is sent: every version this file wrote so far may
-        have reached the relay, every later one has a greater hlc (replica/resync.py)."""
+        batch with a version above meta `offered_through` (an hlc) raises it to the greatest
+        hlc this pass offered (in the same transaction) before it is sent: a version of this
+        node up to it may have reached the relay; one written since, even while the batch
+        was signed, has a greater hlc and was not offered (replica/resync.py)."""
         spent = self._counters is None or self._counters[0] > self._counters[1]
         if spent or (offered and offered > self._store.get_int("offered_through")):
             with self._store.transaction():
                 marked = self._store.get_int("offered_through")
                 if offered > marked:
-                    raised = self._store.get_int("clock")
                     before = marked if self._offered is None else self._offered[0]
-                    self._offered = (before, raised)
-                    self._store.set_meta("offered_through", raised)
+                    self._offered = (before, offered)
+                    self._store.set_meta("offered_through", offered)
                 if spent:
                     first = self._store.get_int("push_counter") + 1
                     self._store.set_meta("push_counter", first + COUNTER_BLOCK - 1)

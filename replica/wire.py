@@ -2,8 +2,9 @@
 
 Pure and key-free on purpose: the relay imports this module (and `replica.errors`) and nothing
 else from `replica`, so it can index, compact and check envelopes without ever decrypting one.
-The Argon2id parameters of prelogin live in `replica.kdfparams`, and a page's collection
-markers in `replica.wiremarks`, as pure, read through here.
+The Argon2id parameters of prelogin live in `replica.kdfparams`, and what the relay is told
+of tombstones (a push's tombstone bits, a page's collection markers) in `replica.wiremarks`,
+as pure, read through here.
 
 Envelope layout (big-endian; specs/envelope.md is normative)::
 
@@ -41,6 +42,8 @@ from replica.kdfparams import check_kdf_params as check_kdf_params  # noqa: PLC0
 from replica.wiremarks import MAX_RUN_MARKERS as MAX_RUN_MARKERS  # noqa: PLC0414
 from replica.wiremarks import CollectedRun as CollectedRun  # noqa: PLC0414
 from replica.wiremarks import pack_markers as pack_markers  # noqa: PLC0414
+from replica.wiremarks import tombstone_bits as tombstone_bits  # noqa: PLC0414
+from replica.wiremarks import tombstone_flags as tombstone_flags  # noqa: PLC0414
 
 PROTOCOL_VERSION = 5
 FORMAT_VERSION = 1
@@ -309,21 +312,6 @@ class PushBatch(msgspec.Struct, frozen=True):
         return f"PushBatch({len(self.envelopes)} envelopes, counter={self.counter})"
 
 
-def tombstone_bits(flags: Sequence[bool]) -> bytes:
-    """`PushBatch.tombstones`: bit i (byte i // 8, from its lowest bit) set when envelope i is
-    a tombstone, as few bytes as the last set bit needs (none when no bit is set)."""
-    bits = sum(1 << i for i, flag in enumerate(flags) if flag)
-    return bits.to_bytes((bits.bit_length() + 7) // 8, "little")
-
-
-def tombstone_flags(batch: PushBatch) -> list[bool]:
-    """Each envelope's bit of `batch.tombstones`; `ProtocolError` for bits past the last."""
-    count, bits = len(batch.envelopes), int.from_bytes(batch.tombstones, "little")
-    if bits >> count or len(batch.tombstones) > (count + 7) // 8:
-        raise ProtocolError(f"tombstones holds bits past the {count} envelopes sent")
-    return [bool(bits >> i & 1) for i in range(count)]
-
-
 def push_signed_bytes(
     account: str,
     device_id: str,
@@ -372,7 +360,8 @@ class PageEntry(msgspec.Struct, frozen=True):
 
 class Page(msgspec.Struct, frozen=True):
     """Envelopes with seq > `cursor`, in seq order; `cursor` echoes the request. A page
-    ends at a collection run (`collected`, whose seq is `next_cursor`) when it reaches one."""
+    ends at a collection run (`collected`, whose seq is `next_cursor`) when it reaches one.
+    `last_run`: the seq of the account's latest run, 0 if it never ran one."""
 
     cursor: Seq
     entries: list[PageEntry]
@@ -380,6 +369,7 @@ class Page(msgspec.Struct, frozen=True):
     has_more: bool
     state: RelayState
     collected: CollectedRun | None = None
+    last_run: Seq = 0
 
 
 class Redacted(msgspec.Struct, frozen=True):

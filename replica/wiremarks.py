@@ -1,4 +1,6 @@
-"""What a page says the relay collected (specs/protocol.md §4.8): a run's markers.
+"""What the relay is told of tombstones: which envelopes of a push are tombstones (the push's
+tombstone bits), and what a page says the relay collected (specs/protocol.md §4.8): a run's
+markers.
 
 A collection run deletes stored tombstones that every device has acknowledged, and takes a
 seq of its own, so a device meets it once, in order, like a version. Its markers name each
@@ -10,7 +12,7 @@ that exact dot, one it opened itself (docs/tombstone-collection.md §4).
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Annotated
 
 import msgspec
@@ -43,3 +45,18 @@ def unpack_markers(run: CollectedRun) -> list[MarkedDot]:
             f"run {run.seq}: {len(run.markers)} bytes of markers, not a multiple of {MARKER.size}"
         )
     return list(MARKER.iter_unpack(run.markers))
+
+
+def tombstone_bits(flags: Sequence[bool]) -> bytes:
+    """`PushBatch.tombstones`: bit i (byte i // 8, from its lowest bit) set when envelope i is
+    a tombstone, as few bytes as the last set bit needs (none when no bit is set)."""
+    bits = sum(1 << i for i, flag in enumerate(flags) if flag)
+    return bits.to_bytes((bits.bit_length() + 7) // 8, "little")
+
+
+def tombstone_flags(count: int, tombstones: bytes) -> list[bool]:
+    """Each of `count` envelopes' bit of `tombstones`; `ProtocolError` for bits past the last."""
+    bits = int.from_bytes(tombstones, "little")
+    if bits >> count or len(tombstones) > (count + 7) // 8:
+        raise ProtocolError(f"tombstones holds bits past the {count} envelopes sent")
+    return [bool(bits >> i & 1) for i in range(count)]

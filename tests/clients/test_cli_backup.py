@@ -116,3 +116,28 @@ def test_a_backup_older_than_a_collection_run_restores_without_what_it_collected
     cli.ok(b, "sync")
     for device in (a, b):
         assert [r["id"] for r in cli.json_objects(device, "ls", "threads")] == ["kept"]
+
+
+@pytest.mark.slow
+def test_a_whole_restore_on_a_relay_that_never_collected_pushes_what_the_backup_had_pending(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    """Thread t1 was written, backed up and lost with the device before it was pushed. The
+    restored file resyncs before it pushes, as every restored file does; the relay never
+    collected anything, so nothing it lacks can have been collected: t1 is pushed, not set
+    aside (nor is anything else)."""
+    relay = start_relay()
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    cli.ok(a, "init", "--relay", relay.url, "--account", "ann")
+    cli.ok(a, "put", "threads", "t0", '{"title": "synced"}')
+    cli.ok(a, "sync")
+    cli.ok(a, "put", "threads", "t1", '{"title": "not pushed before the backup"}')
+    folder = tmp_path / "backups"
+    cli.ok(a, "backup", "--to", str(folder))
+    (copy,) = folder.glob("*.db")
+    a.unlink()
+    cli.ok(a, "restore", str(copy))
+    cli.ok(a, "sync")
+    assert cli.json(a, "aside") == []
+    cli.ok(b, "join", "--relay", relay.url, "--account", "ann")
+    assert [r["id"] for r in cli.json_objects(b, "ls", "threads")] == ["t0", "t1"]

@@ -132,6 +132,7 @@ def test_a_page_ends_at_a_run_and_carries_its_markers(make_storage: StorageFacto
     lives = [version(bytes([i]) * 16, i) for i in range(1, 5)]
     bob.push([*lives, version(K, 5)], tombs=[False] * 4 + [True])
     bob.ack(5)
+    assert bob.pull(0).last_run == 0  # never collected: a resync sets nothing aside
     assert bob.storage.collect("bob").run == 6
     after = [version(bytes([i]) * 16, i) for i in range(7, 9)]
     bob.push(after)
@@ -144,6 +145,7 @@ def test_a_page_ends_at_a_run_and_carries_its_markers(make_storage: StorageFacto
     third = bob.pull(6)
     assert ([e.seq for e in third.entries], third.collected) == ([7, 8], None)
     assert (third.next_cursor, third.has_more) == (8, False)
+    assert {page.last_run for page in (first, second, third)} == {6}
 
 
 def test_ghosts_refuse_what_a_run_collected_until_every_device_passed_it(

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from relay.errors import ResyncRequiredError
+from relay.signing import Pusher
 from replica import (
     RESYNC_LEASE,
     LeaseBusyError,
@@ -199,5 +200,31 @@ def test_a_merge_waits_for_a_resync_of_the_file_under_way(
                 replica.merge_backup(backup)
             assert replica.get("notes", "b") is None
         assert replica.merge_backup(backup).merged == 1
+    finally:
+        machine.teardown()
+
+
+def test_a_write_landing_while_a_batch_is_signed_is_pushed_by_a_later_resync() -> None:
+    """Device 2 chose y for a batch; z was written before the batch was signed. The mark of
+    what was offered is y's hlc, not the clock: z, never offered, is pushed by the resync a
+    run without device 2 asks for, not set aside."""
+    machine = CollectionMachine()
+    try:
+        sync(machine, *range(REPLICAS))
+        device = machine.devices[2]
+        machine.put(2, "y", 1)
+        device.session.restart()
+        batch = device.session.next_batch()
+        assert batch is not None
+        machine.put(2, "z", 2)
+        signed = device.session.sign(batch, NAME, device.id)
+        device.session.acknowledge(
+            signed, machine.relay.push(NAME, signed, Pusher.of(device.id, signed))
+        )
+        flag_d2(machine)
+        sync(machine, 2, 2, 0)
+        assert device.replica.set_aside() == []
+        assert machine.devices[0].replica.get("notes", "z") is not None
+        machine.quiesce_and_compare()
     finally:
         machine.teardown()

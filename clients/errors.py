@@ -76,9 +76,9 @@ class UntrustedCertificateError(RelayClientError):
 
 
 class ResyncBusyError(RelayClientError):
-    """Another process is pulling everything again into this replica file (a full resync,
-    replica/resync.py): this one waited for it, and tries again later (`sync --watch` does
-    at its next wake)."""
+    """A full resync of this replica file (replica/resync.py) cannot run now: another
+    process is running one (this one waited for it), or the replica is locked (its lease
+    needs the keys). It is tried again later (`sync --watch` does at its next wake)."""
 
     code = "resync_busy"
     retryable = True

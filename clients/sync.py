@@ -20,10 +20,9 @@ import logging
 import random as random_module
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Generic, Literal, TypeVar, cast
+from dataclasses import replace
+from typing import Generic, TypeVar, cast
 
 from clients.errors import (
     NoSessionError,
@@ -34,6 +33,10 @@ from clients.errors import (
 from clients.http import RelayClient
 from clients.live import HeadFeed
 from clients.retry import Backoff, Retrier
+from clients.syncreport import Phase as Phase  # noqa: PLC0414 (re-exported)
+from clients.syncreport import Progress as Progress  # noqa: PLC0414
+from clients.syncreport import Reporter, Tally
+from clients.syncreport import SyncReport as SyncReport  # noqa: PLC0414
 from replica import (
     DEFAULT_BATCH_BYTES,
     DEFAULT_BATCH_COUNT,
@@ -41,9 +44,9 @@ from replica import (
     RESYNC_LEASE_TTL_S,
     ChangeEvent,
     ErrorCode,
+    Lease,
     LeaseBusyError,
     Replica,
-    Resynced,
     RollbackError,
     SyncSession,
 )
@@ -60,112 +63,13 @@ DEFAULT_BACKOFF = Backoff()
 RESYNC_WAIT_S = 60.0
 """How long a round waits for another process's full resync of the same file, before it
 gives up for now (`ResyncBusyError`, which a watch retries at its next wake)."""
+RESYNC_WAIT_SLICE_S = 1.0
+"""The wait is taken in slices this long: a watch told to stop does not sit it out."""
 RESYNC_ATTEMPTS = 3
 """Full resyncs a round begins before it gives up for now (each overtaken by another
 process's pull, or by a collection run that refused its ending ack)."""
 WATCH_TICK_S = 0.1
 """How often a waiting `watch` looks at its stop event."""
-
-
-Phase = Literal[
-    "push_sending", "push_answered", "receipts_saved", "pull_sending", "merge_start", "merged"
-]
-"""The step a round has reached, in the order each batch or page goes through them; the
-steps of neighbours interleave (the next batch is sent before this one's receipts are saved,
-the next page is asked for before this one merges, and asked for again when a page fetched
-ahead is dropped: see `SyncDriver`). A crash
-between `push_answered` and `receipts_saved` leaves versions the relay has committed still
-dirty: the next round pushes them again and the relay answers for them without storing them
-twice. A crash between `merge_start` and `merged` leaves the page unmerged and the cursor
-where it was."""
-
-
-@dataclass(frozen=True)
-class Progress:
-    """One step of a round, reported as it happens (for a progress bar, or a log a GUI reads).
-
-    `size`: envelopes in the batch or page the step is about (0 for `pull_sending`).
-    `pushed`: envelopes acknowledged so far in this `sync()`, of `push_total` (those and the
-    versions dirty when the round began; held versions a reseed marks come on top).
-    `pulled`: entries pulled so far. `pull_done` of `pull_total`: sequence numbers covered
-    since the round's first cursor, of those up to the relay's head (None until the first
-    page): a bar in seqs, as the head also counts versions the relay has since dropped.
-    """
-
-    phase: Phase
-    size: int
-    pushed: int
-    push_total: int
-    pulled: int
-    pull_done: int
-    pull_total: int | None
-
-
-@dataclass(frozen=True)
-class SyncReport:
-    """One `sync()`: receipts by status (refusals by their code), pulled entries, merged
-    versions; `rounds` is 2 when an epoch change made the device reseed and run again;
-    `retries` counts resent requests; `unconfirmed` counts versions the relay called
-    superseded that nothing here supersedes after the pull (they stay to be pushed); `held`
-    and `quarantined` count pulled versions set aside (to merge later) and those that could
-    not be opened (kept verbatim in quarantine, their records degraded); `untrusted` those
-    refused as a revoked device's (sealed under a retired key epoch, beyond its frontier);
-    `pushing_paused` that a watch pulled only: the account's keys changed on another device,
-    and this one needs the new passphrase to take them; `resynced` what a full resync did,
-    when the relay asked for one (`resync_required`: it collected tombstones without this
-    device), with `set_aside` versions kept here, neither merged nor pushed."""
-
-    pushed: int
-    stored: int
-    superseded: int
-    refused_by_code: dict[ErrorCode, int]
-    pulled: int
-    merged: int
-    rounds: int
-    retries: int
-    unconfirmed: int = 0
-    held: int = 0
-    quarantined: int = 0
-    untrusted: int = 0
-    pushing_paused: bool = False
-    resynced: Resynced | None = None
-
-    @property
-    def refused(self) -> int:
-        return sum(self.refused_by_code.values())
-
-
-@dataclass
-class _Tally:
-    pushed: int = 0
-    stored: int = 0
-    superseded: int = 0
-    refused_by_code: Counter[ErrorCode] = field(default_factory=Counter)
-    pulled: int = 0
-    merged: int = 0
-    rounds: int = 0
-    unconfirmed: int = 0
-    held: int = 0
-    quarantined: int = 0
-    untrusted: int = 0
-    resynced: Resynced | None = None
-
-    def report(self, retries: int) -> SyncReport:
-        return SyncReport(
-            self.pushed,
-            self.stored,
-            self.superseded,
-            dict(self.refused_by_code),
-            self.pulled,
-            self.merged,
-            self.rounds,
-            retries,
-            self.unconfirmed,
-            self.held,
-            self.quarantined,
-            self.untrusted,
-            resynced=self.resynced,
-        )
 
 
 def batch_bounds(limits: RelayLimits, max_count: int, max_bytes: int) -> tuple[int, int]:
@@ -180,44 +84,15 @@ def is_key_retired(error: RelayClientError) -> bool:
     return isinstance(error, RelayRefusedError) and error.code == ErrorCode.KEY_RETIRED
 
 
+def is_resync_required(error: RelayClientError) -> bool:
+    """The relay collected tombstones without this device: it must pull everything again."""
+    return isinstance(error, RelayRefusedError) and error.code == ErrorCode.RESYNC_REQUIRED
+
+
 def is_epoch_change(error: RollbackError) -> bool:
     """True when the rollback is an account epoch other than the last seen: another device
     reseeded (or the relay was restored from before a reseed)."""
     return error.reason == "account_epoch"
-
-
-class _Reporter:
-    """Turns a round's steps into `Progress` events for the driver's callback, if it has one."""
-
-    def __init__(
-        self,
-        callback: Callable[[Progress], None] | None,
-        session: SyncSession,
-        tally: _Tally,
-        cursor: int,
-    ) -> None:
-        """Counting the dirty versions costs a query, so only a callback pays for it."""
-        self._callback = callback
-        self._tally = tally
-        self._push_total = tally.pushed + (session.count_dirty() if callback else 0)
-        self._first_cursor = cursor
-        self._pull_done = 0
-        self._pull_total: int | None = None
-
-    def saw_head(self, head: int) -> None:
-        self._pull_total = max(0, head - self._first_cursor)
-
-    def moved_to(self, cursor: int) -> None:
-        self._pull_done = max(0, cursor - self._first_cursor)
-
-    def step(self, phase: Phase, size: int) -> None:
-        if self._callback is None:
-            return
-        t = self._tally
-        push_total = max(self._push_total, t.pushed)
-        self._callback(
-            Progress(phase, size, t.pushed, push_total, t.pulled, self._pull_done, self._pull_total)
-        )
 
 
 class _Request(Generic[T]):
@@ -281,6 +156,8 @@ class SyncDriver:
         self._sync_session: SyncSession | None = None
         self._paused = False
         """A watch met newer keys on the relay: it pulls only from then on."""
+        self._stopping = threading.Event()
+        """A watch's stop event while it runs: a round waiting for a lease gives up on it."""
 
     def sync(self) -> SyncReport:
         """One round: push everything dirty, pull everything new."""
@@ -291,10 +168,10 @@ class SyncDriver:
         do before its upgrade, which must first see every version the relay holds."""
         return self._following_reseeds(self._pull_round)
 
-    def _following_reseeds(self, run: Callable[[SyncSession, _Tally], None]) -> SyncReport:
+    def _following_reseeds(self, run: Callable[[SyncSession, Tally], None]) -> SyncReport:
         """`run`, and again after reseeding here when another device reseeded the account
         (an epoch change): every device follows a reseed on its next sync (protocol §4.5)."""
-        tally, retries = _Tally(), self._retrier.retries
+        tally, retries = Tally(), self._retrier.retries
         session = self._session()
         try:
             run(session, tally)
@@ -306,11 +183,11 @@ class SyncDriver:
             run(session, tally)
         return tally.report(self._retrier.retries - retries)
 
-    def _pull_round(self, session: SyncSession, tally: _Tally) -> None:
+    def _pull_round(self, session: SyncSession, tally: Tally) -> None:
         tally.rounds += 1
         if not session.knows_relay_state():
             session.check_relay_state(self._retrier.call(self._client.state))
-        self._pull_all(session, tally, _Reporter(self._progress, session, tally, session.cursor))
+        self._pull_all(session, tally, Reporter(self._progress, session, tally, session.cursor))
 
     def reseed(self, auth_key: bytes, cause: RollbackError | None = None) -> SyncReport:
         """Push every version this device holds again and pull everything (protocol §4.5).
@@ -361,12 +238,14 @@ class SyncDriver:
         unsubscribe = self._replica.subscribe(on_change)
         feed = HeadFeed(self._client, backoff=self._retrier.backoff, random=self._random)
         feed.start()
+        self._stopping = stop
         try:
             while not stop.is_set():
                 local.clear()
                 self._watch_round(on_report)
                 self._wait_for_work(stop, feed, local, poll_interval_s, idle_sync_s)
         finally:
+            self._stopping = threading.Event()
             feed.close()
             unsubscribe()
 
@@ -383,30 +262,30 @@ class SyncDriver:
             )
         return self._sync_session
 
-    def _round(self, session: SyncSession, tally: _Tally) -> None:
+    def _round(self, session: SyncSession, tally: Tally) -> None:
         tally.rounds += 1
         session.restart()
         if not session.knows_relay_state():  # a reseed forgot it: pushes are signed for it
             session.check_relay_state(self._retrier.call(self._client.state))
-        report = _Reporter(self._progress, session, tally, session.cursor)
+        report = Reporter(self._progress, session, tally, session.cursor)
         if session.resync_needed:  # a restored or copied file: before it pushes anything
             self._resync(session, tally, report)
         try:
             self._exchange(session, tally, report)
         except RelayRefusedError as exc:
-            if exc.code != ErrorCode.RESYNC_REQUIRED:
+            if not is_resync_required(exc):
                 raise
             self._resync(session, tally, report)
             self._exchange(session, tally, report)
 
-    def _exchange(self, session: SyncSession, tally: _Tally, report: _Reporter) -> None:
+    def _exchange(self, session: SyncSession, tally: Tally, report: Reporter) -> None:
         """Push, pull, settle what was superseded, ack."""
         self._push_all(session, tally, report)
         self._pull_all(session, tally, report)
         tally.unconfirmed = session.settle_superseded()
         self._ack(session)
 
-    def _resync(self, session: SyncSession, tally: _Tally, report: _Reporter) -> None:
+    def _resync(self, session: SyncSession, tally: Tally, report: Reporter) -> None:
         """Pull everything again, settle what the relay no longer has, and end the resync
         with the ack it waits for (replica/resync.py); then the round goes on. One process
         of the file at a time (the lease); begun again when another process's pull
@@ -415,16 +294,7 @@ class SyncDriver:
             "pulling everything again before pushing: tombstones were collected without "
             "this device, or this file is a restored copy"
         )
-        try:
-            lease = self._replica.lease(
-                RESYNC_LEASE, ttl_s=RESYNC_LEASE_TTL_S, wait_s=RESYNC_WAIT_S
-            )
-        except LeaseBusyError:
-            raise ResyncBusyError(
-                "another process is pulling everything again into this replica",
-                hint="sync again once it is done",
-            ) from None
-        with lease:
+        with self._resync_lease():
             for _ in range(RESYNC_ATTEMPTS):
                 if self._resync_once(session, tally, report):
                     break
@@ -436,7 +306,29 @@ class SyncDriver:
                 )
         session.restart()
 
-    def _resync_once(self, session: SyncSession, tally: _Tally, report: _Reporter) -> bool:
+    def _resync_lease(self) -> Lease:
+        """The lease over a full resync, waited for `RESYNC_WAIT_S` at most, in short slices
+        that look at a watch's stop event; `ResyncBusyError` (retryable) when it stays
+        taken, or while the replica is locked (the lease needs its keys)."""
+        if self._replica.is_locked:
+            raise ResyncBusyError(
+                "this replica must pull everything again, which waits until it is unlocked",
+                hint="unlock it, then sync",
+            )
+        deadline = self._clock() + RESYNC_WAIT_S
+        while True:
+            try:
+                return self._replica.lease(
+                    RESYNC_LEASE, ttl_s=RESYNC_LEASE_TTL_S, wait_s=RESYNC_WAIT_SLICE_S
+                )
+            except LeaseBusyError:
+                if self._stopping.is_set() or self._clock() >= deadline:
+                    raise ResyncBusyError(
+                        "another process is pulling everything again into this replica",
+                        hint="sync again once it is done",
+                    ) from None
+
+    def _resync_once(self, session: SyncSession, tally: Tally, report: Reporter) -> bool:
         session.begin_resync()
         self._pull_all(session, tally, report, resync=True)
         tally.resynced = session.finish_resync()
@@ -445,7 +337,7 @@ class SyncDriver:
         try:
             self._ack(session)
         except RelayRefusedError as exc:
-            if exc.code != ErrorCode.RESYNC_REQUIRED:
+            if not is_resync_required(exc):
                 raise
             return False
         return True
@@ -459,7 +351,7 @@ class SyncDriver:
             session.verify_answer(batch, result)
             session.acknowledge(batch, result)
 
-    def _push_all(self, session: SyncSession, tally: _Tally, report: _Reporter) -> None:
+    def _push_all(self, session: SyncSession, tally: Tally, report: Reporter) -> None:
         """Pipelined: while the relay stores one batch, the device reads the next and saves
         the receipts of the one before. An answer is checked before the next batch goes out,
         so nothing more is sent to a relay found wiped, rolled back or misbehaving."""
@@ -489,7 +381,7 @@ class SyncDriver:
             batch = following
 
     def _send(
-        self, session: SyncSession, batch: PushBatch, report: _Reporter
+        self, session: SyncSession, batch: PushBatch, report: Reporter
     ) -> _Request[PushResult]:
         report.step("push_sending", len(batch.envelopes))
         push = functools.partial(self._push_signed, session, batch)
@@ -516,7 +408,7 @@ class SyncDriver:
             return self._client.push(session.sign(batch, account, device_id))
 
     def _pull_all(
-        self, session: SyncSession, tally: _Tally, report: _Reporter, *, resync: bool = False
+        self, session: SyncSession, tally: Tally, report: Reporter, *, resync: bool = False
     ) -> None:
         """Pipelined: the next page is on its way while this one merges. It is asked for
         from where this page ends; should the merge leave the cursor elsewhere (another
@@ -542,7 +434,7 @@ class SyncDriver:
             if applied.cursor != page.next_cursor:
                 in_flight = self._fetch(applied.cursor, report, resync)
 
-    def _fetch(self, cursor: int, report: _Reporter, resync: bool) -> _Request[Page]:
+    def _fetch(self, cursor: int, report: Reporter, resync: bool) -> _Request[Page]:
         report.step("pull_sending", 0)
         pull = functools.partial(self._client.pull, cursor, resync=resync)
         return _Request(functools.partial(self._retrier.call, pull))
@@ -561,6 +453,12 @@ class SyncDriver:
                 log.warning("the account's keys changed on another device: pulling only")
                 self._paused = True
                 self._watch_round(on_report)
+                return
+            if self._paused and is_resync_required(exc):
+                log.warning(
+                    "the relay asks this device to pull everything again, which ends with a "
+                    "push under the account's new keys: run `sealsync sync` to give them"
+                )
                 return
             if not exc.retryable:
                 raise

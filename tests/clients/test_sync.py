@@ -480,3 +480,52 @@ def test_a_sync_behind_another_processes_resync_gives_up_for_now_and_retries(
     assert caught.value.retryable and caught.value.hint == "sync again once it is done"
     report = device.driver.sync()
     assert report.resynced is not None and device.replica.get("notes", "n") is not None
+
+
+@pytest.mark.slow
+def test_a_watch_waiting_for_a_resync_stops_when_told_and_outlives_a_lock(
+    start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet]
+) -> None:
+    """A watch behind another process's resync gives up waiting as soon as it is told to
+    stop, not after `RESYNC_WAIT_S`; and a replica locked while it must resync waits for
+    its unlock (a retryable `ResyncBusyError`) instead of ending the watch."""
+    relay = start_relay()
+    device = fleets(relay.url).add("laptop")
+    device.replica.put("notes", "n", {"title": "kept"})
+    device.driver.sync()
+    device.replica.take_new_node_id()  # the next round resyncs first
+    stop = threading.Event()
+    watch = threading.Thread(target=device.driver.watch, args=(stop,), daemon=True)
+    with device.replica.lease(RESYNC_LEASE):  # another process's resync
+        watch.start()
+        time.sleep(0.5)
+        stop.set()
+        told = time.monotonic()
+        watch.join(timeout=30)
+        waited = time.monotonic() - told
+    assert not watch.is_alive() and waited < sync_module.RESYNC_WAIT_S / 4, waited
+
+    key = device.replica.unlock_key()
+    device.replica.lock()
+    with pytest.raises(ResyncBusyError) as caught:
+        device.driver.sync()
+    assert caught.value.retryable and caught.value.hint == "unlock it, then sync"
+    stop = threading.Event()
+    reports: list[SyncReport] = []
+    watch = threading.Thread(
+        target=device.driver.watch,
+        args=(stop,),
+        kwargs={"poll_interval_s": 0.1, "idle_sync_s": 0.2, "on_report": reports.append},
+        daemon=True,
+    )
+    watch.start()
+    time.sleep(1)
+    assert watch.is_alive() and reports == []  # waiting, not ended
+    device.replica.unlock_with_key(key)
+    deadline = time.monotonic() + 20
+    while not reports and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    watch.join(timeout=30)
+    assert reports and reports[0].resynced is not None
+    assert device.replica.get("notes", "n") is not None

@@ -10,7 +10,7 @@ without trying a secret: the relay hands out the account's own KDF salt, and a f
 account it does not have, so a salt other than this replica's means the relay does not have
 the account as this device knows it (lost — or its passphrase was changed on another device,
 and registering again then finds the name taken). No step here changes the replica except
-`follow_relay`, which only marks it for a reseed: nothing can be lost.
+`follow_relay`, which only marks it for a reseed (or a full resync): nothing can be lost.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from clients.errors import (
     RelayRefusedError,
 )
 from clients.http import RelayClient, check_relay_url
+from clients.sync import away_past_horizon
 from replica import LoginKeys, Replica, RollbackError, recovery_login_keys
 from replica.bundles import is_foreign, parse_bundle
 from replica.errors import InvalidArgumentError, ProtocolError
@@ -268,26 +269,37 @@ def refuse_foreign_account(
     )
 
 
-def follow_relay(replica: Replica, session: Session) -> RollbackError | None:
+@dataclass(frozen=True)
+class RelayFinding:
+    """What `follow_relay` found, and what this device does about it (`then`)."""
+
+    rollback: RollbackError
+    then: Literal["reseed", "adopt", "stop"]
+
+
+def follow_relay(replica: Replica, session: Session, horizon_ms: int) -> RelayFinding | None:
     """After a login: the relay state the new session carries, checked against the last this
     device saw; the finding, if any, is returned. An account epoch or storage id other than
     it means the account was reseeded — registered again, after a wipe, when the storage
-    changed, which only a device holding its auth keys can do — so this device reseeds too
-    (`is_followed`), as `sync` does on an epoch change. A head below what it saw is not
-    followed: `sync` reports it, and `sync --reseed` is the operator's call.
+    changed, which only a device holding its auth keys can do — so this device reseeds too,
+    as `sync` does on an epoch change; or, away longer than the relay's tombstone horizon
+    (`horizon_ms`), adopts the relay instead (`SyncSession.adopt_relay`): what it holds and
+    the relay lacks may have been collected meanwhile, and is set aside, not pushed back. A
+    head below what it saw is not followed: `sync` reports it, and `sync --reseed` is the
+    operator's call.
     """
     sync_session = replica.sync_session()
     try:
         sync_session.check_relay_state(session.state)
     except RollbackError as exc:
-        if is_followed(exc):
-            sync_session.reseed()
-        return exc
+        if exc.reason == "head":
+            return RelayFinding(exc, "stop")
+        if away_past_horizon(replica, sync_session, horizon_ms):
+            sync_session.adopt_relay()
+            return RelayFinding(exc, "adopt")
+        sync_session.reseed()
+        return RelayFinding(exc, "reseed")
     return None
-
-
-def is_followed(finding: RollbackError) -> bool:
-    return finding.reason != "head"
 
 
 def login_settings(

@@ -110,3 +110,11 @@ class AccessLostError(RelayClientError):
     message says which, the hint the way back (`login`, or `sync --reseed`)."""
 
     code = "access_lost"
+
+
+class ResurrectionRiskError(RelayClientError):
+    """A reseed refused: this device last reached its relay longer ago than the relay's
+    tombstone horizon, so it may hold what a collection took while it was away, and pushing
+    everything would bring that back everywhere (specs/protocol.md §5.1)."""
+
+    code = "resurrection_risk"

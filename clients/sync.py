@@ -28,6 +28,7 @@ from clients.errors import (
     NoSessionError,
     RelayClientError,
     RelayRefusedError,
+    ResurrectionRiskError,
     ResyncBusyError,
 )
 from clients.http import RelayClient
@@ -60,6 +61,7 @@ FRAMING_BYTES = 1024
 PER_ENVELOPE_FRAMING_BYTES = 5
 """A MessagePack bin header is at most 5 bytes."""
 DEFAULT_BACKOFF = Backoff()
+DAY_MS = 24 * 3600 * 1000
 RESYNC_WAIT_S = 60.0
 """How long a round waits for another process's full resync of the same file, before it
 gives up for now (`ResyncBusyError`, which a watch retries at its next wake)."""
@@ -87,6 +89,14 @@ def is_key_retired(error: RelayClientError) -> bool:
 def is_resync_required(error: RelayClientError) -> bool:
     """The relay collected tombstones without this device: it must pull everything again."""
     return isinstance(error, RelayRefusedError) and error.code == ErrorCode.RESYNC_REQUIRED
+
+
+def away_past_horizon(replica: Replica, session: SyncSession, horizon_ms: int) -> bool:
+    """Whether no relay took an ack of this file within `horizon_ms`, so a collection may
+    have passed it by (`SyncSession.away_ms`; a version-1 account's devices never ack, and
+    no run passes one by)."""
+    away = session.away_ms()
+    return bool(replica.key_generation) and away is not None and away > horizon_ms
 
 
 def is_epoch_change(error: RollbackError) -> bool:
@@ -189,7 +199,13 @@ class SyncDriver:
             session.check_relay_state(self._retrier.call(self._client.state))
         self._pull_all(session, tally, Reporter(self._progress, session, tally, session.cursor))
 
-    def reseed(self, auth_key: bytes, cause: RollbackError | None = None) -> SyncReport:
+    def reseed(
+        self,
+        auth_key: bytes,
+        cause: RollbackError | None = None,
+        *,
+        allow_resurrection: bool = False,
+    ) -> SyncReport:
         """Push every version this device holds again and pull everything (protocol §4.5).
 
         The relay is asked for a new account epoch — so that every other device reseeds too —
@@ -197,12 +213,39 @@ class SyncDriver:
         would make the devices reseed each other forever. Asking takes the account's current
         `auth_key`: a token alone cannot make every device reseed. A relay that lost the
         account answers `unauthorized`: `clients.access.regain_access` registers it again
-        first.
+        first. Unless `allow_resurrection`, a device away past the relay's tombstone horizon
+        is refused (`ResurrectionRiskError`): it may hold what a run took before the wipe.
         """
         if cause is None or not is_epoch_change(cause):
+            if not allow_resurrection:
+                self._refuse_if_away_past_the_horizon()
             self._ask_for_new_epoch(auth_key)
         self._session().reseed()
         return self.sync()
+
+    def adopt(self) -> SyncReport:
+        """After a wipe another device reseeded: take the relay as it is now, pulling
+        everything from it and setting aside what it lacks (a full resync), pushing only
+        writes no relay ever saw. The way back for a device `reseed` refuses as away too
+        long (`ResurrectionRiskError`)."""
+        self._session().adopt_relay()
+        return self.sync()
+
+    def _refuse_if_away_past_the_horizon(self) -> None:
+        """`ResurrectionRiskError` when no relay took an ack of this file within the relay's
+        tombstone horizon: its relay may have collected without it."""
+        horizon_ms = self._retrier.call(self._client.limits).tombstone_horizon_ms
+        session = self._session()
+        if not away_past_horizon(self._replica, session, horizon_ms):
+            return
+        away_days, days = (session.away_ms() or 0) // DAY_MS, horizon_ms // DAY_MS
+        raise ResurrectionRiskError(
+            f"this device last reached its relay {away_days} days ago, beyond the relay's "
+            f"tombstone horizon of {days} days: it may hold what was deleted and collected "
+            "meanwhile, and a reseed from it would bring that back",
+            hint="reseed from a device that synced within the horizon, then `sealsync sync "
+            "--adopt` here; with no such device, `sync --reseed --allow-resurrection`",
+        )
 
     def _ask_for_new_epoch(self, auth_key: bytes) -> None:
         """POST /v1/reseed draws a new epoch each time, so it is not sent again blindly after

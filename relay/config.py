@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from relay.collection import DAY_MS
 from relay.storage import (
     DEFAULT_MAX_ACCOUNT_BYTES,
     DEFAULT_MAX_DRIFT_MS,
@@ -127,6 +128,7 @@ class RelayConfig:
             max_drift_ms=self.max_drift_ms,
             requests_per_second=self.requests_per_second,
             burst=self.burst,
+            tombstone_horizon_ms=self.tombstone_horizon_days * DAY_MS,
         )
 
 

@@ -107,5 +107,12 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE versions ADD COLUMN tomb INTEGER;
     CREATE INDEX versions_unclassified ON versions (id) WHERE tomb IS NULL;
     """,
+    # 11: a file that signed pushes before meta `offered_through` was kept counts all it
+    # wrote so far as possibly offered (a full resync sets such a write aside, not pushes it)
+    """
+    INSERT INTO meta (name, value) SELECT 'offered_through', value FROM meta
+    WHERE name = 'clock' AND EXISTS (SELECT 1 FROM meta WHERE name = 'push_counter')
+    AND NOT EXISTS (SELECT 1 FROM meta WHERE name = 'offered_through');
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -61,6 +61,9 @@ horizon (90 days by default) leaves out a device silent for longer."""
 ACK_EVERY_S = 600.0
 """How often at most a session sends an ack with nothing to push (`ack_due`): collection
 waits days for an ack, and a phone's battery should not pay for fresher ones."""
+ADOPTED = 2
+"""Meta `resync_needed` after `adopt_relay`: the resync sets aside what the relay lacks even
+if it never collected (its data came from another device's reseed)."""
 
 
 @dataclass(frozen=True)
@@ -331,7 +334,7 @@ class SyncSession:
         """This file took a new node id (a restored backup, a copy): it may be older than a
         tombstone collection its relay ran, and resyncs before it pushes (`begin_resync`)."""
         with self._core.mutex:
-            return self._store.get_int("resync_needed") == 1
+            return self._store.get_int("resync_needed") > 0
 
     def begin_resync(self) -> None:
         """Pull everything again from 0, noting what the relay still has (replica/resync.py):
@@ -371,7 +374,11 @@ class SyncSession:
             if self._resync_at != self._store.get_int("cursor"):
                 resync.abandon(self._store)
                 return None
-            collected = self._resync_run > 0 or self._store.get_int("run_passed") > 0
+            collected = (
+                self._resync_run > 0
+                or self._store.get_int("run_passed") > 0
+                or self._store.get_int("resync_needed") == ADOPTED
+            )
             done = resync.finish(self._store, collected=collected)
             for name in ("acked_cursor", "resync_needed"):
                 self._store.delete_meta(name)
@@ -543,9 +550,32 @@ class SyncSession:
         """Mark every version (held ones too) for pushing, reset the cursor, forget the relay."""
         with self._core.mutex, self._store.transaction():
             self._store.mark_all_for_push()
-            for name in ("cursor", "max_seq_seen", "relay_state", "acked_cursor", "run_passed"):
-                self._store.delete_meta(name)
+            self._forget_relay()
         self.restart()
+
+    def adopt_relay(self) -> None:
+        """Forget the relay as `reseed` does, but push nothing again: the next sync pulls
+        everything from the relay another device reseeded and sets aside what it lacks, as
+        if it had collected it (a full resync). For a device away longer than the relay's
+        tombstone horizon, whose reseed could bring back what a run took before the wipe."""
+        with self._core.mutex, self._store.transaction():
+            self._forget_relay()
+            self._store.set_meta("resync_needed", ADOPTED)
+        self.restart()
+
+    def _forget_relay(self) -> None:
+        for name in ("cursor", "max_seq_seen", "relay_state", "acked_cursor", "run_passed"):
+            self._store.delete_meta(name)
+
+    def away_ms(self) -> int | None:
+        """How long ago, by this device's clock, a relay last took an ack of this file — or,
+        before its first, this file last pulled (a device that just joined); None when it
+        never did either: nothing it holds came from a relay. Collection leaves out a device
+        silent past its horizon: one away longer may hold what a run took (specs/protocol.md
+        §5.1)."""
+        with self._core.mutex:
+            seen = self._store.get_int("acked_ms") or self._store.get_int("last_sync_ms")
+            return None if not seen else self._core.options.wall_clock_ms() - seen
 
 
 def _check_receipt_count(batch: PushBatch, result: PushResult) -> None:

@@ -530,6 +530,9 @@ class RelayLimits(msgspec.Struct, frozen=True):
     max_drift_ms: int
     requests_per_second: float
     burst: int
+    tombstone_horizon_ms: int = 90 * 24 * 3600 * 1000
+    """Its collection leaves out devices silent this long: one away longer may hold what a
+    run took, and must not reseed it back (specs/protocol.md §5.1)."""
 
 
 class RelayInfo(msgspec.Struct, frozen=True):

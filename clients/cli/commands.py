@@ -22,7 +22,6 @@ from clients.access import (
     Reentry,
     explained_refusals,
     follow_relay,
-    is_followed,
     login_again,
     login_settings,
     regain_access,
@@ -82,10 +81,14 @@ REGAINED_MESSAGE = {
     "logged_in": "logged in to {url} again as a new device",
     "registered": "the relay had lost account {account!r}: registered it again on {url}",
 }
-FOLLOWED = (
-    "the account was reseeded since this device last synced: its next sync pushes everything "
-    "it holds and pulls everything again"
-)
+FOLLOWED = {
+    "reseed": "the account was reseeded since this device last synced: its next sync pushes "
+    "everything it holds and pulls everything again",
+    "adopt": "the account was reseeded since this device last synced, longer ago than the "
+    "relay's tombstone horizon: its next sync pulls everything again and sets aside (see "
+    "`sealsync aside`) what the relay lacks, for it may have been deleted meanwhile",
+    "stop": "`sealsync sync` stops on it",
+}
 
 
 def default_device_name() -> str:
@@ -198,7 +201,7 @@ def init_on_relay(settings: CliSettings, relay: RelaySettings, invite: str | Non
     with user_errors():
         refuse_existing(path)
         with client_for(relay) as client:
-            client.info()  # unreachable, or another protocol: said before a file exists
+            info = client.info()  # unreachable, or another protocol: said before a file exists
             passphrase = settings.passphrase(confirm=True)
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             with removed_on_failure(path):
@@ -206,7 +209,8 @@ def init_on_relay(settings: CliSettings, relay: RelaySettings, invite: str | Non
                 with closing(replica):
                     bundle = replica.key_bundle()
                     session = register_account(client, account, new, bundle, device_name, invite)
-                    follow_relay(replica, session)  # its first push is signed for this state
+                    # its first push is signed for this state
+                    follow_relay(replica, session, info.limits.tombstone_horizon_ms)
                     save_settings(path, relay.with_session(session))
     out.print(f"account {account!r} created on {relay.url}; this device's replica: {path}")
     out.print("recovery key (shown once; keep it somewhere safe, it unlocks the account):")
@@ -304,16 +308,16 @@ def login(
         was = relay.session.device_id if relay.session else None
         saver = SessionSaver(path, relay)  # the sidecar is written once the relay said yes
         with client_for(relay, on_session=saver) as client:
-            client.info()  # unreachable, or another protocol: said before asking a secret
+            info = client.info()  # unreachable, or another protocol: said before asking a secret
             secret = login_secret(settings, recovery_key)
             session = login_again(client, replica, relay.account, secret, name,
                                   device_id=was, trust_account=trust_account)  # fmt: skip
-        finding = follow_relay(replica, session)
+        finding = follow_relay(replica, session, info.limits.tombstone_horizon_ms)
         state_path(path).unlink(missing_ok=True)  # one transport: a folder's, if any, ends
     out.print(f"logged in to {relay.url} as account {relay.account!r}, device {session.device_id}")
     if finding is not None:
-        then = FOLLOWED if is_followed(finding) else "`sealsync sync` stops on it"
-        err.print(f"[yellow]note:[/yellow] {finding}; {then}", markup=True)
+        then = FOLLOWED[finding.then]
+        err.print(f"[yellow]note:[/yellow] {finding.rollback}; {then}", markup=True)
 
 
 def login_secret(settings: CliSettings, recovery_key: bool) -> Secret:
@@ -322,9 +326,26 @@ def login_secret(settings: CliSettings, recovery_key: bool) -> Secret:
     return Secret(settings.passphrase())
 
 
+REJOIN_OPTIONS = (
+    click.option("--trust-account", is_flag=True, help=f"With --reseed: {TRUST_ACCOUNT_HELP}"),
+    click.option(
+        "--allow-resurrection",
+        is_flag=True,
+        help="With --reseed: push everything even from a device away longer than the relay's "
+        "tombstone horizon, bringing back what was deleted and collected meanwhile.",
+    ),
+    click.option(
+        "--adopt",
+        is_flag=True,
+        help="After a wipe another device reseeded: pull everything and set aside what the "
+        "relay lacks instead of pushing it back.",
+    ),
+)
+
+
 @click.command("sync")
 @with_options(SYNC_OPTIONS)
-@click.option("--trust-account", is_flag=True, help=f"With --reseed: {TRUST_ACCOUNT_HELP}")
+@with_options(REJOIN_OPTIONS)
 @click.option(
     "--folder",
     type=click.Path(file_okay=False, path_type=Path),
@@ -335,6 +356,8 @@ def sync(
     settings: CliSettings,
     *,
     reseed: bool,
+    allow_resurrection: bool,
+    adopt: bool,
     trust_account: bool,
     invite: str | None,
     watch: bool,
@@ -344,24 +367,47 @@ def sync(
     folder: Path | None,
 ) -> None:
     """Push this device's changes and pull everyone else's."""
-    refuse_invite_without_reseed(invite, reseed, trust_account)
+    rejoin = rejoin_asked(reseed, allow_resurrection, adopt)
+    refuse_invite_without_reseed(invite, rejoin is not None, trust_account)
     path = settings.replica_path
     with user_errors():
         folder = folder or folder_of(path)
     if folder is not None:
-        if reseed:
-            raise click.UsageError("--reseed is a relay's: a folder keeps every device's files")
+        if rejoin is not None:
+            raise click.UsageError("--reseed and --adopt are a relay's: a folder keeps all")
         sync_through_folder(settings, folder, watch_s=idle_sync_s if watch else None)
     else:
         sync_through_relay(
-            settings, reseed, trust_account, invite, retry_for_s, progress_mode,
+            settings, rejoin, trust_account, invite, retry_for_s, progress_mode,
             idle_sync_s if watch else None,
         )  # fmt: skip
 
 
+@dataclasses.dataclass(frozen=True)
+class Rejoin:
+    """How a device comes back to a wiped or rolled-back relay: `reseed` pushes everything
+    (refused from a device away past the tombstone horizon unless `allow_resurrection`);
+    `adopt` takes the relay another device reseeded and pushes back nothing it lacks."""
+
+    adopt: bool
+    allow_resurrection: bool
+
+
+def rejoin_asked(reseed: bool, allow_resurrection: bool, adopt: bool) -> Rejoin | None:
+    if allow_resurrection and not reseed:
+        fail("--allow-resurrection is used only with --reseed", "add --reseed", code=ExitCode.USAGE)
+    if adopt and reseed:
+        fail(
+            "--adopt and --reseed are two ways back: pick one",
+            "--reseed pushes everything here; --adopt takes the relay another device reseeded",
+            code=ExitCode.USAGE,
+        )
+    return Rejoin(adopt, allow_resurrection) if reseed or adopt else None
+
+
 def sync_through_relay(
     settings: CliSettings,
-    reseed: bool,
+    rejoin: Rejoin | None,
     trust_account: bool,
     invite: str | None,
     retry_for_s: float,
@@ -373,16 +419,18 @@ def sync_through_relay(
         relay = load_settings(path)  # before the passphrase: a device with no relay fails fast
     with (
         user_errors(),
-        opened_replica(path, None if reseed else settings.passphrase) as replica,
+        opened_replica(path, None if rejoin else settings.passphrase) as replica,
         device_client(path, relay) as client,
         explained_refusals(client, replica, relay.account),
     ):
         proof = None
-        if reseed:
+        if rejoin is not None:
             proof = reseed_proof(settings, replica, client, relay, invite, trust_account)
 
         def once() -> SyncReport:
-            return run_sync(replica, client, retry_for_s, reseed_with=proof, mode=progress_mode)
+            return run_sync(
+                replica, client, retry_for_s, rejoin=rejoin, auth_key=proof, mode=progress_mode
+            )
 
         report_sync(with_newer_keys(replica, client, settings, relay.account, once))
         after_sync(replica)
@@ -523,17 +571,23 @@ def run_sync(
     client: RelayClient,
     retry_for_s: float,
     *,
-    reseed_with: bytes | None = None,
+    rejoin: Rejoin | None = None,
+    auth_key: bytes | None = None,
     mode: ProgressMode | None = None,
 ) -> SyncReport:
-    """One sync round, or a reseed asked for with the auth key `reseed_with`, showing
-    progress as `mode` says (by default: bars on a terminal); a rollback stops with its
-    finding."""
+    """One sync round, or the way back to a wiped relay `rejoin` asks for (a reseed is
+    asked for with the account's `auth_key`), showing progress as `mode` says (by default:
+    bars on a terminal); a rollback stops with its finding."""
     backoff = Backoff(max_elapsed_s=retry_for_s)
     with shown_progress(mode or default_mode(err), err) as on_progress:
         driver = SyncDriver(replica, client, progress=on_progress, backoff=backoff)
         try:
-            return driver.sync() if reseed_with is None else driver.reseed(reseed_with)
+            if rejoin is None:
+                return driver.sync()
+            if rejoin.adopt:
+                return driver.adopt()
+            assert auth_key is not None, "a reseed is asked for with the auth key"
+            return driver.reseed(auth_key, allow_resurrection=rejoin.allow_resurrection)
         except RollbackError as exc:
             fail(f"{exc}", ROLLBACK_HINT)
 

@@ -12,6 +12,7 @@ import click
 from clients.cli.commands import (
     CA_FILE,
     DEFAULT_RETRY_FOR_S,
+    Rejoin,
     default_device_name,
     sync_through_relay,
     with_options,
@@ -100,7 +101,9 @@ def move_to_relay(settings: CliSettings, relay: RelaySettings, invite: str | Non
         with user_errors():
             save_settings(path, dataclasses.replace(relay, device_name=default_device_name()))
     try:
-        sync_through_relay(settings, True, False, invite, DEFAULT_RETRY_FOR_S, None, None)
+        # a reseed onto the new relay; nothing collects through a folder, so nothing comes back
+        rejoin = Rejoin(adopt=False, allow_resurrection=True)
+        sync_through_relay(settings, rejoin, False, invite, DEFAULT_RETRY_FOR_S, None, None)
     except BaseException:  # a refusal's exit too
         if saved is None and load_settings(path).session is None:  # the relay took nothing
             sidecar_path(path).unlink(missing_ok=True)  # so the folder still serves

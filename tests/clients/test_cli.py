@@ -205,6 +205,8 @@ def test_user_mistakes_are_one_error_line_and_change_nothing(
         (cli(a, "put", "nope", "x", "{}"), "not declared"),
         (cli(a, "init", "--relay", relay.url, "--account", "ann"), "already exists"),
         (cli(a, "sync", "--invite", "inv-123"), "--invite is used only by a reseed"),
+        (cli(a, "sync", "--allow-resurrection"), "used only with --reseed"),
+        (cli(a, "sync", "--reseed", "--adopt"), "two ways back: pick one"),
     ]
     for result, words in mistakes:
         assert_user_error(result, words)

@@ -9,6 +9,7 @@ loses anything, written before the rollback or after it and not yet pushed."""
 from __future__ import annotations
 
 import shutil
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -192,3 +193,65 @@ def test_a_relay_restored_from_an_older_copy_is_found_reseeded_and_followed(
         final = assert_all_equal(a, b, c, d)
     assert [row for row in synced if row not in final] == []
     assert ids(c) == {"t1", "m1", "m3", "m4", "m5"}
+
+
+DAY_MS = 24 * 3600 * 1000
+
+
+def age(db: Path, table: str, columns: str, where: str, days: int) -> None:
+    """Move `columns` of `table`'s rows matching `where` `days` back in time: what that long
+    away leaves in a relay's database or a replica's meta."""
+    with sqlite3.connect(db) as conn:
+        moved = ", ".join(f"{column} = {column} - {days * DAY_MS}" for column in columns.split())
+        assert conn.execute(f"UPDATE {table} SET {moved} WHERE {where}").rowcount == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("way_back", ["sync --adopt", "login"])
+def test_a_device_away_past_the_horizon_adopts_a_wiped_relay_instead_of_bringing_back(
+    cli: Cli, tmp_path: Path, way_back: str
+) -> None:
+    """Device b was away 100 days, past the relay's tombstone horizon (90), while a deleted
+    thread `gone` and a run collected it without b. The relay is then wiped and a reseeds
+    it. b still holds `gone`: its `sync --reseed` is refused (it would bring `gone` back
+    everywhere); `sync --adopt`, or a `login` that finds the relay reseeded, takes the
+    relay as it is instead, and `gone` is dropped there too."""
+    a, b, c = (tmp_path / f"{name}.db" for name in "abc")
+    db = tmp_path / "relay.db"
+    with RelayProcess(db, tmp_path / "relay.log") as relay:
+        cli.ok(a, "init", "--relay", relay.url, "--account", "ann")
+        cli.ok(b, "join", "--relay", relay.url, "--account", "ann")
+        cli.ok(a, "put", "threads", "kept", '{"title": "kept"}')
+        cli.ok(a, "put", "threads", "gone", '{"title": "deleted while b was away"}')
+        cli.ok(a, "sync")
+        cli.ok(b, "sync")
+        session_b = load_settings(b).session
+        assert session_b is not None
+        age(db, "devices", "ack_ms created_ms", f"id = '{session_b.device_id}'", 100)
+        age(b, "meta", "value", "name = 'acked_ms'", 100)
+        cli.ok(a, "rm", "threads", "gone")
+        collect = ["relay", "collect", "--db", str(db), "--horizon-days", "90", "--json"]
+        for _ in range(2):  # a run, then its release once a passed it
+            cli.ok(a, "sync")
+            assert cli.runner.invoke(main, collect).exit_code == 0
+        cli.ok(a, "sync")
+
+        relay.stop()
+        for suffix in DB_FILES:
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
+        relay.start()
+        cli.ok(a, "sync", "--reseed")  # a synced within the horizon: nothing comes back
+        before = dump(b)
+        refused = cli(b, "sync", "--reseed", "--trust-account")
+        assert_user_error(refused, "beyond the relay's tombstone horizon", "--adopt")
+        assert dump(b) == before
+        if way_back == "login":
+            logged_in = cli.ok(b, "login", "--trust-account")
+            assert "sets aside (see `sealsync aside`) what the relay lacks" in logged_in.stderr
+            cli.ok(b, "sync")
+        else:
+            cli.ok(b, "sync", "--adopt", "--trust-account")
+        cli.ok(a, "sync")
+        cli.ok(c, "join", "--relay", relay.url, "--account", "ann")
+        for device in (a, b, c):
+            assert sorted(ids(device)) == ["kept"], device

@@ -5,6 +5,7 @@ on the memory relay of `tests/replica/test_collection.py`'s machine."""
 from __future__ import annotations
 
 import shutil
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -226,5 +227,30 @@ def test_a_write_landing_while_a_batch_is_signed_is_pushed_by_a_later_resync() -
         assert device.replica.set_aside() == []
         assert machine.devices[0].replica.get("notes", "z") is not None
         machine.quiesce_and_compare()
+    finally:
+        machine.teardown()
+
+
+def test_a_file_that_signed_pushes_before_the_mark_was_kept_counts_all_it_wrote_offered() -> None:
+    """Migration 11: a file of format 10 that signed pushes has no `offered_through`; all
+    it wrote so far may have reached the relay, so the mark becomes its clock. A file that
+    never signed one gets none."""
+    machine = CollectionMachine()
+    try:
+        machine.put(0, "a", 1)
+        sync(machine, 0)
+        for device in machine.devices[:2]:  # device 0 signed a push, device 1 never did
+            device.replica.close()
+            with sqlite3.connect(device.path) as db:
+                db.execute("DELETE FROM meta WHERE name = 'offered_through'")
+                db.execute("PRAGMA user_version = 10")
+            device.reopen()
+        with sqlite3.connect(machine.devices[0].path) as db:
+            meta = dict(db.execute("SELECT name, value FROM meta"))
+        assert meta["offered_through"] == meta["clock"] > 0
+        with sqlite3.connect(machine.devices[1].path) as db:
+            assert (
+                db.execute("SELECT 1 FROM meta WHERE name = 'offered_through'").fetchone() is None
+            )
     finally:
         machine.teardown()

@@ -188,10 +188,21 @@ class SyncDriver:
         except RollbackError as exc:
             if not (self._follow_reseeds and is_epoch_change(exc)):
                 raise
-            log.warning("%s: reseeding this device", exc)
-            session.reseed()
+            self._follow(session, exc)
             run(session, tally)
         return tally.report(self._retrier.retries - retries)
+
+    def _follow(self, session: SyncSession, change: RollbackError) -> None:
+        """Another device reseeded: so does this one, pushing everything it holds — unless
+        it was away past the relay's tombstone horizon (a relay restored from an older copy
+        may lack the flag that would make it resync): then it adopts the relay instead."""
+        horizon_ms = self._retrier.call(self._client.limits).tombstone_horizon_ms
+        if away_past_horizon(self._replica, session, horizon_ms):
+            log.warning("%s: pulling everything again (away past the tombstone horizon)", change)
+            session.adopt_relay()
+        else:
+            log.warning("%s: reseeding this device", change)
+            session.reseed()
 
     def _pull_round(self, session: SyncSession, tally: Tally) -> None:
         tally.rounds += 1
@@ -444,7 +455,11 @@ class SyncDriver:
             return self._client.push(session.sign(batch, account, device_id))
         except RelayRefusedError as exc:
             if exc.code == ErrorCode.FORBIDDEN:
-                session.check_relay_state(self._client.state())
+                try:
+                    session.check_relay_state(self._client.state())
+                except RollbackError:
+                    session.push_refused()  # signed for a state that is gone: none stored
+                    raise
             if exc.code != ErrorCode.COUNTER_STALE or exc.last_counter is None:
                 raise
             session.sign_above(exc.last_counter)

@@ -25,9 +25,10 @@ import msgspec
 from replica import clock, resync
 from replica.asides import Row
 from replica.collected import apply_markers
-from replica.errors import InvalidArgumentError, ProtocolError, RollbackError
+from replica.errors import InvalidArgumentError, ProtocolError
 from replica.frontier import AUTHENTICATED_HOLDS
 from replica.generations import PushSigner, sign_push
+from replica.relaystate import ADOPTED, RelayStates
 from replica.wire import (
     MAX_HLC,
     Dot,
@@ -61,9 +62,6 @@ horizon (90 days by default) leaves out a device silent for longer."""
 ACK_EVERY_S = 600.0
 """How often at most a session sends an ack with nothing to push (`ack_due`): collection
 waits days for an ack, and a phone's battery should not pay for fresher ones."""
-ADOPTED = 2
-"""Meta `resync_needed` after `adopt_relay`: the resync sets aside what the relay lacks even
-if it never collected (its data came from another device's reseed)."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +89,7 @@ class Applied:
     """Tombstones dropped as the relay collected them (the page's run, replica/collected.py)."""
 
 
-class SyncSession:
+class SyncSession(RelayStates):
     """Pushes and pulls for one replica; create it with `Replica.sync_session()`."""
 
     def __init__(
@@ -127,8 +125,9 @@ class SyncSession:
         once one did not (another process's pull moved the cursor past what this one saw)."""
         self._resync_run = 0
         """The relay's latest collection run, as the resync's last page said (0: none)."""
-        self._offering = 0
-        """The greatest hlc of the versions this pass offered so far (`next_batch`)."""
+        self._offering = self._offering_before = 0
+        """The greatest hlc of the versions this pass offered so far (`next_batch`), and before
+        its latest batch (what stands if the relay refuses that one: `push_refused`)."""
         self._offered: tuple[int, int] | None = None
         """Meta `offered_through` before this pass raised it, and what it raised it to (None:
         it did not)."""
@@ -149,6 +148,7 @@ class SyncSession:
                 while rows := self._store.rows_to_push(table, self._max_count, self._after[table]):
                     chosen = _fit(rows, self._max_bytes)
                     self._after[table] = chosen[-1][0]
+                    self._offering_before = self._offering
                     if table == "versions":
                         self._offering = max(self._offering, *(r.hlc for _, r, _ in chosen))
                     sound = [(row.envelope, tomb) for _, row, tomb in chosen if self._is_sound(row)]
@@ -183,8 +183,22 @@ class SyncSession:
         """Start a new pass over the dirty versions (after a failed or refused push)."""
         self._after = {"versions": 0, "held": 0}
         self._superseded = set()
-        self._offering = 0
+        self._offering = self._offering_before = 0
         self._offered = None
+
+    def push_refused(self) -> None:
+        """The relay refused the latest batch outright, storing none of it (it was signed for
+        a relay state that is gone): the mark of what was offered goes back to what the
+        pass's earlier batches offered, unless another session raised it since."""
+        with self._core.mutex, self._store.transaction():
+            if self._offered is None:
+                return
+            before, raised = self._offered
+            standing = max(before, self._offering_before)
+            if self._store.get_int("offered_through") == raised and standing < raised:
+                self._store.set_meta("offered_through", standing)
+                self._offered = (before, standing)
+            self._offering = self._offering_before
 
     def acknowledge(self, batch: PushBatch, result: PushResult) -> Acknowledged:
         """Clear dirty for versions the relay stored; refused stay dirty, and so do those it
@@ -487,24 +501,6 @@ class SyncSession:
 
     # -- relay state: wipe and rollback ---------------------------------------------------------
 
-    def knows_relay_state(self) -> bool:
-        """Whether a relay state was seen since the last reseed (pushes are signed for it)."""
-        with self._core.mutex:
-            self._core.check_open()
-            return self._store.get_bytes("relay_state") is not None
-
-    def last_relay_state(self) -> RelayState | None:
-        """The relay state seen last since the last reseed (None: none yet)."""
-        with self._core.mutex:
-            self._core.check_open()
-            stored = self._store.get_bytes("relay_state")
-        return None if stored is None else msgspec.msgpack.decode(stored, type=RelayState)
-
-    def check_relay_state(self, state: RelayState) -> None:
-        """Raise `RollbackError` if `state` shows a wiped or rolled-back relay; adopt it first time."""
-        with self._core.mutex, self._store.transaction():
-            self._check_state(state, 0)
-
     def verify_answer(self, batch: PushBatch, result: PushResult) -> None:
         """Raise as `acknowledge` would (`ProtocolError`, `RollbackError`), writing nothing: a
         driver that sends the next batch before it saves this one's receipts checks the answer
@@ -512,39 +508,6 @@ class SyncSession:
         _check_receipt_count(batch, result)
         with self._core.mutex, self._store.snapshot():
             self._verify_state(result.state)
-
-    def _check_state(self, state: RelayState, seen_seq: int) -> None:
-        high = self._verify_state(state)
-        self._store.set_meta("relay_state", msgspec.msgpack.encode(state))
-        self._store.set_meta("max_seq_seen", max(high, seen_seq, 0))
-
-    def _verify_state(self, state: RelayState) -> int:
-        """Raise `RollbackError` if `state` is not the relay last seen; the highest seq seen."""
-        stored = self._store.get_bytes("relay_state")
-        high = max(self._store.get_int("max_seq_seen"), self._store.get_int("cursor"))
-        if stored is not None:
-            known = msgspec.msgpack.decode(stored, type=RelayState)
-            if known.storage_id != state.storage_id:
-                raise RollbackError(
-                    f"relay storage changed from {known.storage_id} to {state.storage_id}: "
-                    "it was wiped or replaced",
-                    reason="storage_id",
-                    hint="run a reseed to push everything this device holds",
-                )
-            if known.account_epoch != state.account_epoch:
-                raise RollbackError(
-                    f"account epoch changed from {known.account_epoch} to {state.account_epoch}",
-                    reason="account_epoch",
-                    hint="another device reseeded or the relay was restored: reseed",
-                )
-            if state.head < high:
-                raise RollbackError(
-                    f"relay head {state.head} is below sequence {high} seen before: "
-                    "it was restored from an older copy",
-                    reason="head",
-                    hint="run a reseed to push everything this device holds",
-                )
-        return high
 
     def reseed(self) -> None:
         """Mark every version (held ones too) for pushing, reset the cursor, forget the relay."""
@@ -562,20 +525,6 @@ class SyncSession:
             self._forget_relay()
             self._store.set_meta("resync_needed", ADOPTED)
         self.restart()
-
-    def _forget_relay(self) -> None:
-        for name in ("cursor", "max_seq_seen", "relay_state", "acked_cursor", "run_passed"):
-            self._store.delete_meta(name)
-
-    def away_ms(self) -> int | None:
-        """How long ago, by this device's clock, a relay last took an ack of this file — or,
-        before its first, this file last pulled (a device that just joined); None when it
-        never did either: nothing it holds came from a relay. Collection leaves out a device
-        silent past its horizon: one away longer may hold what a run took (specs/protocol.md
-        §5.1)."""
-        with self._core.mutex:
-            seen = self._store.get_int("acked_ms") or self._store.get_int("last_sync_ms")
-            return None if not seen else self._core.options.wall_clock_ms() - seen
 
 
 def _check_receipt_count(batch: PushBatch, result: PushResult) -> None:

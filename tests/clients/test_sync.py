@@ -18,7 +18,7 @@ from clients import sync as sync_module
 from clients.errors import ResyncBusyError
 from clients.http import RelayClient
 from clients.keys import adopt_relay_keys, rotate_revoking
-from clients.sync import Progress, SyncDriver, SyncReport, is_epoch_change
+from clients.sync import DAY_MS, Progress, SyncDriver, SyncReport, is_epoch_change
 from replica import (
     RESYNC_LEASE,
     LoginKeys,
@@ -529,3 +529,29 @@ def test_a_watch_waiting_for_a_resync_stops_when_told_and_outlives_a_lock(
     watch.join(timeout=30)
     assert reports and reports[0].resynced is not None
     assert device.replica.get("notes", "n") is not None
+
+
+@pytest.mark.slow
+def test_a_device_away_past_the_horizon_follows_a_reseed_by_pulling_everything_again(
+    start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet]
+) -> None:
+    """Another device reseeded (an epoch change) while b was away past the relay's tombstone
+    horizon: b adopts the relay — a full resync — instead of pushing everything it holds (a
+    relay restored from an older copy may lack the flag that would make it resync); what it
+    wrote while away still goes out."""
+    relay = start_relay()
+    fleet = fleets(relay.url)
+    a, b = fleet.add("a"), fleet.add("b")
+    a.replica.put("notes", "n1", {"text": "one"})
+    a.driver.sync()
+    b.driver.sync()
+    with sqlite3.connect(b.replica.path) as db:  # its last ack, 100 days ago (horizon: 90)
+        db.execute("UPDATE meta SET value = value - ? WHERE name = 'acked_ms'", (100 * DAY_MS,))
+    a.driver.reseed(fleet.auth_key)
+    b.replica.put("notes", "n2", {"text": "written while away"})
+    report = b.driver.sync()
+    print("DEBUG", report, b.replica.set_aside())
+    assert report.rounds == 2 and report.resynced is not None
+    assert b.replica.status().dirty == 0
+    a.driver.sync()
+    assert sorted(r.id for r in a.replica.scan("notes")) == ["n1", "n2"]

@@ -1,0 +1,93 @@
+"""A sync session's view of its relay (specs/protocol.md §4.4 to §4.6): the relay state it last
+saw, which every answer is checked against (a wiped, reseeded or rolled-back relay is a
+`RollbackError`), what a reseed or an adoption forgets of it, and how long ago a relay last
+heard from this file. Mixed into `SyncSession` (replica/sync.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from replica.errors import RollbackError
+from replica.wire import RelayState
+
+if TYPE_CHECKING:
+    from replica.core import Core
+    from replica.store import Store
+
+ADOPTED = 2
+"""Meta `resync_needed` after `adopt_relay`: the resync sets aside what the relay lacks even
+if it never collected (its data came from another device's reseed)."""
+
+
+class RelayStates:
+    """The relay-state half of `SyncSession`."""
+
+    _core: Core
+    _store: Store
+
+    def knows_relay_state(self) -> bool:
+        """Whether a relay state was seen since the last reseed (pushes are signed for it)."""
+        with self._core.mutex:
+            self._core.check_open()
+            return self._store.get_bytes("relay_state") is not None
+
+    def last_relay_state(self) -> RelayState | None:
+        """The relay state seen last since the last reseed (None: none yet)."""
+        with self._core.mutex:
+            self._core.check_open()
+            stored = self._store.get_bytes("relay_state")
+        return None if stored is None else msgspec.msgpack.decode(stored, type=RelayState)
+
+    def check_relay_state(self, state: RelayState) -> None:
+        """Raise `RollbackError` if `state` shows a wiped or rolled-back relay; adopt it first time."""
+        with self._core.mutex, self._store.transaction():
+            self._check_state(state, 0)
+
+    def _check_state(self, state: RelayState, seen_seq: int) -> None:
+        high = self._verify_state(state)
+        self._store.set_meta("relay_state", msgspec.msgpack.encode(state))
+        self._store.set_meta("max_seq_seen", max(high, seen_seq, 0))
+
+    def _verify_state(self, state: RelayState) -> int:
+        """Raise `RollbackError` if `state` is not the relay last seen; the highest seq seen."""
+        stored = self._store.get_bytes("relay_state")
+        high = max(self._store.get_int("max_seq_seen"), self._store.get_int("cursor"))
+        if stored is not None:
+            known = msgspec.msgpack.decode(stored, type=RelayState)
+            if known.storage_id != state.storage_id:
+                raise RollbackError(
+                    f"relay storage changed from {known.storage_id} to {state.storage_id}: "
+                    "it was wiped or replaced",
+                    reason="storage_id",
+                    hint="run a reseed to push everything this device holds",
+                )
+            if known.account_epoch != state.account_epoch:
+                raise RollbackError(
+                    f"account epoch changed from {known.account_epoch} to {state.account_epoch}",
+                    reason="account_epoch",
+                    hint="another device reseeded or the relay was restored: reseed",
+                )
+            if state.head < high:
+                raise RollbackError(
+                    f"relay head {state.head} is below sequence {high} seen before: "
+                    "it was restored from an older copy",
+                    reason="head",
+                    hint="run a reseed to push everything this device holds",
+                )
+        return high
+
+    def _forget_relay(self) -> None:
+        for name in ("cursor", "max_seq_seen", "relay_state", "acked_cursor", "run_passed"):
+            self._store.delete_meta(name)
+
+    def away_ms(self) -> int | None:
+        """How long ago, by this device's clock, a relay last took an ack of this file — or,
+        before its first, this file last pulled (a device that just joined); None when it
+        never did either: nothing it holds came from a relay. Collection leaves out a device
+        silent past its horizon: one away longer may hold what a run took (specs/protocol.md
+        §5.1)."""
+        with self._core.mutex:
+            seen = self._store.get_int("acked_ms") or self._store.get_int("last_sync_ms")
+            return None if not seen else self._core.options.wall_clock_ms() - seen

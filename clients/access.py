@@ -33,7 +33,7 @@ from clients.errors import (
     RelayRefusedError,
 )
 from clients.http import RelayClient, check_relay_url
-from clients.sync import away_past_horizon
+from clients.sync import SyncDriver, away_past_horizon
 from replica import LoginKeys, Replica, RollbackError, recovery_login_keys
 from replica.bundles import is_foreign, parse_bundle
 from replica.errors import InvalidArgumentError, ProtocolError
@@ -145,6 +145,23 @@ def regain_access(client: RelayClient, replica: Replica, reentry: Reentry) -> Re
         return "logged_in"
     register_again(client, replica, reentry)
     return "registered"
+
+
+def check_way_back(
+    client: RelayClient, replica: Replica, account: str, *, adopt: bool, check_reseed: bool
+) -> None:
+    """Before a way back logs in or registers anything: an adoption needs the account on the
+    relay (another device reseeded it: adopting an empty relay would set aside everything
+    here); a reseed, unless told otherwise, a device not away past the tombstone horizon."""
+    if adopt and not has_account(client, replica, account):
+        raise AccessLostError(
+            f"the relay does not have account {account!r}: no device reseeded it since it lost "
+            "it, so there is nothing to adopt; nothing was changed here",
+            hint="reseed from a device that synced within the relay's tombstone horizon "
+            "(`sealsync sync --reseed`), then `sealsync sync --adopt` here",
+        )
+    if not adopt and check_reseed:
+        SyncDriver(replica, client).refuse_reseed_if_away()
 
 
 def register_again(client: RelayClient, replica: Replica, reentry: Reentry) -> Session:

@@ -229,7 +229,7 @@ class SyncDriver:
         """
         if cause is None or not is_epoch_change(cause):
             if not allow_resurrection:
-                self._refuse_if_away_past_the_horizon()
+                self.refuse_reseed_if_away()
             self._ask_for_new_epoch(auth_key)
         self._session().reseed()
         return self.sync()
@@ -242,9 +242,10 @@ class SyncDriver:
         self._session().adopt_relay()
         return self.sync()
 
-    def _refuse_if_away_past_the_horizon(self) -> None:
+    def refuse_reseed_if_away(self) -> None:
         """`ResurrectionRiskError` when no relay took an ack of this file within the relay's
-        tombstone horizon: its relay may have collected without it."""
+        tombstone horizon: its relay may have collected without it. `reseed` checks it; a
+        caller that registers the account again first checks it before."""
         horizon_ms = self._retrier.call(self._client.limits).tombstone_horizon_ms
         session = self._session()
         if not away_past_horizon(self._replica, session, horizon_ms):

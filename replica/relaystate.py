@@ -16,10 +16,6 @@ if TYPE_CHECKING:
     from replica.core import Core
     from replica.store import Store
 
-ADOPTED = 2
-"""Meta `resync_needed` after `adopt_relay`: the resync sets aside what the relay lacks even
-if it never collected (its data came from another device's reseed)."""
-
 
 class RelayStates:
     """The relay-state half of `SyncSession`."""
@@ -79,8 +75,12 @@ class RelayStates:
         return high
 
     def _forget_relay(self) -> None:
+        """A reseed or an adoption: the relay is forgotten, and for good, this file's history
+        is no longer one relay's (meta `relay_changed`): another relay's collection runs, or
+        this one's before a wipe, are not in any page's `last_run` (replica/resync.py)."""
         for name in ("cursor", "max_seq_seen", "relay_state", "acked_cursor", "run_passed"):
             self._store.delete_meta(name)
+        self._store.set_meta("relay_changed", 1)
 
     def away_ms(self) -> int | None:
         """How long ago, by this device's clock, a relay last took an ack of this file — or,

@@ -24,7 +24,11 @@ record back on every device. So, at the head:
 
 On a relay that never ran a collection (its pages' `last_run` is 0, and no run was applied
 here), nothing it lacks can have been collected: every unseen version is pushed (again), and
-nothing is dropped or set aside. That is the usual resync of a restored file.
+nothing is dropped or set aside. That is the usual resync of a restored file. But a relay's
+`last_run` covers only its own history: once this file forgot a relay (a reseed, an
+adoption: meta `relay_changed`, kept for good), what it holds may have been collected by
+another relay, or by this one before a wipe, and the one that reseeded it never knew. Then
+nothing is dropped either: an unseen acknowledged version is set aside too.
 
 The unseen set lives in a temporary table of the file's connection: a resync cut short
 starts again from 0 at the next sync, as the relay still asks for one. So does one that
@@ -35,6 +39,7 @@ merged, this one never saw, and would take for gone.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from replica.asides import HeldVersion, Row
 from replica.store import Store
@@ -48,6 +53,13 @@ them at a time on a file, or a merge's writes would be settled by a resync that 
 looked at them."""
 RESYNC_LEASE_TTL_S = 60.0
 """The lease's time to live: renewed while held, it runs out this long after a crash."""
+
+
+History = Literal["never_collected", "collected", "unknown"]
+"""What a resync may take the relay's pages to cover: the whole history of this file, on a
+relay that never ran a collection (`never_collected`) or did (`collected`); or not all of it
+(`unknown`: this file forgot a relay, meta `relay_changed`, and what it holds from before
+may have been collected by another relay, or by this one before a wipe)."""
 
 
 @dataclass(frozen=True)
@@ -89,10 +101,9 @@ def saw(store: Store, entries: list[PageEntry]) -> None:
     )
 
 
-def finish(store: Store, *, collected: bool) -> Resynced:
-    """Settle what the relay no longer has (inside the caller's transaction); `collected`:
-    whether it ever ran a collection (its last page's `last_run`, or a run applied here)."""
-    if not collected:
+def finish(store: Store, history: History) -> Resynced:
+    """Settle what the relay no longer has (inside the caller's transaction)."""
+    if history == "never_collected":
         return _nothing_collected(store)
     offered, own = store.get_int("offered_through"), node_to_i64(store.get_int("node"))
     rows = store.db.execute(
@@ -101,7 +112,7 @@ def finish(store: Store, *, collected: bool) -> Resynced:
         " AND u.hlc = v.hlc"
     ).fetchall()
     gone = [r for r in rows if r[1] != 1 or r[5] <= offered or r[4] != own]
-    aside = [r for r in gone if r[1]]
+    aside = [r for r in gone if r[1] or history == "unknown"]
     store.hold(
         HeldVersion(Row(key, node_from_i64(node), hlc, envelope), SET_ASIDE, None, scope)
         for _, _, _, key, node, hlc, envelope, scope in aside

@@ -528,7 +528,8 @@ class Store(AsideTables, BlindTables):
 
     def mark_all_for_push(self) -> None:
         self.db.execute("UPDATE versions SET dirty = 1 WHERE dirty <> 2")  # 2 waits for a resync
-        self.db.execute("UPDATE held SET repush = 1")
+        # what a resync set aside is never pushed: the relay may have collected it
+        self.db.execute("UPDATE held SET repush = 1 WHERE reason <> 'collected'")
 
     def has_identity(self, key: bytes, node: int, hlc: int) -> bool:
         args = (key, node_to_i64(node), hlc)

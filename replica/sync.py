@@ -28,7 +28,7 @@ from replica.collected import apply_markers
 from replica.errors import InvalidArgumentError, ProtocolError
 from replica.frontier import AUTHENTICATED_HOLDS
 from replica.generations import PushSigner, sign_push
-from replica.relaystate import ADOPTED, RelayStates
+from replica.relaystate import RelayStates
 from replica.wire import (
     MAX_HLC,
     Dot,
@@ -148,9 +148,9 @@ class SyncSession(RelayStates):
                 while rows := self._store.rows_to_push(table, self._max_count, self._after[table]):
                     chosen = _fit(rows, self._max_bytes)
                     self._after[table] = chosen[-1][0]
+                    # held rows too: one a reseed marked may be released into `versions` later
                     self._offering_before = self._offering
-                    if table == "versions":
-                        self._offering = max(self._offering, *(r.hlc for _, r, _ in chosen))
+                    self._offering = max(self._offering, *(r.hlc for _, r, _ in chosen))
                     sound = [(row.envelope, tomb) for _, row, tomb in chosen if self._is_sound(row)]
                     if sound:
                         bits = tombstone_bits([tomb for _, tomb in sound])
@@ -388,16 +388,18 @@ class SyncSession(RelayStates):
             if self._resync_at != self._store.get_int("cursor"):
                 resync.abandon(self._store)
                 return None
-            collected = (
-                self._resync_run > 0
-                or self._store.get_int("run_passed") > 0
-                or self._store.get_int("resync_needed") == ADOPTED
-            )
-            done = resync.finish(self._store, collected=collected)
+            done = resync.finish(self._store, self._history())
             for name in ("acked_cursor", "resync_needed"):
                 self._store.delete_meta(name)
         self._acked, self._acked_at = 0, None
         return done
+
+    def _history(self) -> resync.History:
+        """What the resync may take the relay's pages to cover (replica/resync.py)."""
+        if self._store.get_int("relay_changed"):
+            return "unknown"
+        ran = self._resync_run > 0 or self._store.get_int("run_passed") > 0
+        return "collected" if ran else "never_collected"
 
     def _after_runs(self, entries: list[PageEntry]) -> list[PageEntry]:
         """The entries of a page that was not next that no collection run applied here can
@@ -523,7 +525,7 @@ class SyncSession(RelayStates):
         tombstone horizon, whose reseed could bring back what a run took before the wipe."""
         with self._core.mutex, self._store.transaction():
             self._forget_relay()
-            self._store.set_meta("resync_needed", ADOPTED)
+            self._store.set_meta("resync_needed", 1)
         self.restart()
 
 

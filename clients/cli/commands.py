@@ -20,6 +20,7 @@ from rich.markup import escape
 
 from clients.access import (
     Reentry,
+    check_way_back,
     explained_refusals,
     follow_relay,
     login_again,
@@ -425,6 +426,8 @@ def sync_through_relay(
     ):
         proof = None
         if rejoin is not None:
+            check_way_back(client, replica, relay.account, adopt=rejoin.adopt,
+                           check_reseed=not rejoin.allow_resurrection)  # fmt: skip
             proof = reseed_proof(settings, replica, client, relay, invite, trust_account)
 
         def once() -> SyncReport:

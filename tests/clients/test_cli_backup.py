@@ -141,3 +141,49 @@ def test_a_whole_restore_on_a_relay_that_never_collected_pushes_what_the_backup_
     assert cli.json(a, "aside") == []
     cli.ok(b, "join", "--relay", relay.url, "--account", "ann")
     assert [r["id"] for r in cli.json_objects(b, "ls", "threads")] == ["t0", "t1"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["restore", "restore --merge"])
+def test_a_backup_older_than_a_run_restored_after_a_wipe_brings_nothing_back(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path, how: str
+) -> None:
+    """The backup holds `gone`, deleted and collected since; then the relay is wiped, and b
+    reseeds it. The new relay never collected, but this account's history was collected on
+    the old one: a file that forgot its relay (a reseed) never takes a relay's `last_run` of
+    0 to cover its history, and sets what it lacks aside instead of pushing it."""
+    relay = start_relay()
+    assert relay.db is not None
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    cli.ok(a, "init", "--relay", relay.url, "--account", "ann")
+    cli.ok(a, "put", "threads", "kept", '{"title": "kept"}')
+    cli.ok(a, "put", "threads", "gone", '{"title": "deleted later"}')
+    cli.ok(a, "sync")
+    cli.ok(b, "join", "--relay", relay.url, "--account", "ann")
+    folder = tmp_path / "backups"
+    cli.ok(a, "backup", "--to", str(folder))
+    (copy,) = folder.glob("*.db")
+    cli.ok(b, "rm", "threads", "gone")
+    collect = ["relay", "collect", "--db", str(relay.db), "--json"]
+    for _ in range(2):  # a run, then its release once both devices passed it
+        for device in (b, a, b, a):
+            cli.ok(device, "sync")
+        assert cli.runner.invoke(main, collect).exit_code == 0
+    relay.stop()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{relay.db}{suffix}").unlink(missing_ok=True)
+    relay.start()
+    cli.ok(b, "sync", "--reseed")
+    if how == "restore":
+        cli.ok(a, "restore", str(copy), "--force")
+        cli.ok(a, "login", "--trust-account")  # it finds the relay reseeded, and follows
+        devices = [a, b]
+    else:
+        cli.ok(b, "restore", str(copy), "--merge")
+        devices = [b]
+    for device in [*devices, *devices]:
+        cli.ok(device, "sync")
+    for device in devices:
+        assert [r["id"] for r in cli.json_objects(device, "ls", "threads")] == ["kept"]
+    cli.ok(tmp_path / "c.db", "join", "--relay", relay.url, "--account", "ann")
+    assert [r["id"] for r in cli.json_objects(tmp_path / "c.db", "ls", "threads")] == ["kept"]

@@ -213,9 +213,10 @@ def test_a_device_away_past_the_horizon_adopts_a_wiped_relay_instead_of_bringing
 ) -> None:
     """Device b was away 100 days, past the relay's tombstone horizon (90), while a deleted
     thread `gone` and a run collected it without b. The relay is then wiped and a reseeds
-    it. b still holds `gone`: its `sync --reseed` is refused (it would bring `gone` back
-    everywhere); `sync --adopt`, or a `login` that finds the relay reseeded, takes the
-    relay as it is instead, and `gone` is dropped there too."""
+    it. b still holds `gone`: its `sync --reseed` is refused before anything is sent (it
+    would bring `gone` back everywhere), as is an adoption before any device reseeded;
+    then `sync --adopt`, or a `login` that finds the relay reseeded, takes the relay as it
+    is, and `gone` is set aside there, not pushed."""
     a, b, c = (tmp_path / f"{name}.db" for name in "abc")
     db = tmp_path / "relay.db"
     with RelayProcess(db, tmp_path / "relay.log") as relay:
@@ -240,11 +241,13 @@ def test_a_device_away_past_the_horizon_adopts_a_wiped_relay_instead_of_bringing
         for suffix in DB_FILES:
             Path(f"{db}{suffix}").unlink(missing_ok=True)
         relay.start()
-        cli.ok(a, "sync", "--reseed")  # a synced within the horizon: nothing comes back
         before = dump(b)
-        refused = cli(b, "sync", "--reseed", "--trust-account")
+        nothing = cli(b, "sync", "--adopt")  # no device reseeded the relay yet
+        assert_user_error(nothing, "nothing to adopt", "sync --reseed")
+        refused = cli(b, "sync", "--reseed")
         assert_user_error(refused, "beyond the relay's tombstone horizon", "--adopt")
-        assert dump(b) == before
+        assert dump(b) == before  # and the relay was left without the account:
+        assert "registered it again" in cli.ok(a, "sync", "--reseed").stdout
         if way_back == "login":
             logged_in = cli.ok(b, "login", "--trust-account")
             assert "sets aside (see `sealsync aside`) what the relay lacks" in logged_in.stderr
@@ -255,3 +258,4 @@ def test_a_device_away_past_the_horizon_adopts_a_wiped_relay_instead_of_bringing
         cli.ok(c, "join", "--relay", relay.url, "--account", "ann")
         for device in (a, b, c):
             assert sorted(ids(device)) == ["kept"], device
+        assert [v["id"] for v in cli.json_objects(b, "aside")] == ["gone"]

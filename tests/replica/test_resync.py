@@ -82,6 +82,10 @@ def test_a_whole_restore_never_pushes_what_its_device_pushed_after_the_backup(
         assert [v.id for v in device.replica.set_aside()] == ["b"]
         machine.the_relay_keeps_nothing_a_collected_tombstone_covered()
         machine.quiesce_and_compare()
+        device.session.reseed()  # pushes everything it holds, but not what it set aside
+        sync(machine, 2, 0)
+        assert machine.devices[0].replica.get("notes", "b") is None
+        machine.the_relay_keeps_nothing_a_collected_tombstone_covered()
     finally:
         machine.teardown()
 

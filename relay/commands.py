@@ -234,7 +234,8 @@ def relay_accounts(*, where: RelayStorage, as_json: bool, to_delete: str | None,
     "--horizon-days",
     type=click.IntRange(1, 3650),
     help="Leave out devices silent for longer (a lost phone); they pull everything again "
-    "when they return (default: every device counts).",
+    "when they return (default: every device counts). Not below the relay's "
+    "tombstone_horizon_days, which devices judge a wiped relay by.",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON array, an object per account.")
 def relay_collect(

@@ -86,21 +86,15 @@ def test_backup_and_restore_refuse_what_is_not_a_replica_and_leave_no_file(
     assert list(tmp_path.glob("restored.db*")) == [] and list(tmp_path.glob(".restored*")) == []
 
 
-def test_a_backup_older_than_a_collection_run_restores_without_what_it_collected(
-    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
-) -> None:
-    """The backup holds a thread deleted and collected since, every device past the run: a
-    restored file resyncs before it pushes (it took a new node id), so the thread is gone
-    from it too instead of living on there, or coming back everywhere."""
-    relay = start_relay()
+def backed_up_then_collected(cli: Cli, relay: RelayProcess, a: Path, b: Path, folder: Path) -> Path:
+    """Device a writes `kept` and `gone`, b joins, a backs up (the copy, returned); b deletes
+    `gone`, and a collection run takes it, then is released, both devices past it."""
     assert relay.db is not None
-    a, b = tmp_path / "a.db", tmp_path / "b.db"
     cli.ok(a, "init", "--relay", relay.url, "--account", "ann")
     cli.ok(a, "put", "threads", "kept", '{"title": "kept"}')
     cli.ok(a, "put", "threads", "gone", '{"title": "deleted later"}')
     cli.ok(a, "sync")
     cli.ok(b, "join", "--relay", relay.url, "--account", "ann")
-    folder = tmp_path / "backups"
     cli.ok(a, "backup", "--to", str(folder))
     (copy,) = folder.glob("*.db")
     cli.ok(b, "rm", "threads", "gone")
@@ -109,6 +103,18 @@ def test_a_backup_older_than_a_collection_run_restores_without_what_it_collected
         for device in (b, a, b, a):
             cli.ok(device, "sync")
         assert cli.runner.invoke(main, collect).exit_code == 0
+    return copy
+
+
+def test_a_backup_older_than_a_collection_run_restores_without_what_it_collected(
+    cli: Cli, start_relay: Callable[..., RelayProcess], tmp_path: Path
+) -> None:
+    """The backup holds a thread deleted and collected since, every device past the run: a
+    restored file resyncs before it pushes (it took a new node id), so the thread is gone
+    from it too instead of living on there, or coming back everywhere."""
+    relay = start_relay()
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    copy = backed_up_then_collected(cli, relay, a, b, tmp_path / "backups")
     assert listed_accounts(relay)["ann"]["collected"] == 1
     cli.ok(a, "restore", str(copy), "--force")
     assert [r["id"] for r in cli.json_objects(a, "ls", "threads")] == ["gone", "kept"]
@@ -153,22 +159,8 @@ def test_a_backup_older_than_a_run_restored_after_a_wipe_brings_nothing_back(
     the old one: a file that forgot its relay (a reseed) never takes a relay's `last_run` of
     0 to cover its history, and sets what it lacks aside instead of pushing it."""
     relay = start_relay()
-    assert relay.db is not None
     a, b = tmp_path / "a.db", tmp_path / "b.db"
-    cli.ok(a, "init", "--relay", relay.url, "--account", "ann")
-    cli.ok(a, "put", "threads", "kept", '{"title": "kept"}')
-    cli.ok(a, "put", "threads", "gone", '{"title": "deleted later"}')
-    cli.ok(a, "sync")
-    cli.ok(b, "join", "--relay", relay.url, "--account", "ann")
-    folder = tmp_path / "backups"
-    cli.ok(a, "backup", "--to", str(folder))
-    (copy,) = folder.glob("*.db")
-    cli.ok(b, "rm", "threads", "gone")
-    collect = ["relay", "collect", "--db", str(relay.db), "--json"]
-    for _ in range(2):  # a run, then its release once both devices passed it
-        for device in (b, a, b, a):
-            cli.ok(device, "sync")
-        assert cli.runner.invoke(main, collect).exit_code == 0
+    copy = backed_up_then_collected(cli, relay, a, b, tmp_path / "backups")
     relay.stop()
     for suffix in ("", "-wal", "-shm"):
         Path(f"{relay.db}{suffix}").unlink(missing_ok=True)

@@ -13,8 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from clients import sync as sync_module
+from clients.cli import main
 from clients.errors import ResyncBusyError
 from clients.http import RelayClient
 from clients.keys import adopt_relay_keys, rotate_revoking
@@ -555,3 +557,53 @@ def test_a_device_away_past_the_horizon_follows_a_reseed_by_pulling_everything_a
     assert b.replica.status().dirty == 0
     a.driver.sync()
     assert sorted(r.id for r in a.replica.scan("notes")) == ["n1", "n2"]
+
+
+@pytest.mark.slow
+def test_a_paused_watch_the_relay_asks_to_resync_keeps_watching(
+    start_relay: Callable[..., RelayProcess],
+    fleets: Callable[..., Fleet],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """b's watch pulls only (the keys were rotated on a), and b was left out of a collection
+    run (silent 100 days): the relay refuses its plain pulls `resync_required`, and the
+    resync it starts ends with an ack under keys it does not have. The watch says to run
+    `sealsync sync` and keeps watching, instead of ending on the refusal."""
+    relay = start_relay()
+    assert relay.db is not None
+    fleet = fleets(relay.url)
+    a, b, c = fleet.add("a"), fleet.add("b"), fleet.add("c")
+    a.replica.put("notes", "gone", {"text": "deleted while b was away"})
+    a.driver.sync()
+    b.driver.sync()
+    revoked = c.client.session.device_id if c.client.session else ""
+    rotate_revoking(a.client, a.replica, LoginKeys(fleet.auth_key, b""), "a new passphrase, long "
+                    "enough", revoked, catch_up=a.driver.sync)  # fmt: skip
+    a.replica.delete("notes", "gone")
+    a.driver.sync()
+    SyncDriver(a.replica, a.client).sync()  # a new session acks past the tombstone
+    b_id = b.client.session.device_id if b.client.session else ""
+    with sqlite3.connect(relay.db) as db:
+        aged = db.execute(
+            "UPDATE devices SET ack_ms = ack_ms - ?, created_ms = created_ms - ? WHERE id = ?",
+            (100 * DAY_MS, 100 * DAY_MS, b_id),
+        )
+        assert aged.rowcount == 1
+    collect = ["relay", "collect", "--db", str(relay.db), "--horizon-days", "90", "--json"]
+    ran = CliRunner().invoke(main, collect)
+    assert ran.exit_code == 0 and json.loads(ran.stdout)[0]["flagged"] == 1, ran.output
+
+    stop = threading.Event()
+    watch = threading.Thread(
+        target=b.driver.watch, args=(stop,), kwargs={"poll_interval_s": 0.1, "idle_sync_s": 0.2}
+    )
+    with caplog.at_level("WARNING", logger="sealsync"):
+        watch.start()
+        deadline = time.monotonic() + 20
+        while "run `sealsync sync`" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert watch.is_alive()  # still watching
+        stop.set()
+        watch.join(timeout=30)
+    assert not watch.is_alive() and "pull everything again" in caplog.text

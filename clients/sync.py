@@ -327,8 +327,8 @@ class SyncDriver:
             self._resync(session, tally, report)
         try:
             self._exchange(session, tally, report)
-        except RelayRefusedError as exc:
-            if not is_resync_required(exc):
+        except RelayRefusedError as exc:  # a copy older than the relay's view resyncs too
+            if not (is_resync_required(exc) or exc.code == ErrorCode.COUNTER_STALE):
                 raise
             self._resync(session, tally, report)
             self._exchange(session, tally, report)
@@ -390,19 +390,20 @@ class SyncDriver:
         if tally.resynced is None:
             return False
         try:
-            self._ack(session)
+            self._ack(session, after_resync=True)
         except RelayRefusedError as exc:
             if not is_resync_required(exc):
                 raise
             return False
         return True
 
-    def _ack(self, session: SyncSession) -> None:
+    def _ack(self, session: SyncSession, *, after_resync: bool = False) -> None:
         """Tell the relay how far this device pulled, with an empty signed push, when no
         push said so (`SyncSession.ack_due`)."""
         batch = session.ack_due()
         if batch is not None:
-            result = self._retrier.call(functools.partial(self._push_signed, session, batch))
+            push = functools.partial(self._push_signed, session, batch, after_resync=after_resync)
+            result = self._retrier.call(push)
             session.verify_answer(batch, result)
             session.acknowledge(batch, result)
 
@@ -442,12 +443,16 @@ class SyncDriver:
         push = functools.partial(self._push_signed, session, batch)
         return _Request(functools.partial(self._retrier.call, push))
 
-    def _push_signed(self, session: SyncSession, batch: PushBatch) -> PushResult:
-        """Signed afresh for each attempt: a retry after an unknown outcome gets a new counter,
-        and a `counter_stale` (a replica file restored from an older copy) one more try
-        above the relay's last counter (specs/protocol.md §4.7). A `forbidden` push was
-        signed for a relay state that is gone (a reseed, a wipe) if `GET /v1/state` says so:
-        then the `RollbackError` is what this device needs to hear."""
+    def _push_signed(
+        self, session: SyncSession, batch: PushBatch, *, after_resync: bool = False
+    ) -> PushResult:
+        """Signed afresh for each attempt: a retry after an unknown outcome gets a new counter
+        (specs/protocol.md §4.7). A `counter_stale` means a replica file restored from an
+        older copy of itself, which may predate a collection run: it signs above the relay's
+        last counter from then on, and resyncs before it pushes (the refusal goes up to the
+        round), unless it just did. A `forbidden` push was signed for a relay state that is
+        gone (a reseed, a wipe) if `GET /v1/state` says so: then the `RollbackError` is what
+        this device needs to hear."""
         signer = self._client.session
         if signer is None:
             raise NoSessionError("pushing takes a device session", hint="log in first")
@@ -464,6 +469,10 @@ class SyncDriver:
             if exc.code != ErrorCode.COUNTER_STALE or exc.last_counter is None:
                 raise
             session.sign_above(exc.last_counter)
+            if not after_resync:
+                session.push_refused()
+                session.resync_before_pushing()
+                raise
             return self._client.push(session.sign(batch, account, device_id))
 
     def _pull_all(

@@ -501,6 +501,14 @@ class SyncSession(RelayStates):
                 self._store.set_meta("push_counter", last_counter)
             self._counters = None  # the block may lie below it: take a new one
 
+    def resync_before_pushing(self) -> None:
+        """The relay saw a higher push counter from this device than this file used: the
+        file is an older copy of itself (a file restored from a backup of the disk), which
+        may predate a collection run and hold what it collected. Its next round resyncs
+        before it pushes (replica/resync.py)."""
+        with self._core.mutex, self._store.transaction():
+            self._store.set_meta("resync_needed", max(1, self._store.get_int("resync_needed")))
+
     # -- relay state: wipe and rollback ---------------------------------------------------------
 
     def verify_answer(self, batch: PushBatch, result: PushResult) -> None:

@@ -26,6 +26,7 @@ from replica import (
     LoginKeys,
     Replica,
     ReplicaLockedError,
+    Resynced,
     RollbackError,
     passphrase_login_keys,
 )
@@ -52,8 +53,9 @@ def test_a_replica_whose_push_counter_went_back_signs_again_above_the_relays(
     start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet]
 ) -> None:
     """A file restored from an older copy reuses counters the relay has seen: the relay
-    answers `counter_stale` with its last one, and the device signs again above it. (The
-    restored file is opened afresh: a running session would go on with the counters it
+    answers `counter_stale` with its last one, and the device signs again above it — after
+    a full resync, for the copy may predate a collection run and hold what it collected.
+    (The restored file is opened afresh: a running session would go on with the counters it
     took before, which are above the relay's too.)"""
     relay = start_relay()
     device = fleets(relay.url).add("laptop")
@@ -67,6 +69,7 @@ def test_a_replica_whose_push_counter_went_back_signs_again_above_the_relays(
     device.replica.put("notes", "after", {"title": "restored"})
     report = SyncDriver(device.replica, device.client).sync()
     assert (report.stored, report.refused, device.replica.status().dirty) == (1, 0, 0)
+    assert report.resynced == Resynced(dropped=0, set_aside=0)
     assert push_counter(device.replica) > seen
 
 
@@ -607,3 +610,40 @@ def test_a_paused_watch_the_relay_asks_to_resync_keeps_watching(
         stop.set()
         watch.join(timeout=30)
     assert not watch.is_alive() and "pull everything again" in caplog.text
+
+
+@pytest.mark.slow
+def test_a_file_restored_from_an_older_copy_of_itself_drops_what_a_run_collected_since(
+    start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet], tmp_path: Path
+) -> None:
+    """a's file is copied (a disk backup), then `gone` is deleted on b and a collection run
+    takes it, released once both devices passed it. The copy, opened as a again, would never
+    see that run's markers and keep `gone` for good; the relay's `counter_stale` shows it
+    is an older copy, so it resyncs, and drops `gone`."""
+    relay = start_relay()
+    assert relay.db is not None
+    fleet = fleets(relay.url)
+    a, b = fleet.add("a"), fleet.add("b")
+    a.replica.put("notes", "kept", {"text": "kept"})
+    a.replica.put("notes", "gone", {"text": "deleted later"})
+    a.driver.sync()
+    b.driver.sync()
+    copy = tmp_path / "a-copy.db"
+    with sqlite3.connect(a.replica.path) as live, sqlite3.connect(copy) as backup:
+        live.backup(backup)
+    a.replica.put("notes", "later", {"text": "written after the copy"})
+    b.replica.delete("notes", "gone")
+    collect = ["relay", "collect", "--db", str(relay.db), "--json"]
+    for _ in range(2):  # a run, then its release: each device syncing (and acking) first
+        for device in (b, a, b, a):
+            SyncDriver(device.replica, device.client).sync()
+        assert CliRunner().invoke(main, collect).exit_code == 0
+    restored = Replica.open(copy)
+    try:
+        restored.unlock_with_key(a.replica.unlock_key())
+        assert restored.get("notes", "gone") is not None
+        report = SyncDriver(restored, a.client).sync()
+        assert report.resynced is not None
+        assert sorted(r.id for r in restored.scan("notes")) == ["kept", "later"]
+    finally:
+        restored.close()

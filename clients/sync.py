@@ -330,6 +330,8 @@ class SyncDriver:
         except RelayRefusedError as exc:  # a copy older than the relay's view resyncs too
             if not (is_resync_required(exc) or exc.code == ErrorCode.COUNTER_STALE):
                 raise
+            if exc.code == ErrorCode.COUNTER_STALE:
+                session.restart()  # not a flag's refusal: what this pass offered stays offered
             self._resync(session, tally, report)
             self._exchange(session, tally, report)
 
@@ -447,10 +449,11 @@ class SyncDriver:
         self, session: SyncSession, batch: PushBatch, *, after_resync: bool = False
     ) -> PushResult:
         """Signed afresh for each attempt: a retry after an unknown outcome gets a new counter
-        (specs/protocol.md §4.7). A `counter_stale` means a replica file restored from an
-        older copy of itself, which may predate a collection run: it signs above the relay's
-        last counter from then on, and resyncs before it pushes (the refusal goes up to the
-        round), unless it just did. A `forbidden` push was signed for a relay state that is
+        (specs/protocol.md §4.7). A `counter_stale` signs above the relay's last counter from
+        then on; when the file itself was behind it (not just this session's block: another
+        process took a later one), it is an older copy of itself, which may predate a
+        collection run, and resyncs before it pushes (the refusal goes up to the round),
+        unless it just did. A `forbidden` push was signed for a relay state that is
         gone (a reseed, a wipe) if `GET /v1/state` says so: then the `RollbackError` is what
         this device needs to hear."""
         signer = self._client.session
@@ -468,8 +471,7 @@ class SyncDriver:
                     raise
             if exc.code != ErrorCode.COUNTER_STALE or exc.last_counter is None:
                 raise
-            session.sign_above(exc.last_counter)
-            if not after_resync:
+            if session.sign_above(exc.last_counter) and not after_resync:  # an older copy
                 session.push_refused()
                 session.resync_before_pushing()
                 raise

@@ -144,13 +144,16 @@ class SyncSession(RelayStates):
             self._core.check_open()
             if self._after == {"versions": 0, "held": 0}:  # a new pass
                 self._core.reseal_pending()
+            node = self._core.node()
             for table in ("versions", "held"):
                 while rows := self._store.rows_to_push(table, self._max_count, self._after[table]):
                     chosen = _fit(rows, self._max_bytes)
                     self._after[table] = chosen[-1][0]
-                    # held rows too: one a reseed marked may be released into `versions` later
+                    # this node's rows only (held ones too): a resync sets another node's
+                    # aside anyway, and one held for drift may be far ahead of this clock
                     self._offering_before = self._offering
-                    self._offering = max(self._offering, *(r.hlc for _, r, _ in chosen))
+                    own = [r.hlc for _, r, _ in chosen if r.node == node]
+                    self._offering = max(self._offering, *own, 0)
                     sound = [(row.envelope, tomb) for _, row, tomb in chosen if self._is_sound(row)]
                     if sound:
                         bits = tombstone_bits([tomb for _, tomb in sound])
@@ -489,17 +492,24 @@ class SyncSession(RelayStates):
         self._counters[0] += 1
         return counter
 
-    def sign_above(self, last_counter: int) -> None:
-        """Sign from above `last_counter` on: the relay's last counter of this device, higher
-        than this file's when the file was restored from an older copy."""
+    def sign_above(self, last_counter: int) -> bool:
+        """Sign from above `last_counter` on: the relay's last counter of this device. True
+        when this file is an older copy of itself: the relay saw a counter of this session's
+        own block (no other session of the file could take one), or one above every block
+        the file gave out. False when another session of the file took a later block and
+        pushed with it (two processes on one file)."""
         if not 0 <= last_counter < MAX_HLC:
             raise ProtocolError(
                 f"the relay names push counter {last_counter}, out of bounds 0..{MAX_HLC - 1}"
             )
         with self._core.mutex, self._store.transaction():
-            if self._store.get_int("push_counter") < last_counter:
+            given = self._store.get_int("push_counter")
+            block_end = self._counters[1] if self._counters is not None else 0
+            older_copy = last_counter <= block_end or given < last_counter
+            if given < last_counter:
                 self._store.set_meta("push_counter", last_counter)
             self._counters = None  # the block may lie below it: take a new one
+        return older_copy
 
     def resync_before_pushing(self) -> None:
         """The relay saw a higher push counter from this device than this file used: the

@@ -32,7 +32,7 @@ from replica import (
 )
 from replica.wire import LoginRequest, parse_header
 from tests.clients.chaos import ChaosTransport, FirstReplyLost
-from tests.clients.conftest import Device, Fleet, contents
+from tests.clients.conftest import FAST_BACKOFF, Device, Fleet, contents
 from tests.clients.scenario import play
 from tests.conftest import FakeClock
 from tests.relay.server import RelayProcess
@@ -647,3 +647,51 @@ def test_a_file_restored_from_an_older_copy_of_itself_drops_what_a_run_collected
         assert sorted(r.id for r in restored.scan("notes")) == ["kept", "later"]
     finally:
         restored.close()
+
+
+@pytest.mark.slow
+def test_two_sessions_on_one_file_sign_above_each_other_without_resyncing(
+    start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet]
+) -> None:
+    """Two sessions on one file (two processes) each take a block of counters: the one with
+    the lower block meets `counter_stale` at its next push. The file itself is not behind
+    the relay, so it is no older copy: it signs above and pushes, with no full resync."""
+    relay = start_relay()
+    device = fleets(relay.url).add("laptop")
+    other = SyncDriver(device.replica, device.client, backoff=FAST_BACKOFF)
+    resyncs = 0
+    for i in range(4):
+        for driver in (device.driver, other):
+            device.replica.put("notes", f"n{i}-{id(driver)}", {"t": i})
+            report = driver.sync()
+            assert report.stored == 1
+            resyncs += report.resynced is not None
+    assert resyncs == 0
+
+
+@pytest.mark.slow
+def test_a_row_held_for_drift_and_pushed_by_a_reseed_covers_no_later_own_write(
+    start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet]
+) -> None:
+    """The phone's clock is 30 days ahead: the laptop holds its write for drift, and a
+    reseed pushes that held row. The mark of what was offered counts only the laptop's own
+    rows, so its next write, far below the phone's hlc, is pushed by a later resync."""
+    relay = start_relay(f"max_drift_ms={60 * DAY_MS}")
+    fleet = fleets(relay.url)
+    laptop = fleet.add("laptop")
+    fleet.clock = FakeClock(int(time.time() * 1000) + 30 * DAY_MS)
+    phone = fleet.add("phone")
+    fleet.clock = None
+    laptop.driver.sync()
+    phone.replica.put("notes", "p", {"t": "from the phone"})
+    phone.driver.sync()
+    laptop.driver.sync()
+    assert laptop.replica.status().held_for_drift == 1
+    laptop.driver.reseed(fleet.auth_key)
+    laptop.replica.put("notes", "y", {"t": "written after the reseed"})
+    with sqlite3.connect(laptop.replica.path) as db:  # a resync is due (an adoption, say)
+        db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('resync_needed', 1)")
+    report = laptop.driver.sync()
+    assert report.resynced is not None and laptop.replica.set_aside() == []
+    phone.driver.sync()
+    assert phone.replica.get("notes", "y") is not None

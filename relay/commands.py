@@ -227,6 +227,22 @@ def relay_accounts(*, where: RelayStorage, as_json: bool, to_delete: str | None,
     out.print(table)
 
 
+def horizon_within_the_advertised(where: RelayStorage, horizon_days: int | None) -> int | None:
+    """`--horizon-days` in ms, refused below the relay's `tombstone_horizon_days`: devices
+    are told that one, and one silent between the two would count itself in and could
+    reseed a wiped relay with what the run collects (specs/protocol.md §5.1)."""
+    if horizon_days is None:
+        return None
+    advertised = where.config().tombstone_horizon_days
+    if horizon_days < advertised:
+        raise InvalidArgumentError(
+            f"--horizon-days {horizon_days} is below the relay's tombstone_horizon_days "
+            f"({advertised}), which devices are told",
+            hint=f"give at least {advertised}, or lower the setting tombstone_horizon_days",
+        )
+    return horizon_days * DAY_MS
+
+
 @relay.command("collect")
 @storage_options
 @click.option("--account", "name", help="Only this account (default: every account).")
@@ -234,7 +250,7 @@ def relay_accounts(*, where: RelayStorage, as_json: bool, to_delete: str | None,
     "--horizon-days",
     type=click.IntRange(1, 3650),
     help="Leave out devices silent for longer (a lost phone); they pull everything again "
-    "when they return (default: every device counts). Not below the relay's "
+    "when they return (default: every device counts). At least the relay's "
     "tombstone_horizon_days, which devices judge a wiped relay by.",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON array, an object per account.")
@@ -245,7 +261,7 @@ def relay_collect(
     last version of its record, and give their space back to the account (runs of at most
     10,000; a device that never acknowledged holds its account's back). Each device drops
     its own copies as it next syncs."""
-    horizon_ms = None if horizon_days is None else horizon_days * DAY_MS
+    horizon_ms = horizon_within_the_advertised(where, horizon_days)
     with where.opened() as storage:
         if name is not None and not storage.accounts(name):
             raise InvalidArgumentError(

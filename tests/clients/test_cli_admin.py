@@ -351,3 +351,17 @@ def test_relay_serve_collects_on_its_own_with_the_collect_setting(
     for device in (a, b):
         cli.ok(device, "sync")
         assert cli.json_object(device, "status")["collected"] == 1
+
+
+def test_relay_collect_refuses_a_horizon_below_the_advertised_one(cli: Cli, tmp_path: Path) -> None:
+    """Devices judge whether they may reseed a wiped relay by the horizon the relay tells
+    them (`tombstone_horizon_days`); a run with a shorter one would leave out a device that
+    counts itself in. `relay collect` refuses it, naming both, and takes one at the setting."""
+    db = tmp_path / "relay.db"
+    collect = ["relay", "collect", "--db", str(db), "--json", "--horizon-days"]
+    refused = cli.runner.invoke(main, [*collect, "30"])
+    assert_user_error(refused, "--horizon-days 30", "tombstone_horizon_days (90)", "at least 90")
+    lowered = {"SEALSYNC_RELAY_TOMBSTONE_HORIZON_DAYS": "30"}
+    taken = cli.runner.invoke(main, [*collect, "30"], env=lowered)
+    assert taken.exit_code == 0, taken.output
+    assert json.loads(taken.stdout) == []

@@ -33,7 +33,7 @@ from clients.errors import (
     RelayRefusedError,
 )
 from clients.http import RelayClient, check_relay_url
-from clients.sync import SyncDriver, away_past_horizon
+from clients.sync import SyncDriver, follow_reseed
 from replica import LoginKeys, Replica, RollbackError, recovery_login_keys
 from replica.bundles import is_foreign, parse_bundle
 from replica.errors import InvalidArgumentError, ProtocolError
@@ -311,11 +311,7 @@ def follow_relay(replica: Replica, session: Session, horizon_ms: int) -> RelayFi
     except RollbackError as exc:
         if exc.reason == "head":
             return RelayFinding(exc, "stop")
-        if away_past_horizon(replica, sync_session, horizon_ms):
-            sync_session.adopt_relay()
-            return RelayFinding(exc, "adopt")
-        sync_session.reseed()
-        return RelayFinding(exc, "reseed")
+        return RelayFinding(exc, follow_reseed(replica, sync_session, horizon_ms))
     return None
 
 

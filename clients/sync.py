@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Generic, TypeVar, cast
+from typing import Generic, Literal, TypeVar, cast
 
 from clients.errors import (
     NoSessionError,
@@ -97,6 +97,21 @@ def away_past_horizon(replica: Replica, session: SyncSession, horizon_ms: int) -
     no run passes one by)."""
     away = session.away_ms()
     return bool(replica.key_generation) and away is not None and away > horizon_ms
+
+
+def follow_reseed(
+    replica: Replica, session: SyncSession, horizon_ms: int
+) -> Literal["reseed", "adopt"]:
+    """Another device reseeded the account: this one reseeds too, pushing everything it
+    holds — unless it was away past the relay's tombstone horizon (`horizon_ms`): then it
+    adopts the relay (a full resync that sets aside what the relay lacks), for what it holds
+    may have been collected meanwhile, and a relay restored from an older copy may lack the
+    flag that would make it resync."""
+    if away_past_horizon(replica, session, horizon_ms):
+        session.adopt_relay()
+        return "adopt"
+    session.reseed()
+    return "reseed"
 
 
 def is_epoch_change(error: RollbackError) -> bool:
@@ -193,16 +208,10 @@ class SyncDriver:
         return tally.report(self._retrier.retries - retries)
 
     def _follow(self, session: SyncSession, change: RollbackError) -> None:
-        """Another device reseeded: so does this one, pushing everything it holds — unless
-        it was away past the relay's tombstone horizon (a relay restored from an older copy
-        may lack the flag that would make it resync): then it adopts the relay instead."""
+        """Another device reseeded: so does this one (`follow_reseed`)."""
         horizon_ms = self._retrier.call(self._client.limits).tombstone_horizon_ms
-        if away_past_horizon(self._replica, session, horizon_ms):
-            log.warning("%s: pulling everything again (away past the tombstone horizon)", change)
-            session.adopt_relay()
-        else:
-            log.warning("%s: reseeding this device", change)
-            session.reseed()
+        how = follow_reseed(self._replica, session, horizon_ms)
+        log.warning("%s: this device follows (%s)", change, how)
 
     def _pull_round(self, session: SyncSession, tally: Tally) -> None:
         tally.rounds += 1
@@ -381,7 +390,8 @@ class SyncDriver:
             except LeaseBusyError:
                 if self._stopping.is_set() or self._clock() >= deadline:
                     raise ResyncBusyError(
-                        "another process is pulling everything again into this replica",
+                        "another process is pulling everything again into this replica "
+                        f"(waited {self._clock() - deadline + RESYNC_WAIT_S:.0f} s)",
                         hint="sync again once it is done",
                     ) from None
 

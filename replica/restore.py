@@ -196,4 +196,4 @@ def _merge_page(core: Core, page: Sequence[_Row], report: Merged) -> None:
             "UPDATE versions SET dirty = ? WHERE key = ? AND node = ? AND hlc = ? AND dirty = 0",
             [(AWAITING_RESYNC, *dot) for dot in awaiting],
         )
-        core.store.set_meta("resync_needed", max(1, core.store.get_int("resync_needed")))
+        core.store.set_meta("resync_needed", 1)

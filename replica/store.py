@@ -332,7 +332,7 @@ class Store(AsideTables, BlindTables):
         older than a tombstone collection, and push what it collected back."""
         self.set_meta("node", str(node))
         self.set_meta("feed_id", feed_id)
-        self.set_meta("resync_needed", max(1, self.get_int("resync_needed")))
+        self.set_meta("resync_needed", 1)
 
     def checkpoint_truncate(self) -> None:
         """Copy the WAL into the file and empty it (a no-op while a reader holds it open)."""

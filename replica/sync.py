@@ -517,7 +517,7 @@ class SyncSession(RelayStates):
         may predate a collection run and hold what it collected. Its next round resyncs
         before it pushes (replica/resync.py)."""
         with self._core.mutex, self._store.transaction():
-            self._store.set_meta("resync_needed", max(1, self._store.get_int("resync_needed")))
+            self._store.set_meta("resync_needed", 1)
 
     # -- relay state: wipe and rollback ---------------------------------------------------------
 

@@ -555,7 +555,6 @@ def test_a_device_away_past_the_horizon_follows_a_reseed_by_pulling_everything_a
     a.driver.reseed(fleet.auth_key)
     b.replica.put("notes", "n2", {"text": "written while away"})
     report = b.driver.sync()
-    print("DEBUG", report, b.replica.set_aside())
     assert report.rounds == 2 and report.resynced is not None
     assert b.replica.status().dirty == 0
     a.driver.sync()

@@ -303,13 +303,13 @@ def follow_relay(replica: Replica, session: Session, horizon_ms: int) -> RelayFi
     (`horizon_ms`), adopts the relay instead (`SyncSession.adopt_relay`): what it holds and
     the relay lacks may have been collected meanwhile, and is set aside, not pushed back. A
     head below what it saw is not followed: `sync` reports it, and `sync --reseed` is the
-    operator's call.
+    operator's call (refused onto a copy older than a collection run this device applied).
     """
     sync_session = replica.sync_session()
     try:
         sync_session.check_relay_state(session.state)
     except RollbackError as exc:
-        if exc.reason == "head":
+        if exc.reason in ("head", "before_run"):
             return RelayFinding(exc, "stop")
         return RelayFinding(exc, follow_reseed(replica, sync_session, horizon_ms))
     return None

@@ -51,6 +51,7 @@ from replica import (
     RollbackError,
     SyncSession,
 )
+from replica.relaystate import BEFORE_RUN_HINT
 from replica.wire import Page, PushBatch, PushResult, RelayLimits
 
 log = logging.getLogger(f"sealsync.{__name__}")
@@ -233,12 +234,15 @@ class SyncDriver:
         would make the devices reseed each other forever. Asking takes the account's current
         `auth_key`: a token alone cannot make every device reseed. A relay that lost the
         account answers `unauthorized`: `clients.access.regain_access` registers it again
-        first. Unless `allow_resurrection`, a device away past the relay's tombstone horizon
-        is refused (`ResurrectionRiskError`): it may hold what a run took before the wipe.
+        first. Unless `allow_resurrection`, a reseed that may bring back what a collection
+        run deleted is refused (`ResurrectionRiskError`): from a device away past the relay's
+        tombstone horizon (it may hold what a run took before the wipe), or onto a relay
+        restored from a copy older than a run this device applied (the copy may hold it).
         """
         if cause is None or not is_epoch_change(cause):
             if not allow_resurrection:
                 self.refuse_reseed_if_away()
+                self._refuse_reseed_onto_a_copy_before_a_run()
             self._ask_for_new_epoch(auth_key)
         self._session().reseed()
         return self.sync()
@@ -267,6 +271,17 @@ class SyncDriver:
             hint="reseed from a device that synced within the horizon, then `sealsync sync "
             "--adopt` here; with no such device, `sync --reseed --allow-resurrection`",
         )
+
+    def _refuse_reseed_onto_a_copy_before_a_run(self) -> None:
+        state = self._retrier.call(self._client.state)
+        run = self._session().run_missing_from(state)
+        if run:
+            raise ResurrectionRiskError(
+                f"the relay was restored from a copy older than collection run {run} (its "
+                f"head is {state.head}): the copy may still hold what that run deleted, and "
+                "a reseed onto it would bring that back everywhere",
+                hint=BEFORE_RUN_HINT,
+            )
 
     def _ask_for_new_epoch(self, auth_key: bytes) -> None:
         """POST /v1/reseed draws a new epoch each time, so it is not sent again blindly after

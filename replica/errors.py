@@ -134,7 +134,7 @@ class LeaseBusyError(SealsyncError):
     code = "lease_busy"
 
 
-RollbackReason = Literal["storage_id", "account_epoch", "head"]
+RollbackReason = Literal["storage_id", "account_epoch", "head", "before_run"]
 
 
 class RollbackError(SealsyncError):

@@ -17,6 +17,13 @@ if TYPE_CHECKING:
     from replica.store import Store
 
 
+BEFORE_RUN_HINT = (
+    "have the relay's operator delete the account (`sealsync relay accounts --delete NAME`), "
+    "then `sealsync sync --reseed` from a device that synced recently; "
+    "`sync --reseed --allow-resurrection` reseeds onto this copy anyway"
+)
+
+
 class RelayStates:
     """The relay-state half of `SyncSession`."""
 
@@ -65,14 +72,44 @@ class RelayStates:
                     reason="account_epoch",
                     hint="another device reseeded or the relay was restored: reseed",
                 )
-            if state.head < high:
-                raise RollbackError(
-                    f"relay head {state.head} is below sequence {high} seen before: "
-                    "it was restored from an older copy",
-                    reason="head",
-                    hint="run a reseed to push everything this device holds",
-                )
+            self._check_head(known, state, high)
         return high
+
+    def _check_head(self, known: RelayState, state: RelayState, high: int) -> None:
+        """A head below what this file saw: the relay was restored from an older copy, older
+        than a collection run this file applied too, perhaps (`before_run`)."""
+        missing = self._run_missing(known, state)
+        if missing:
+            raise RollbackError(
+                f"relay head {state.head} is below collection run {missing}, which this "
+                "device applied: the relay was restored from a copy older than that run, "
+                "and the copy may still hold what the run deleted",
+                reason="before_run",
+                hint=BEFORE_RUN_HINT,
+            )
+        if state.head < high:
+            raise RollbackError(
+                f"relay head {state.head} is below sequence {high} seen before: "
+                "it was restored from an older copy",
+                reason="head",
+                hint="run a reseed to push everything this device holds",
+            )
+
+    def run_missing_from(self, state: RelayState) -> int:
+        """The collection run this file applied that the relay, answering `state`, lacks
+        (0: none): its head is below the run's seq in the same storage and account epoch,
+        so it was restored from a copy older than the run, which may still hold versions the
+        run's tombstones were the last to cover (docs/tombstone-collection.md §3 (b))."""
+        with self._core.mutex:
+            self._core.check_open()
+            stored = self._store.get_bytes("relay_state")
+            known = None if stored is None else msgspec.msgpack.decode(stored, type=RelayState)
+            return 0 if known is None else self._run_missing(known, state)
+
+    def _run_missing(self, known: RelayState, state: RelayState) -> int:
+        passed = self._store.get_int("run_passed")
+        same = (known.storage_id, known.account_epoch) == (state.storage_id, state.account_epoch)
+        return passed if same and state.head < passed else 0
 
     def _forget_relay(self) -> None:
         """A reseed or an adoption: the relay is forgotten, and for good, this file's history

@@ -48,6 +48,7 @@ from clients.cli.folder import (
 from clients.cli.progress import PROGRESS_MODES, ProgressMode, default_mode, shown_progress
 from clients.cli.remembered import forget_remembered, replace_remembered
 from clients.cli.reports import report_round, report_sync
+from clients.cli.rollback import FOLLOWED, REGAINED_MESSAGE, rollback_hint
 from clients.cli.settings import CliSettings
 from clients.device import (
     CLI_OPTIONS,
@@ -72,24 +73,6 @@ from replica import ErrorCode, Replica, RollbackError, passphrase_login_keys
 
 DEFAULT_RETRY_FOR_S = 30.0
 DEFAULT_IDLE_SYNC_S = 60.0
-ROLLBACK_HINT = (
-    "the relay holds less than this device has seen (wiped, or restored from an older copy); "
-    "nothing was changed here. If the relay's operator confirms, run `sealsync sync --reseed` "
-    "to push everything this device holds"
-)
-
-REGAINED_MESSAGE = {
-    "logged_in": "logged in to {url} again as a new device",
-    "registered": "the relay had lost account {account!r}: registered it again on {url}",
-}
-FOLLOWED = {
-    "reseed": "the account was reseeded since this device last synced: its next sync pushes "
-    "everything it holds and pulls everything again",
-    "adopt": "the account was reseeded since this device last synced, longer ago than the "
-    "relay's tombstone horizon: its next sync pulls everything again and sets aside (see "
-    "`sealsync aside`) what the relay lacks, for it may have been deleted meanwhile",
-    "stop": "`sealsync sync` stops on it",
-}
 
 
 def default_device_name() -> str:
@@ -565,7 +548,7 @@ def watch_live(driver: SyncDriver, replica: Replica, idle_sync_s: float) -> None
         try:
             driver.watch(stop, idle_sync_s=idle_sync_s, on_report=report_and_reconcile)
         except RollbackError as exc:
-            fail(f"{exc}", ROLLBACK_HINT)
+            fail(f"{exc}", rollback_hint(exc))
     out.print("stopped watching")
 
 
@@ -592,7 +575,7 @@ def run_sync(
             assert auth_key is not None, "a reseed is asked for with the auth key"
             return driver.reseed(auth_key, allow_resurrection=rejoin.allow_resurrection)
         except RollbackError as exc:
-            fail(f"{exc}", ROLLBACK_HINT)
+            fail(f"{exc}", rollback_hint(exc))
 
 
 DEVICE_COMMANDS = (init, join, login, sync)

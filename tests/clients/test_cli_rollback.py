@@ -259,3 +259,58 @@ def test_a_device_away_past_the_horizon_adopts_a_wiped_relay_instead_of_bringing
         for device in (a, b, c):
             assert sorted(ids(device)) == ["kept"], device
         assert [v["id"] for v in cli.json_objects(b, "aside")] == ["gone"]
+
+
+@pytest.mark.slow
+def test_a_relay_restored_from_a_copy_older_than_a_collection_run_is_not_reseeded_onto(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """The relay's copy was taken while thread `gone` was live; `gone` was then deleted and a
+    run collected its tombstone, which a and b applied. Restored from that copy, the relay
+    holds `gone` live again (a new device joining it gets it) and nothing that deletes it:
+    a reseed onto it would bring `gone` back everywhere. The device says so and its
+    `sync --reseed` is refused; the operator's way out, deleting the account so that a
+    recently synced device reseeds it afresh, keeps `gone` gone."""
+    a, b, c, late = (tmp_path / f"{name}.db" for name in ("a", "b", "c", "late"))
+    db, older = tmp_path / "relay.db", tmp_path / "older" / "relay.db"
+    older.parent.mkdir()
+    with RelayProcess(db, tmp_path / "relay.log") as relay:
+        cli.ok(a, "init", "--relay", relay.url, "--account", "ann")
+        cli.ok(b, "join", "--relay", relay.url, "--account", "ann")
+        cli.ok(a, "put", "threads", "kept", '{"title": "kept"}')
+        cli.ok(a, "put", "threads", "gone", '{"title": "deleted after the copy"}')
+        for path in (a, b):
+            cli.ok(path, "sync")
+        relay.stop()
+        copy_database(db, older)
+        relay.start()
+        cli.ok(a, "rm", "threads", "gone")
+        collect = ["relay", "collect", "--db", str(db), "--horizon-days", "90", "--json"]
+        for _ in range(2):  # both devices ack the tombstone; the run; both apply its markers
+            for path in (a, b):
+                cli.ok(path, "sync")
+            assert cli.runner.invoke(main, collect).exit_code == 0
+        for path in (a, b):
+            cli.ok(path, "sync")
+        assert "gone" not in {row[1] for row in contents(a) + contents(b)}
+
+        relay.stop()
+        copy_database(older, db)
+        relay.start()
+        cli.ok(late, "join", "--relay", relay.url, "--account", "ann")
+        assert ids(late) == {"kept", "gone"}  # what the copy holds
+        before = dump(a)
+        found = cli(a, "sync", "--retry-for", "1")
+        assert_user_error(found, "older than that run", "relay accounts --delete")
+        refused = cli(a, "sync", "--reseed")
+        assert_user_error(refused, "bring that back", "--allow-resurrection")
+        assert dump(a) == before
+
+        deleted = ["relay", "accounts", "--db", str(db), "--delete", "ann", "--yes"]
+        assert cli.runner.invoke(main, deleted).exit_code == 0
+        assert "registered it again" in cli.ok(a, "sync", "--reseed").stdout
+        cli.ok(b, "login", "--trust-account")
+        cli.ok(b, "sync")
+        cli.ok(c, "join", "--relay", relay.url, "--account", "ann")
+        for device in (a, b, c):
+            assert ids(device) == {"kept"}, device

@@ -20,7 +20,7 @@ from replica import (
 )
 from replica import sync as sync_module
 from replica.envelope import open_envelope
-from replica.wire import ErrorCode, parse_header, tombstone_flags
+from replica.wire import CollectedRun, ErrorCode, pack_markers, parse_header, tombstone_flags
 from tests.conftest import FakeClock, ReplicaFactory
 from tests.replica.helpers import STATE, dirty_envelopes, page_of
 
@@ -144,6 +144,27 @@ def test_a_head_below_what_was_seen_is_a_rollback(make_replica: ReplicaFactory) 
         session.apply_page(Page(10, [], 10, False, RelayState("s", "e", 4)))
     assert restored.value.reason == "head"
     assert session.cursor == 10
+
+
+def test_a_head_below_a_collection_run_this_file_applied_is_a_copy_older_than_the_run(
+    make_replica: ReplicaFactory,
+) -> None:
+    """Such a copy may still hold what the run's tombstones were the last to cover: the
+    rollback says so (`before_run`), apart from one that only lost later seqs (`head`)."""
+    replica = make_replica()
+    session = replica.sync_session()
+    run = CollectedRun(6, pack_markers([]))
+    session.apply_page(Page(0, [], 8, False, RelayState("s", "e", 8), run, 6))
+    assert session.run_missing_from(RelayState("s", "e", 5)) == 6
+    assert session.run_missing_from(RelayState("s", "e", 6)) == 0
+    assert session.run_missing_from(RelayState("s", "other", 5)) == 0  # a reseed's new epoch
+    with pytest.raises(RollbackError, match="older than that run") as before_run:
+        session.apply_page(Page(8, [], 8, False, RelayState("s", "e", 5)))
+    assert before_run.value.reason == "before_run"
+    with pytest.raises(RollbackError, match="below sequence 8") as after_run:
+        session.apply_page(Page(8, [], 8, False, RelayState("s", "e", 7)))
+    assert after_run.value.reason == "head"
+    assert session.cursor == 8
 
 
 def test_rollback_detected_through_the_reference_relay_then_reseed_restores_it(

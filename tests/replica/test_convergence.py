@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import sqlite3
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -375,10 +374,17 @@ class ConvergenceMachine(RuleBasedStateMachine):
             check_indexed_reads(d.replica, self.model)
 
 
+def read_rows(replica: Replica, sql: str) -> list[Any]:
+    """`sql` on the replica's own connection: a connection opened for each check (and its
+    schema parsed) once took these checks most of their time."""
+    core = replica._core
+    with core.mutex:
+        return core.store.db.execute(sql).fetchall()
+
+
 def sibling_dots(replica: Replica) -> dict[bytes, frozenset[tuple[int, int]]]:
     """Each stored record's sibling dots, read from the file (no key needed)."""
-    with sqlite3.connect(replica.path) as db:
-        rows = db.execute("SELECT key, node, hlc FROM versions").fetchall()
+    rows = read_rows(replica, "SELECT key, node, hlc FROM versions")
     dots: dict[bytes, set[tuple[int, int]]] = {}
     for key, node, hlc in rows:
         dots.setdefault(key, set()).add((node, hlc))
@@ -388,10 +394,9 @@ def sibling_dots(replica: Replica) -> dict[bytes, frozenset[tuple[int, int]]]:
 def one_sequence_number_per_record(replica: Replica) -> bool:
     """Every row of a record carries its latest change's number, and no two records share
     one: so a feed read from any cursor lists each record once."""
-    with sqlite3.connect(replica.path) as db:
-        per_key = db.execute(
-            "SELECT count(DISTINCT changed), min(changed) FROM versions GROUP BY key"
-        ).fetchall()
+    per_key = read_rows(
+        replica, "SELECT count(DISTINCT changed), min(changed) FROM versions GROUP BY key"
+    )
     numbers = [number for _, number in per_key]
     return all(count == 1 for count, _ in per_key) and len(set(numbers)) == len(numbers)
 

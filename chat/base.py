@@ -3,7 +3,8 @@ chat's records (specs/chat.md §4). `ChatStore` (chat/store.py) is built on it.
 
 Every write of a chat's records goes through `_write`, which notes in the open operation's
 journal what the record showed before; the operation ends by storing the journal as an undo
-entry (chat/undo.py) in its own transaction."""
+entry (chat/undo.py) in its own transaction. An append's entry is deferred instead
+(chat/undolog.py `settle`)."""
 
 from __future__ import annotations
 
@@ -103,12 +104,14 @@ class ChatBase:
         *,
         undo: str | None = None,
         lifts_damage: bool = False,
+        appends: bool = False,
     ) -> Iterator[Operation]:
         """One transaction on chat `thread`: with `lease` (a job's), if it still holds it;
         else once no job holds the chat (waiting up to `wait_s`). With `undo` (the
         operation's name), what its writes replaced is kept to undo it. A chat with an
         unreadable message is read-only (`DegradedError`), but to an operation that
-        `lifts_damage` (clear, delete): it repairs the file first."""
+        `lifts_damage` (clear, delete): it repairs the file first. Every operation but an
+        append (which defers its undo entry) first logs the appends whose entries wait."""
         if lease is not None and lease.name != chat_lease(thread):
             raise InvalidArgumentError(f"lease {lease.name!r} is not chat {thread}'s job")
         deadline = time.monotonic() + self._wait_s
@@ -116,6 +119,8 @@ class ChatBase:
             with self.replica.batch():
                 operation = self._begin(thread, lease, lifts_damage)
                 if operation is not None:
+                    if not appends:
+                        undolog.settle(self.replica, self.profile, thread)
                     with self._journaled(thread, undo):
                         yield operation
                     appended = None if lease is not None else self._marked(thread, operation)

@@ -22,7 +22,7 @@ from chat.models import Message, Thread, build, parse, to_document
 from chat.preferences import BUILTIN_PERSONAS, Preferences
 from chat.reconcile import Reconciling
 from chat.reshape import Reshaping
-from chat.schema import MESSAGES, THREADS
+from chat.schema import MESSAGES, THREADS, UNDO
 from chat.search import Searching
 from chat.undo import Undoing
 from replica import Lease, LeaseBusyError, Record
@@ -165,7 +165,7 @@ class ChatStore(Reshaping, Jobs, Preferences, Reconciling, Searching, Undoing, C
         (appends of two devices never conflict there): the blind index counts messages."""
         check_id("chat", thread)
         now = self._now_ms()
-        with self._operation(thread, lease, undo="append") as operation:
+        with self._operation(thread, lease, appends=True) as operation:
             last = operation.last_at
             if last is None:
                 self._check_thread(thread)  # a deleted chat takes no message, nor a malformed one
@@ -183,7 +183,10 @@ class ChatStore(Reshaping, Jobs, Preferences, Reconciling, Searching, Undoing, C
                 thumbnails=list(thumbnails),
                 created_ms=now,
             )
-            self._write(MESSAGES, message_id, to_document(message), before=None)
+            document, logged_later = to_document(message), (UNDO, thread)  # by `settle`
+            self.replica.put(
+                MESSAGES, message_id, document, profile=self.profile, deferred_entry=logged_later
+            )
             operation.appended_at = at
         return message_id
 

@@ -4,6 +4,8 @@ An entry is one operation: its name and, for each record it wrote, the document 
 showed before (None: absent or deleted). The log is the engine's journal `CHAT` of the local
 collection `chat.undo`, which keeps the newest `MAX_UNDO` entries: an operation adds one row
 (specs/replica.md §13.2). An entry too large for one document is kept as a marker that says so.
+An append, a chat's most frequent operation, adds none: its message is written with the entry
+deferred, and the chat's next other operation (an undo included) logs it first (`settle`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,14 @@ def keep(replica: Replica, profile: str, thread: str, operation: str, parts: lis
     if not one_new_record and len(msgspec.msgpack.encode(entry)) > MAX_ENTRY_BYTES:
         entry = {"operation": operation, "parts": [], "oversized": True}
     replica.journal_push(UNDO, thread, entry, keep=MAX_UNDO, profile=profile)
+
+
+def settle(replica: Replica, profile: str, thread: str) -> None:
+    """Log the chat's appends, whose entries were deferred (chat/store.py `append`), before
+    any other operation logs its own or an undo takes the newest (inside the caller's
+    transaction)."""
+    for write in replica.journal_deferred(UNDO, thread, keep=MAX_UNDO, profile=profile):
+        keep(replica, profile, thread, "append", [(write.collection, write.id, None)])
 
 
 def pop(replica: Replica, profile: str, thread: str) -> Entry | None:

@@ -31,7 +31,7 @@ from replica.events import ChangeEvent
 from replica.feed import Change, ChangePage
 from replica.folder import FileBody, FolderSession, Sealed
 from replica.indexed import IndexStats, ScanPage
-from replica.journal import JournalEntry
+from replica.journal import DeferredWrite, JournalEntry
 from replica.keys import LoginKeys, passphrase_login_keys, recovery_login_keys
 from replica.leases import Lease
 from replica.options import ReplicaOptions
@@ -78,6 +78,7 @@ __all__ = [
     "Collection",
     "Compacted",
     "Context",
+    "DeferredWrite",
     "DegradedError",
     "Diagnosis",
     "EnvelopeError",

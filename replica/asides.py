@@ -253,6 +253,21 @@ class AsideTables:
         )
         self.db.execute("DELETE FROM journal WHERE log = ? AND seq = ?", (log, seq))
 
+    def awaiting(self, log: bytes) -> list[tuple[Row, bytes]]:
+        """The versions whose entry in journal `log` is deferred, oldest first, with their
+        scopes (the partial index holds only such rows)."""
+        rows = self.db.execute(
+            "SELECT key, node, hlc, envelope, scope FROM versions WHERE awaits = ? ORDER BY hlc",
+            (log,),
+        )
+        return [
+            (Row(bytes(key), node_from_i64(node), hlc, bytes(envelope)), bytes(scope))
+            for key, node, hlc, envelope, scope in rows
+        ]
+
+    def clear_awaiting(self, log: bytes) -> None:
+        self.db.execute("UPDATE versions SET awaits = NULL WHERE awaits = ?", (log,))
+
     def journal_count(self, log: bytes) -> int:
         """The rows at or above the newest row's floor."""
         row = self.db.execute(

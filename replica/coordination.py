@@ -18,7 +18,7 @@ from replica.core import Core
 from replica.errors import DegradedError, InvalidArgumentError
 from replica.events import Subscriber
 from replica.feed import ChangePage
-from replica.journal import JournalEntry
+from replica.journal import DeferredWrite, JournalEntry
 from replica.leases import Lease
 from replica.schema import DEFAULT_PROFILE
 
@@ -148,6 +148,15 @@ class Coordination:
         """Take the journal's newest entry off it (None when it is empty)."""
         with self._core.mutex:
             return journal.pop(self._core, profile, collection, name)
+
+    def journal_deferred(
+        self, collection: str, name: str, *, keep: int, profile: str = DEFAULT_PROFILE
+    ) -> list[DeferredWrite]:
+        """The writes whose entry in the journal `name` was deferred (`put(...,
+        deferred_entry=)`), oldest first, each handed over once: the newest `keep`, still
+        this device's versions. The caller pushes their entries in the same transaction."""
+        with self._core.mutex:
+            return journal.deferred(self._core, profile, collection, name, keep)
 
     def journal_count(self, collection: str, name: str, *, profile: str = DEFAULT_PROFILE) -> int:
         with self._core.mutex:

@@ -49,8 +49,7 @@ class JournalEntry:
 def push(core: Core, profile: str, collection: str, name: str, document: Any, keep: int) -> int:
     """Add `document` as the journal's newest entry, keeping its newest `keep`; its seq."""
     check_document(document)
-    if type(keep) is not int or not 1 <= keep <= MAX_KEEP:
-        raise InvalidArgumentError(f"keep must be an integer in 1..{MAX_KEEP}, got {keep!r}")
+    _check_keep(keep)
     log, scope = _journal(core, profile, collection, name)
     check_profile(core, profile)
     if not core.store.in_transaction:
@@ -59,6 +58,11 @@ def push(core: Core, profile: str, collection: str, name: str, document: Any, ke
     # Inside the caller's transaction no savepoint is needed: the sweep that may follow the
     # one insert only deletes rows already below the floor.
     return _push(core, profile, log, scope, document, keep)
+
+
+def _check_keep(keep: object) -> None:
+    if type(keep) is not int or not 1 <= keep <= MAX_KEEP:
+        raise InvalidArgumentError(f"keep must be an integer in 1..{MAX_KEEP}, got {keep!r}")
 
 
 def _push(core: Core, profile: str, log: bytes, scope: bytes, document: Any, keep: int) -> int:
@@ -97,6 +101,41 @@ def pop(core: Core, profile: str, collection: str, name: str) -> JournalEntry | 
         (opened,) = core.open_rows(key, [journal_row(key, seq, envelope)], scope)
         core.store.journal_remove(log, seq)
     return JournalEntry(seq, opened.document)
+
+
+@dataclass(frozen=True)
+class DeferredWrite:
+    """A write made with `deferred_entry=` (`Replica.put`): the record it wrote."""
+
+    collection: str
+    id: str
+
+
+def deferred_log(core: Core, profile: str, collection: str, name: str) -> bytes:
+    """The key of the journal a write defers its entry to (its names checked)."""
+    return _journal(core, profile, collection, name)[0]
+
+
+def deferred(
+    core: Core, profile: str, collection: str, name: str, keep: int
+) -> list[DeferredWrite]:
+    """Hand over, once, the writes whose entry in the journal is deferred, oldest first: the
+    newest `keep` (older ones would fall out of a journal that keeps `keep`), and of those
+    only the versions still this device's (another device's may have replaced one in place
+    since: nothing of this device's is left to log)."""
+    _check_keep(keep)
+    log, _ = _journal(core, profile, collection, name)
+    with core.write_transaction():
+        node = core.node()
+        awaiting = core.store.awaiting(log)
+        if awaiting:
+            core.store.clear_awaiting(log)
+        own = [(row, scope) for row, scope in awaiting if row.node == node]
+        handed = []
+        for row, scope in own[-keep:]:
+            (opened,) = core.open_rows(row.key, [row], scope)
+            handed.append(DeferredWrite(opened.identity.collection, opened.identity.id))
+    return handed
 
 
 def entry_identity(profile: str, log: bytes, seq: int) -> Identity:

@@ -114,5 +114,11 @@ MIGRATIONS: tuple[str, ...] = (
     WHERE name = 'clock' AND EXISTS (SELECT 1 FROM meta WHERE name = 'push_counter')
     AND NOT EXISTS (SELECT 1 FROM meta WHERE name = 'offered_through');
     """,
+    # 12: a version whose entry in a journal is deferred (replica/journal.py): the journal's
+    # key until `journal_deferred` hands the write over; the partial index holds only those
+    """
+    ALTER TABLE versions ADD COLUMN awaits BLOB;
+    CREATE INDEX versions_awaiting ON versions (awaits) WHERE awaits IS NOT NULL;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

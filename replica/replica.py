@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from replica import indexed, repair, write
+from replica import indexed, journal, repair, write
 from replica.bundles import (
     AnyBundle,
     NewAccount,
@@ -436,17 +436,21 @@ class Replica(KeyOperations, Coordination, Transfers, Upkeep):
         profile: str = DEFAULT_PROFILE,
         context: Context | None = None,
         if_unchanged: bool = False,
+        deferred_entry: tuple[str, str] | None = None,
     ) -> Context:
         """Write a new version; return the record's context after the write.
 
         Without `context` the write replaces every current sibling (last writer wins). With
         it, exactly the siblings in `context` are replaced and any sibling merged since the
         read stays as a conflict; with `if_unchanged`, any change since the read raises
-        `StaleContextError` instead.
+        `StaleContextError` instead. With `deferred_entry`, the (collection, name) of a
+        journal, the write's entry there is left to the caller's next `journal_deferred`,
+        at no cost now (the chat store's appends).
         """
         check_document(document)
         with self._core.mutex:
             identity = Identity(profile, collection, id)
+            awaits = None if deferred_entry is None else self._deferred_log(profile, deferred_entry)
             return write.write_record(
                 self._core,
                 identity,
@@ -454,7 +458,15 @@ class Replica(KeyOperations, Coordination, Transfers, Upkeep):
                 deleted=False,
                 context=context,
                 if_unchanged=if_unchanged,
+                awaits=awaits,
             )
+
+    def _deferred_log(self, profile: str, journal_name: tuple[str, str]) -> bytes:
+        if not (isinstance(journal_name, tuple) and len(journal_name) == 2):
+            raise InvalidArgumentError(
+                f"deferred_entry is a journal's (collection, name), got {journal_name!r:.60}"
+            )
+        return journal.deferred_log(self._core, profile, *journal_name)
 
     def delete(
         self,

@@ -36,6 +36,7 @@ _DROP_DEVICE_LOCAL = """
     DELETE FROM quarantine WHERE source IN ('local', 'journal');
     DELETE FROM local;
     DELETE FROM journal;
+    UPDATE versions SET awaits = NULL WHERE awaits IS NOT NULL;
     DELETE FROM leases;
 """
 

@@ -60,6 +60,8 @@ class NewVersion(msgspec.Struct, frozen=True, gc=False):
     created: int | None = None
     changed: int = 0
     """The sequence number of its record's change that stored it (replica/feed.py)."""
+    awaits: bytes | None = None
+    """The journal whose entry for this write is deferred (replica/journal.py)."""
 
 
 class Store(AsideTables, BlindTables):
@@ -372,8 +374,8 @@ class Store(AsideTables, BlindTables):
         drops covered versions, and a local write's dot is new)."""
         self.db.executemany(
             "INSERT INTO versions"
-            " (key, node, hlc, scope, vector, envelope, dirty, tomb, blind, created, changed)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " (key, node, hlc, scope, vector, envelope, dirty, tomb, blind, created, changed,"
+            " awaits) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (
                     _blob(v.key),
@@ -387,6 +389,7 @@ class Store(AsideTables, BlindTables):
                     v.blind,
                     v.created,
                     v.changed,
+                    v.awaits,
                 )
                 for v in rows
             ],

@@ -37,6 +37,8 @@ class _Write:
     spec: Collection
     document: Any
     deleted: bool
+    awaits: bytes | None = None
+    """The journal this write's entry is deferred to (replica/journal.py), if any."""
 
 
 def write_record(
@@ -47,6 +49,7 @@ def write_record(
     deleted: bool,
     context: Context | None,
     if_unchanged: bool,
+    awaits: bytes | None = None,
 ) -> Context:
     """Store a new version of `identity`; return the record's context after the write."""
     spec, _ = core.resolve(identity.collection, identity.id, identity.profile)
@@ -54,8 +57,13 @@ def write_record(
         check_profile(core, identity.profile)
     key = core.record_key(identity)
     scope = core.scope(identity.profile, identity.collection)
-    write = _Write(identity, key, scope, spec, document, deleted)
+    write = _Write(identity, key, scope, spec, document, deleted, awaits)
     if spec.policy == "local":
+        if awaits is not None:
+            raise InvalidArgumentError(
+                f"a write to the local collection {spec.name!r} cannot defer a journal entry",
+                hint="defer entries of synced records only",
+            )
         return _write_local(core, write, context, if_unchanged)
     with core.write_transaction():
         now = core.options.wall_clock_ms()
@@ -191,6 +199,7 @@ def _new_version(
         blind=blind,
         created=created,
         changed=seq,
+        awaits=write.awaits,
     )
 
 

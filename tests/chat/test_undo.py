@@ -7,9 +7,11 @@ from typing import Any
 
 import pytest
 
-from chat import ChatStore, NothingToUndoError
-from chat.schema import MESSAGES, THREADS
+from chat import ChatStore, NothingToUndoError, with_chat
+from chat.schema import MESSAGES, THREADS, UNDO
+from replica import Replica
 from tests.chat.conftest import StoreFactory, sync, texts
+from tests.conftest import SCHEMA, Account
 
 
 def state(store: ChatStore, thread: str) -> Any:
@@ -85,3 +87,44 @@ def test_undo_after_a_sync_keeps_what_another_device_wrote(make_store: StoreFact
         titles |= {v.document["title"] for v in store.replica.conflicts(THREADS, thread)}
         assert "renamed on b" in titles and "renamed on a" not in titles
     assert a.replica.get(MESSAGES, message) is not None
+
+
+def test_appends_log_their_undo_entries_at_the_chats_next_operation_in_any_process(
+    make_store: StoreFactory, account: Account
+) -> None:
+    """An append writes no entry (its cost stays off the hottest write); the chat's next
+    other operation logs it first, here in a second process's store on the same file, so
+    the log's order is the order of the operations."""
+    store = make_store("r")
+    thread = store.new_chat("t")
+    first = store.append(thread, "user", "first")
+    assert store.replica.journal_count(UNDO, thread) == 1  # the new chat's entry only
+    other = Replica.open(store.replica.path)
+    other.unlock_with_key(account.key)
+    with other:
+        other.declare(with_chat(SCHEMA))
+        elsewhere = ChatStore(other)
+        second = elsewhere.append(thread, "assistant", "second")
+        store.rename(thread, "renamed")
+        assert store.replica.journal_count(UNDO, thread) == 4
+        assert [elsewhere.undo(thread) for _ in range(2)] == ["rename", "append"]
+        assert [v.id for v in elsewhere.messages(thread).messages] == [first]
+    store.append(thread, "user", "third")
+    assert [store.undo(thread) for _ in range(3)] == ["append", "append", "new chat"]
+    assert store.chat(thread) is None and store.replica.scan(MESSAGES) == []
+    assert second != first
+    with pytest.raises(NothingToUndoError):
+        store.undo(thread)
+
+
+def test_201_appends_undo_200_times_and_no_further(make_store: StoreFactory) -> None:
+    store = make_store("r")
+    thread = store.new_chat("t")
+    store.append(thread, "user", "the first append, op 2")
+    after_first_append = texts(store, thread)
+    for i in range(200):  # ops 3..202: the log keeps 200, whose entries all wait
+        store.append(thread, "user", f"m{i}")
+    assert [store.undo(thread) for _ in range(200)] == ["append"] * 200
+    assert texts(store, thread) == after_first_append
+    with pytest.raises(NothingToUndoError):
+        store.undo(thread)

@@ -33,9 +33,16 @@ def dirty_envelopes(replica: Replica) -> list[bytes]:
     return out
 
 
+def undo_format_12(db: sqlite3.Connection) -> None:
+    """Lay a current file out as format 11 did: no write defers a journal entry."""
+    db.execute("DROP INDEX versions_awaiting")
+    db.execute("ALTER TABLE versions DROP COLUMN awaits")
+
+
 def undo_format_10(db: sqlite3.Connection) -> None:
     """Lay a current file out as format 9 did: its versions do not say which are
-    tombstones."""
+    tombstones (nor, format 12, which await a journal entry)."""
+    undo_format_12(db)
     db.execute("DROP INDEX versions_unclassified")
     db.execute("ALTER TABLE versions DROP COLUMN tomb")
 

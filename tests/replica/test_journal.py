@@ -12,15 +12,18 @@ from hypothesis import strategies as st
 
 from replica import (
     Collection,
+    DeferredWrite,
     DegradedError,
     InvalidArgumentError,
     Replica,
     ReplicaLockedError,
+    ReplicaOptions,
     Schema,
     backup_replica_file,
 )
 from replica.limits import MAX_ID_CHARS
-from tests.conftest import ReplicaFactory
+from tests.conftest import Account, ReplicaFactory
+from tests.replica.helpers import apply, dirty_envelopes
 
 
 def entries(replica: Replica, name: str = "log", profile: str = "default") -> list[Any]:
@@ -284,3 +287,65 @@ def test_a_journal_behaves_as_a_bounded_stack(
             model = [*model, number][-keep:]
         assert replica.journal_count("drafts", "log") == len(model)
     replica.close()
+
+
+def test_a_deferred_entry_is_handed_over_once_oldest_first_while_its_version_is_ours(
+    make_replica: ReplicaFactory, account: Account
+) -> None:
+    """Writes made with `deferred_entry` wait in the file (across a restart) until the next
+    `journal_deferred`, which hands over the newest `keep`, oldest first, and clears them
+    all; one another device's version replaced since is left out: nothing of ours remains."""
+    a, b = make_replica("a", freshness_window_s=0), make_replica("b", freshness_window_s=0)
+    for i in range(4):
+        a.put("notes", f"n{i}", {"i": i}, deferred_entry=("drafts", "log"))
+    a.put("notes", "plain", {"i": 9})
+    a.put("notes", "n1", {"i": "rewritten"})  # a later write of n1 defers nothing
+    path = a.path
+    a.close()
+    a = Replica.open(path, options=ReplicaOptions(freshness_window_s=0))
+    a.unlock_with_key(account.key)
+    with a:
+        assert [w.id for w in a.journal_deferred("drafts", "log", keep=2)] == ["n2", "n3"]
+        assert a.journal_deferred("drafts", "log", keep=2) == []
+        a.put("notes", "taken", {"by": "a"}, deferred_entry=("drafts", "log"))
+        apply(b, dirty_envelopes(a))
+        b.put("notes", "taken", {"by": "b"}, context=b.get("notes", "taken").context)  # type: ignore[union-attr]
+        apply(a, dirty_envelopes(b))
+        assert a.get("notes", "taken").document == {"by": "b"}  # type: ignore[union-attr]
+        a.put("notes", "kept", {"i": 1}, deferred_entry=("drafts", "log"))
+        assert a.journal_deferred("drafts", "log", keep=5) == [DeferredWrite("notes", "kept")]
+        assert a.journal_count("drafts", "log") == 0  # the caller pushes the entries
+
+
+def test_bad_deferred_entries_are_refused_and_change_nothing(
+    make_replica: ReplicaFactory,
+) -> None:
+    replica = make_replica()
+    before = replica.journal_deferred("drafts", "log", keep=1)
+    for journal, why in (
+        (("notes", "log"), "local"),  # a journal lives in a local collection
+        (("drafts", ""), "journal name"),
+        (["drafts", "log"], "collection, name"),
+    ):
+        with pytest.raises(InvalidArgumentError, match=why):
+            replica.put("notes", "n", {"x": 1}, deferred_entry=journal)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="cannot defer"):
+        replica.put("drafts", "d", {"x": 1}, deferred_entry=("drafts", "log"))
+    with pytest.raises(InvalidArgumentError, match="keep"):
+        replica.journal_deferred("drafts", "log", keep=0)
+    assert replica.get("notes", "n") is None and replica.get("drafts", "d") is None
+    assert before == replica.journal_deferred("drafts", "log", keep=1) == []
+
+
+def test_a_backup_holds_no_write_awaiting_an_entry(
+    make_replica: ReplicaFactory, account: Account, tmp_path: Path
+) -> None:
+    """The journal stays on this device: so do the entries its writes defer."""
+    replica = make_replica()
+    replica.put("notes", "n", {"x": 1}, deferred_entry=("drafts", "log"))
+    backup_replica_file(replica.path, tmp_path / "backup.db")
+    with Replica.open(tmp_path / "backup.db") as copy:
+        copy.unlock_with_key(account.key)
+        assert copy.journal_deferred("drafts", "log", keep=1) == []
+        assert copy.get("notes", "n") is not None
+    assert replica.journal_deferred("drafts", "log", keep=1) == [DeferredWrite("notes", "n")]

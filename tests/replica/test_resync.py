@@ -20,6 +20,7 @@ from replica import (
     backup_replica_file,
     restore,
 )
+from tests.replica.helpers import undo_format_12
 from tests.replica.test_collection import DAY_MS, HORIZON_MS, NAME, REPLICAS, CollectionMachine
 
 
@@ -247,6 +248,7 @@ def test_a_file_that_signed_pushes_before_the_mark_was_kept_counts_all_it_wrote_
             device.replica.close()
             with sqlite3.connect(device.path) as db:
                 db.execute("DELETE FROM meta WHERE name = 'offered_through'")
+                undo_format_12(db)
                 db.execute("PRAGMA user_version = 10")
             device.reopen()
         with sqlite3.connect(machine.devices[0].path) as db:

@@ -30,6 +30,7 @@ from clients.errors import (
     RelayRefusedError,
     ResurrectionRiskError,
     ResyncBusyError,
+    UnknownOutcomeError,
 )
 from clients.http import RelayClient
 from clients.live import HeadFeed
@@ -480,13 +481,10 @@ class SyncDriver:
         collection run, and resyncs before it pushes (the refusal goes up to the round),
         unless it just did. A `forbidden` push was signed for a relay state that is
         gone (a reseed, a wipe) if `GET /v1/state` says so: then the `RollbackError` is what
-        this device needs to hear."""
-        signer = self._client.session
-        if signer is None:
-            raise NoSessionError("pushing takes a device session", hint="log in first")
-        account, device_id = signer.account, signer.device_id
+        this device needs to hear. A batch refused outright stored nothing: it does not
+        count as offered (`push_refused`)."""
         try:
-            return self._client.push(session.sign(batch, account, device_id))
+            return self._attempt(session, batch)
         except RelayRefusedError as exc:
             if exc.code == ErrorCode.FORBIDDEN:
                 try:
@@ -495,12 +493,25 @@ class SyncDriver:
                     session.push_refused()  # signed for a state that is gone: none stored
                     raise
             if exc.code != ErrorCode.COUNTER_STALE or exc.last_counter is None:
+                if not exc.retryable:  # a quota, a retired key: nothing will store it now
+                    session.push_refused()
                 raise
             if session.sign_above(exc.last_counter) and not after_resync:  # an older copy
                 session.push_refused()
                 session.resync_before_pushing()
                 raise
-            return self._client.push(session.sign(batch, account, device_id))
+            return self._attempt(session, batch)
+
+    def _attempt(self, session: SyncSession, batch: PushBatch) -> PushResult:
+        """One push, signed afresh; one left unanswered may have been stored."""
+        signer = self._client.session
+        if signer is None:
+            raise NoSessionError("pushing takes a device session", hint="log in first")
+        try:
+            return self._client.push(session.sign(batch, signer.account, signer.device_id))
+        except UnknownOutcomeError:
+            session.push_outcome_unknown()
+            raise
 
     def _pull_all(
         self, session: SyncSession, tally: Tally, report: Reporter, *, resync: bool = False

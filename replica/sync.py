@@ -89,6 +89,15 @@ class Applied:
     """Tombstones dropped as the relay collected them (the page's run, replica/collected.py)."""
 
 
+def _check_batch_bounds(max_batch_count: object, max_batch_bytes: object) -> None:
+    if not (isinstance(max_batch_count, int) and isinstance(max_batch_bytes, int)) or (
+        max_batch_count < 1 or max_batch_bytes < 1
+    ):
+        raise InvalidArgumentError(
+            f"batch bounds must be ≥ 1, got {max_batch_count} envelopes / {max_batch_bytes} bytes"
+        )
+
+
 class SyncSession(RelayStates):
     """Pushes and pulls for one replica; create it with `Replica.sync_session()`."""
 
@@ -99,12 +108,7 @@ class SyncSession(RelayStates):
         max_batch_count: int = DEFAULT_BATCH_COUNT,
         max_batch_bytes: int = DEFAULT_BATCH_BYTES,
     ) -> None:
-        if not (isinstance(max_batch_count, int) and isinstance(max_batch_bytes, int)) or (
-            max_batch_count < 1 or max_batch_bytes < 1
-        ):
-            raise InvalidArgumentError(
-                f"batch bounds must be ≥ 1, got {max_batch_count} envelopes / {max_batch_bytes} bytes"
-            )
+        _check_batch_bounds(max_batch_count, max_batch_bytes)
         self._core = core
         self._store = core.store
         self._max_count = max_batch_count
@@ -131,6 +135,9 @@ class SyncSession(RelayStates):
         self._offered: tuple[int, int] | None = None
         """Meta `offered_through` before this pass raised it, and what it raised it to (None:
         it did not)."""
+        self._outcome_unknown = False
+        """A push of this pass got no answer: it may have been stored, so no refusal puts the
+        mark back until the next pass (`push_refused`)."""
 
     # -- push -----------------------------------------------------------------------------------
 
@@ -188,13 +195,20 @@ class SyncSession(RelayStates):
         self._superseded = set()
         self._offering = self._offering_before = 0
         self._offered = None
+        self._outcome_unknown = False
+
+    def push_outcome_unknown(self) -> None:
+        """A push got no answer (a timeout, a dropped connection): it may have been stored."""
+        with self._core.mutex:
+            self._outcome_unknown = True
 
     def push_refused(self) -> None:
-        """The relay refused the latest batch outright, storing none of it (it was signed for
-        a relay state that is gone): the mark of what was offered goes back to what the
-        pass's earlier batches offered, unless another session raised it since."""
+        """The relay refused the latest batch outright, storing none of it (its quota, a
+        retired key, a relay state that is gone): the mark of what was offered goes back to
+        what the pass's earlier batches offered, unless another session raised it since, or
+        an attempt of this pass went unanswered (it may have stored the batch)."""
         with self._core.mutex, self._store.transaction():
-            if self._offered is None:
+            if self._offered is None or self._outcome_unknown:
                 return
             before, raised = self._offered
             standing = max(before, self._offering_before)

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from clients import sync as sync_module
 from clients.cli import main
-from clients.errors import ResyncBusyError
+from clients.errors import RelayRefusedError, ResyncBusyError
 from clients.http import RelayClient
 from clients.keys import adopt_relay_keys, rotate_revoking
 from clients.sync import DAY_MS, Progress, SyncDriver, SyncReport, is_epoch_change
@@ -694,3 +694,28 @@ def test_a_row_held_for_drift_and_pushed_by_a_reseed_covers_no_later_own_write(
     assert report.resynced is not None and laptop.replica.set_aside() == []
     phone.driver.sync()
     assert phone.replica.get("notes", "y") is not None
+
+
+def offered_through(replica: Replica) -> int:
+    with sqlite3.connect(replica.path) as db:
+        row = db.execute("SELECT value FROM meta WHERE name = 'offered_through'").fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def test_a_batch_refused_outright_does_not_count_as_offered(
+    start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet]
+) -> None:
+    """The relay refused a's batch for its quota, storing none of it: the mark of what was
+    offered stays below the batch's rows, so a full resync later pushes them instead of
+    setting them aside as perhaps stored, then collected, meanwhile."""
+    relay = start_relay("max_account_bytes=4000")
+    fleet = fleets(relay.url)
+    a = fleet.add("a")
+    a.replica.put("notes", "small", {"text": "fits"})
+    a.driver.sync()
+    marked = offered_through(a.replica)
+    a.replica.put("notes", "big", {"text": "x" * 5000})
+    with pytest.raises(RelayRefusedError, match="quota"):
+        a.driver.sync()
+    big = a.replica.get("notes", "big")
+    assert big is not None and 0 < marked == offered_through(a.replica) < big.hlc

@@ -493,3 +493,28 @@ def test_a_device_that_syncs_acks_at_least_daily_even_when_nothing_moved(
     assert reader.sync_session().ack_due() is None
     clock.advance(1)
     assert reader.sync_session().ack_due() is not None
+
+
+def offered_mark(replica: Replica) -> int:
+    return int(replica._core.store.get_int("offered_through"))
+
+
+def test_a_batch_refused_outright_is_not_offered_unless_an_attempt_went_unanswered(
+    make_replica: ReplicaFactory,
+) -> None:
+    """`push_refused` puts the mark of what was offered back below the refused batch; not
+    once a push of the pass went unanswered (it may have been stored)."""
+    replica = make_replica()
+    session = replica.sync_session()
+    session.apply_page(Page(0, [], 0, False, STATE))
+    replica.put("notes", "n", {"v": 1})
+    for unanswered in (False, True):  # the first pass puts it back; the second cannot
+        session.restart()
+        batch = session.next_batch()
+        assert batch is not None
+        session.sign(batch, "ann", "device")
+        assert offered_mark(replica) > 0
+        if unanswered:
+            session.push_outcome_unknown()
+        session.push_refused()
+        assert (offered_mark(replica) > 0) is unanswered

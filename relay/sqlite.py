@@ -25,9 +25,9 @@ from relay.errors import RelayError, StoreFailedError
 from relay.signing import Pusher
 from relay.sql import SQLStorage
 from relay.sqlpush import PendingPush
-from relay.storage import VersionRules, new_random_id
+from relay.storage import CollectReport, VersionRules, new_random_id
 from replica.errors import InvalidArgumentError, is_disk_error
-from replica.wire import PushBatch, PushResult
+from replica.wire import MAX_RUN_MARKERS, PushBatch, PushResult
 
 WAL_CHECKPOINT_PAGES = 10_000
 """Checkpoint the WAL after ~40 MB, not SQLite's ~4 MB: a push inserts into the key index at
@@ -67,6 +67,11 @@ def _expand(statement: str, count: int) -> str:
 
 def _chunks(values: Sequence[object]) -> list[Sequence[object]]:
     return [values[at : at + KEYS_PER_QUERY] for at in range(0, len(values), KEYS_PER_QUERY)]
+
+
+INCREMENTAL = 2
+"""`PRAGMA auto_vacuum`'s value for incremental auto-vacuum: a file made so gives the pages
+a collection freed back to the disk at once."""
 
 
 class SQLiteTransaction(dialect.Transaction):
@@ -149,6 +154,7 @@ class SQLiteStorage(SQLStorage):
         db = sqlite3.connect(
             self._path, isolation_level=None, check_same_thread=False, timeout=30.0
         )
+        db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # a new file's (before WAL mode makes it)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
         db.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
@@ -205,6 +211,20 @@ class SQLiteStorage(SQLStorage):
             yield SQLiteTransaction(db)
         finally:
             db.execute("COMMIT")
+
+    def collect(
+        self, name: str, *, limit: int = MAX_RUN_MARKERS, horizon_ms: int | None = None
+    ) -> CollectReport:
+        """As every storage collects; then the file gives the pages it freed back to the
+        disk (one made before incremental auto-vacuum keeps them for `relay vacuum`)."""
+        report = super().collect(name, limit=limit, horizon_ms=horizon_ms)
+        if report.versions or report.released:
+            with self._write():
+                db = self._writer
+                if db.execute("PRAGMA auto_vacuum").fetchone()[0] == INCREMENTAL:
+                    for _ in range(db.execute("PRAGMA freelist_count").fetchone()[0]):
+                        db.execute("PRAGMA incremental_vacuum(1)")  # a page a step
+        return report
 
     def compact(self) -> tuple[int, int]:
         """Rewrite the file without its free pages (SQLite's VACUUM), pushes waiting

@@ -42,6 +42,10 @@ through two failing attribute lookups, for every `bytes` value, but binds a byte
 (same BLOB stored, and read back as bytes): a merge binds several per version."""
 
 
+INCREMENTAL = 2
+"""`PRAGMA auto_vacuum`'s value for incremental auto-vacuum."""
+
+
 class NewVersion(msgspec.Struct, frozen=True, gc=False):
     """A version to store, with the cleartext header facts that queries need (Row and
     NewVersion are msgspec Structs: a merge builds one per version it writes)."""
@@ -93,6 +97,9 @@ class Store(AsideTables, BlindTables):
         db = sqlite3.connect(
             self.path, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout_s
         )
+        # before WAL mode writes a new file's header: a new file gives freed pages back as
+        # it goes (`give_back_free_pages`); an older one keeps them until `compact` converts it
+        db.execute("PRAGMA auto_vacuum=INCREMENTAL")
         db.execute("PRAGMA journal_mode=WAL")
         db.execute(f"PRAGMA synchronous={self._synchronous.upper()}")
         db.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
@@ -340,6 +347,10 @@ class Store(AsideTables, BlindTables):
         """Copy the WAL into the file and empty it (a no-op while a reader holds it open)."""
         self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
+    def give_back_free_pages(self) -> None:
+        """In the write transaction that deleted rows: `give_back_free_pages` below."""
+        give_back_free_pages(self.db)
+
     # -- versions (siblings) ------------------------------------------------------------------
 
     def version_ids(self, key: bytes) -> tuple[tuple[tuple[int, int, bytes], ...], bool]:
@@ -569,3 +580,15 @@ class Store(AsideTables, BlindTables):
 
     def count(self, table: str) -> int:
         return int(self.db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+
+def give_back_free_pages(db: sqlite3.Connection) -> None:
+    """In a write transaction that deleted rows: a file in incremental auto-vacuum mode moves
+    its free pages to its end, cut off at commit, so the disk gets the space back; a file of
+    another mode keeps them for later writes, and `compact` gives them back (and converts
+    it). Each step of the pragma frees one page (`execute` takes one step)."""
+    (mode,) = db.execute("PRAGMA auto_vacuum").fetchone()
+    if mode == INCREMENTAL:
+        (free,) = db.execute("PRAGMA freelist_count").fetchone()
+        for _ in range(free):
+            db.execute("PRAGMA incremental_vacuum(1)")

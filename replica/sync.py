@@ -31,6 +31,7 @@ from replica.generations import PushSigner, sign_push
 from replica.relaystate import RelayStates
 from replica.wire import (
     MAX_HLC,
+    CollectedRun,
     Dot,
     ErrorCode,
     Page,
@@ -343,8 +344,7 @@ class SyncSession(RelayStates):
                 cursor = page.next_cursor
                 self._store.set_meta("cursor", cursor)
                 if page.collected is not None:  # once: only the page that was next
-                    collected = apply_markers(self._store, page.collected, core.opener)
-                    self._store.set_meta("run_passed", page.collected.seq)
+                    collected = self._apply_run(page.collected)
             self._note_sync(result.max_hlc, now)
             core.publish(result.events)
         return Applied(
@@ -357,6 +357,14 @@ class SyncSession(RelayStates):
             untrusted=result.untrusted,
             collected=collected,
         )
+
+    def _apply_run(self, run: CollectedRun) -> int:
+        """A collection run's markers, in the page's transaction: the tombstones go, and the
+        pages they took leave the file (`give_back_free_pages`)."""
+        collected = apply_markers(self._store, run, self._core.opener)
+        self._store.set_meta("run_passed", run.seq)
+        self._store.give_back_free_pages()
+        return collected
 
     # -- full resync ----------------------------------------------------------------------------
 

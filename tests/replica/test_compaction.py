@@ -49,3 +49,29 @@ def test_compact_is_refused_inside_a_batch_and_while_another_process_writes(
     other.close()
     assert replica.get("notes", "n") is not None
     assert replica.compact().after <= file_bytes(replica.path)
+
+
+def auto_vacuum(path: object) -> int:
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        return int(db.execute("PRAGMA auto_vacuum").fetchone()[0])
+
+
+def test_a_new_file_vacuums_incrementally_and_compact_converts_an_older_one(
+    make_replica: ReplicaFactory, account: Account
+) -> None:
+    """A file made before incremental auto-vacuum (mode 0) keeps freed pages until
+    `compact`, which converts it; a new file gives them back as a run collects."""
+    replica = make_replica()
+    replica.put("notes", "n", {"text": "kept"})
+    path = replica.path
+    replica.close()
+    assert auto_vacuum(path) == 2  # incremental
+    with sqlite3.connect(path, isolation_level=None) as db:  # laid out as older files were
+        db.execute("PRAGMA auto_vacuum=NONE")
+        db.execute("VACUUM")
+    assert auto_vacuum(path) == 0
+    with Replica.open(path) as older:
+        older.compact()
+        older.unlock_with_key(account.key)
+        assert older.get("notes", "n").document == {"text": "kept"}  # type: ignore[union-attr]
+    assert auto_vacuum(path) == 2

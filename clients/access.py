@@ -33,7 +33,8 @@ from clients.errors import (
     RelayRefusedError,
 )
 from clients.http import RelayClient, check_relay_url
-from clients.sync import SyncDriver, follow_reseed
+from clients.resurrection import follow_reseed
+from clients.sync import SyncDriver
 from replica import LoginKeys, Replica, RollbackError, recovery_login_keys
 from replica.bundles import is_foreign, parse_bundle
 from replica.errors import InvalidArgumentError, ProtocolError

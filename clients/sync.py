@@ -22,18 +22,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Generic, Literal, TypeVar, cast
+from typing import Generic, TypeVar, cast
 
 from clients.errors import (
     NoSessionError,
     RelayClientError,
     RelayRefusedError,
-    ResurrectionRiskError,
     ResyncBusyError,
     UnknownOutcomeError,
 )
 from clients.http import RelayClient
 from clients.live import HeadFeed
+from clients.resurrection import DAY_MS as DAY_MS  # noqa: PLC0414 (re-exported)
+from clients.resurrection import follow_reseed, refuse_a_copy_before_a_run, refuse_if_away
 from clients.retry import Backoff, Retrier
 from clients.syncreport import Phase as Phase  # noqa: PLC0414 (re-exported)
 from clients.syncreport import Progress as Progress  # noqa: PLC0414
@@ -52,7 +53,6 @@ from replica import (
     RollbackError,
     SyncSession,
 )
-from replica.relaystate import BEFORE_RUN_HINT
 from replica.wire import Page, PushBatch, PushResult, RelayLimits
 
 log = logging.getLogger(f"sealsync.{__name__}")
@@ -63,7 +63,6 @@ FRAMING_BYTES = 1024
 PER_ENVELOPE_FRAMING_BYTES = 5
 """A MessagePack bin header is at most 5 bytes."""
 DEFAULT_BACKOFF = Backoff()
-DAY_MS = 24 * 3600 * 1000
 RESYNC_WAIT_S = 60.0
 """How long a round waits for another process's full resync of the same file, before it
 gives up for now (`ResyncBusyError`, which a watch retries at its next wake)."""
@@ -91,29 +90,6 @@ def is_key_retired(error: RelayClientError) -> bool:
 def is_resync_required(error: RelayClientError) -> bool:
     """The relay collected tombstones without this device: it must pull everything again."""
     return isinstance(error, RelayRefusedError) and error.code == ErrorCode.RESYNC_REQUIRED
-
-
-def away_past_horizon(replica: Replica, session: SyncSession, horizon_ms: int) -> bool:
-    """Whether no relay took an ack of this file within `horizon_ms`, so a collection may
-    have passed it by (`SyncSession.away_ms`; a version-1 account's devices never ack, and
-    no run passes one by)."""
-    away = session.away_ms()
-    return bool(replica.key_generation) and away is not None and away > horizon_ms
-
-
-def follow_reseed(
-    replica: Replica, session: SyncSession, horizon_ms: int
-) -> Literal["reseed", "adopt"]:
-    """Another device reseeded the account: this one reseeds too, pushing everything it
-    holds — unless it was away past the relay's tombstone horizon (`horizon_ms`): then it
-    adopts the relay (a full resync that sets aside what the relay lacks), for what it holds
-    may have been collected meanwhile, and a relay restored from an older copy may lack the
-    flag that would make it resync."""
-    if away_past_horizon(replica, session, horizon_ms):
-        session.adopt_relay()
-        return "adopt"
-    session.reseed()
-    return "reseed"
 
 
 def is_epoch_change(error: RollbackError) -> bool:
@@ -243,16 +219,19 @@ class SyncDriver:
         if cause is None or not is_epoch_change(cause):
             if not allow_resurrection:
                 self.refuse_reseed_if_away()
-                self._refuse_reseed_onto_a_copy_before_a_run()
+                self._refuse_a_copy_before_a_run()
             self._ask_for_new_epoch(auth_key)
         self._session().reseed()
         return self.sync()
 
-    def adopt(self) -> SyncReport:
+    def adopt(self, *, allow_resurrection: bool = False) -> SyncReport:
         """After a wipe another device reseeded: take the relay as it is now, pulling
         everything from it and setting aside what it lacks (a full resync), pushing only
         writes no relay ever saw. The way back for a device `reseed` refuses as away too
-        long (`ResurrectionRiskError`)."""
+        long (`ResurrectionRiskError`); refused itself, unless `allow_resurrection`, for a
+        relay restored from a copy older than a collection run this device applied."""
+        if not allow_resurrection:
+            self._refuse_a_copy_before_a_run()
         self._session().adopt_relay()
         return self.sync()
 
@@ -261,28 +240,14 @@ class SyncDriver:
         tombstone horizon: its relay may have collected without it. `reseed` checks it; a
         caller that registers the account again first checks it before."""
         horizon_ms = self._retrier.call(self._client.limits).tombstone_horizon_ms
-        session = self._session()
-        if not away_past_horizon(self._replica, session, horizon_ms):
-            return
-        away_days, days = (session.away_ms() or 0) // DAY_MS, horizon_ms // DAY_MS
-        raise ResurrectionRiskError(
-            f"this device last reached its relay {away_days} days ago, beyond the relay's "
-            f"tombstone horizon of {days} days: it may hold what was deleted and collected "
-            "meanwhile, and a reseed from it would bring that back",
-            hint="reseed from a device that synced within the horizon, then `sealsync sync "
-            "--adopt` here; with no such device, `sync --reseed --allow-resurrection`",
-        )
+        refuse_if_away(self._replica, self._session(), horizon_ms)
 
-    def _refuse_reseed_onto_a_copy_before_a_run(self) -> None:
+    def _refuse_a_copy_before_a_run(self) -> None:
+        """`refuse_a_copy_before_a_run`, with a page's word on the relay's latest run (even
+        a flagged device's: a resync's page reads nothing else)."""
         state = self._retrier.call(self._client.state)
-        run = self._session().run_missing_from(state)
-        if run:
-            raise ResurrectionRiskError(
-                f"the relay was restored from a copy older than collection run {run} (its "
-                f"head is {state.head}): the copy may still hold what that run deleted, and "
-                "a reseed onto it would bring that back everywhere",
-                hint=BEFORE_RUN_HINT,
-            )
+        page = self._retrier.call(lambda: self._client.pull(state.head, 1, resync=True))
+        refuse_a_copy_before_a_run(self._session(), state, page.last_run)
 
     def _ask_for_new_epoch(self, auth_key: bytes) -> None:
         """POST /v1/reseed draws a new epoch each time, so it is not sent again blindly after

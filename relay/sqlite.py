@@ -154,7 +154,8 @@ class SQLiteStorage(SQLStorage):
         db = sqlite3.connect(
             self._path, isolation_level=None, check_same_thread=False, timeout=30.0
         )
-        db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # a new file's (before WAL mode makes it)
+        if not os.path.exists(self._path) or os.path.getsize(self._path) == 0:
+            db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # a new file's, before WAL mode
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
         db.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
@@ -232,6 +233,7 @@ class SQLiteStorage(SQLStorage):
         with self._write_lock:
             before = _file_bytes(self._path)
             try:
+                self._writer.execute("PRAGMA auto_vacuum=INCREMENTAL")  # converts an older file
                 self._writer.execute("VACUUM")
                 self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
             except sqlite3.Error as exc:

@@ -253,16 +253,17 @@ class AsideTables:
         )
         self.db.execute("DELETE FROM journal WHERE log = ? AND seq = ?", (log, seq))
 
-    def awaiting(self, log: bytes) -> list[tuple[Row, bytes]]:
-        """The versions whose entry in journal `log` is deferred, oldest first, with their
-        scopes (the partial index holds only such rows)."""
+    def awaiting(self, log: bytes, newest: int) -> list[tuple[Row, bytes]]:
+        """The `newest` versions whose entry in journal `log` is deferred, oldest first, with
+        their scopes (the partial index holds only such rows)."""
         rows = self.db.execute(
-            "SELECT key, node, hlc, envelope, scope FROM versions WHERE awaits = ? ORDER BY hlc",
-            (log,),
-        )
+            "SELECT key, node, hlc, envelope, scope FROM versions WHERE awaits = ?"
+            " ORDER BY hlc DESC LIMIT ?",
+            (log, newest),
+        ).fetchall()
         return [
             (Row(bytes(key), node_from_i64(node), hlc, bytes(envelope)), bytes(scope))
-            for key, node, hlc, envelope, scope in rows
+            for key, node, hlc, envelope, scope in reversed(rows)
         ]
 
     def clear_awaiting(self, log: bytes) -> None:

@@ -37,6 +37,7 @@ def compact(core: Core) -> Compacted:
         raise InvalidArgumentError("compact cannot run inside batch()")
     before = file_bytes(store.path)
     try:
+        store.db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # a file made before converts
         store.db.execute("VACUUM")
         store.checkpoint_truncate()
     except sqlite3.Error as exc:

@@ -153,8 +153,8 @@ class Coordination:
         self, collection: str, name: str, *, keep: int, profile: str = DEFAULT_PROFILE
     ) -> list[DeferredWrite]:
         """The writes whose entry in the journal `name` was deferred (`put(...,
-        deferred_entry=)`), oldest first, each handed over once: the newest `keep`, still
-        this device's versions. The caller pushes their entries in the same transaction."""
+        deferred_entry=)`), oldest first, each handed over once: the newest `keep`. The
+        caller pushes their entries in the same transaction."""
         with self._core.mutex:
             return journal.deferred(self._core, profile, collection, name, keep)
 

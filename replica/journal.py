@@ -120,19 +120,18 @@ def deferred(
     core: Core, profile: str, collection: str, name: str, keep: int
 ) -> list[DeferredWrite]:
     """Hand over, once, the writes whose entry in the journal is deferred, oldest first: the
-    newest `keep` (older ones would fall out of a journal that keeps `keep`), and of those
-    only the versions still this device's (another device's may have replaced one in place
-    since: nothing of this device's is left to log)."""
+    newest `keep` (older ones would fall out of a journal that keeps `keep`). A row another
+    device's version replaced in place since (a merge) still names its record: the write
+    was made here, and counts among the journal's entries (undoing it finds nothing of this
+    device's left to undo)."""
     _check_keep(keep)
     log, _ = _journal(core, profile, collection, name)
     with core.write_transaction():
-        node = core.node()
-        awaiting = core.store.awaiting(log)
+        awaiting = core.store.awaiting(log, keep)
         if awaiting:
             core.store.clear_awaiting(log)
-        own = [(row, scope) for row, scope in awaiting if row.node == node]
         handed = []
-        for row, scope in own[-keep:]:
+        for row, scope in awaiting:
             (opened,) = core.open_rows(row.key, [row], scope)
             handed.append(DeferredWrite(opened.identity.collection, opened.identity.id))
     return handed

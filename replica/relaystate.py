@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 
 BEFORE_RUN_HINT = (
     "have the relay's operator delete the account (`sealsync relay accounts --delete NAME`), "
-    "then `sealsync sync --reseed` from a device that synced recently; "
-    "`sync --reseed --allow-resurrection` reseeds onto this copy anyway"
+    "then `sealsync sync --reseed` from a device that synced recently, and `sealsync sync "
+    "--adopt --trust-account` on every device that synced with the restored copy; "
+    "`--allow-resurrection` takes this copy as it is"
 )
 
 
@@ -48,13 +49,15 @@ class RelayStates:
         with self._core.mutex, self._store.transaction():
             self._check_state(state, 0)
 
-    def _check_state(self, state: RelayState, seen_seq: int) -> None:
-        high = self._verify_state(state)
+    def _check_state(self, state: RelayState, seen_seq: int, last_run: int | None = None) -> None:
+        high = self._verify_state(state, last_run)
         self._store.set_meta("relay_state", msgspec.msgpack.encode(state))
         self._store.set_meta("max_seq_seen", max(high, seen_seq, 0))
 
-    def _verify_state(self, state: RelayState) -> int:
-        """Raise `RollbackError` if `state` is not the relay last seen; the highest seq seen."""
+    def _verify_state(self, state: RelayState, last_run: int | None = None) -> int:
+        """Raise `RollbackError` if `state` is not the relay last seen (with a page's
+        `last_run`: nor a relay whose latest run is older than one applied here); the
+        highest seq seen."""
         stored = self._store.get_bytes("relay_state")
         high = max(self._store.get_int("max_seq_seen"), self._store.get_int("cursor"))
         if stored is not None:
@@ -72,17 +75,20 @@ class RelayStates:
                     reason="account_epoch",
                     hint="another device reseeded or the relay was restored: reseed",
                 )
-            self._check_head(known, state, high)
+            self._check_head(known, state, high, last_run)
         return high
 
-    def _check_head(self, known: RelayState, state: RelayState, high: int) -> None:
-        """A head below what this file saw: the relay was restored from an older copy, older
-        than a collection run this file applied too, perhaps (`before_run`)."""
-        missing = self._run_missing(known, state)
+    def _check_head(
+        self, known: RelayState, state: RelayState, high: int, last_run: int | None
+    ) -> None:
+        """A head below what this file saw: the relay was restored from an older copy. One
+        older than a collection run this file applied (`before_run`) is found by its head or,
+        once new pushes lifted its head past the run's seq, by a page's `last_run`."""
+        missing = self._run_missing(known, state, last_run)
         if missing:
             raise RollbackError(
-                f"relay head {state.head} is below collection run {missing}, which this "
-                "device applied: the relay was restored from a copy older than that run, "
+                f"the relay lacks collection run {missing}, which this device applied (its "
+                f"head is {state.head}): it was restored from a copy older than that run, "
                 "and the copy may still hold what the run deleted",
                 reason="before_run",
                 hint=BEFORE_RUN_HINT,
@@ -95,21 +101,23 @@ class RelayStates:
                 hint="run a reseed to push everything this device holds",
             )
 
-    def run_missing_from(self, state: RelayState) -> int:
-        """The collection run this file applied that the relay, answering `state`, lacks
-        (0: none): its head is below the run's seq in the same storage and account epoch,
-        so it was restored from a copy older than the run, which may still hold versions the
-        run's tombstones were the last to cover (docs/tombstone-collection.md §3 (b))."""
+    def run_missing_from(self, state: RelayState, last_run: int | None = None) -> int:
+        """The collection run this file applied that the relay, answering `state` (and a
+        page's `last_run`), lacks (0: none): in the same storage and account epoch, its head
+        or its latest run is below the run's seq, so it was restored from a copy older than
+        the run, which may still hold versions the run's tombstones were the last to cover
+        (docs/tombstone-collection.md §3 (b))."""
         with self._core.mutex:
             self._core.check_open()
             stored = self._store.get_bytes("relay_state")
             known = None if stored is None else msgspec.msgpack.decode(stored, type=RelayState)
-            return 0 if known is None else self._run_missing(known, state)
+            return 0 if known is None else self._run_missing(known, state, last_run)
 
-    def _run_missing(self, known: RelayState, state: RelayState) -> int:
+    def _run_missing(self, known: RelayState, state: RelayState, last_run: int | None) -> int:
         passed = self._store.get_int("run_passed")
         same = (known.storage_id, known.account_epoch) == (state.storage_id, state.account_epoch)
-        return passed if same and state.head < passed else 0
+        below = state.head < passed or (last_run is not None and last_run < passed)
+        return passed if same and below else 0
 
     def _forget_relay(self) -> None:
         """A reseed or an adoption: the relay is forgotten, and for good, this file's history

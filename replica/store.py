@@ -18,6 +18,7 @@ from typing import Literal
 
 import msgspec
 
+from replica import freepages
 from replica.asides import AsideTables, Row, sha256
 from replica.blindtables import BlindTables
 from replica.errors import ReplicaClosedError, StoreError, is_disk_error
@@ -40,10 +41,6 @@ _blob = bytearray
 """A BLOB parameter as the stdlib sqlite3 module binds it fastest. It looks for an adapter,
 through two failing attribute lookups, for every `bytes` value, but binds a bytearray at once
 (same BLOB stored, and read back as bytes): a merge binds several per version."""
-
-
-INCREMENTAL = 2
-"""`PRAGMA auto_vacuum`'s value for incremental auto-vacuum."""
 
 
 class NewVersion(msgspec.Struct, frozen=True, gc=False):
@@ -97,9 +94,10 @@ class Store(AsideTables, BlindTables):
         db = sqlite3.connect(
             self.path, isolation_level=None, check_same_thread=False, timeout=self.busy_timeout_s
         )
-        # before WAL mode writes a new file's header: a new file gives freed pages back as
-        # it goes (`give_back_free_pages`); an older one keeps them until `compact` converts it
-        db.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        if freepages.is_empty_file(self.path):  # before WAL mode writes its header (a pragma on a
+            # file in use would touch it at every open): a new file gives the pages it frees
+            # back (`give_back_free_pages`); an older one keeps them until `compact` converts it
+            db.execute("PRAGMA auto_vacuum=INCREMENTAL")
         db.execute("PRAGMA journal_mode=WAL")
         db.execute(f"PRAGMA synchronous={self._synchronous.upper()}")
         db.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
@@ -348,8 +346,8 @@ class Store(AsideTables, BlindTables):
         self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
     def give_back_free_pages(self) -> None:
-        """In the write transaction that deleted rows: `give_back_free_pages` below."""
-        give_back_free_pages(self.db)
+        """In the write transaction that deleted rows (replica/freepages.py)."""
+        freepages.give_back_free_pages(self.db)
 
     # -- versions (siblings) ------------------------------------------------------------------
 
@@ -580,15 +578,3 @@ class Store(AsideTables, BlindTables):
 
     def count(self, table: str) -> int:
         return int(self.db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
-
-
-def give_back_free_pages(db: sqlite3.Connection) -> None:
-    """In a write transaction that deleted rows: a file in incremental auto-vacuum mode moves
-    its free pages to its end, cut off at commit, so the disk gets the space back; a file of
-    another mode keeps them for later writes, and `compact` gives them back (and converts
-    it). Each step of the pragma frees one page (`execute` takes one step)."""
-    (mode,) = db.execute("PRAGMA auto_vacuum").fetchone()
-    if mode == INCREMENTAL:
-        (free,) = db.execute("PRAGMA freelist_count").fetchone()
-        for _ in range(free):
-            db.execute("PRAGMA incremental_vacuum(1)")

@@ -328,18 +328,17 @@ class SyncSession(RelayStates):
         core = self._core
         top_seq = max((e.seq for e in page.entries), default=0)
         with core.mutex, core.write_transaction():
-            self._check_state(page.state, top_seq)
-            now = core.options.wall_clock_ms()
             cursor = self._store.get_int("cursor")
-            advanced = page.cursor == cursor and page.next_cursor >= cursor
+            fresh = page.cursor == cursor  # served for where this file stands: after its runs
+            self._check_state(page.state, top_seq, page.last_run if fresh else None)
+            now = core.options.wall_clock_ms()
+            advanced = fresh and page.next_cursor >= cursor
             entries = page.entries if advanced else self._after_runs(page.entries)
             envelopes, seqs = [e.envelope for e in entries], [e.seq for e in entries]
             result = core.merge(envelopes, now_ms=now, source="pull", seqs=seqs, relay=page.state)
             collected = 0
             if self._resyncing:
-                resync.saw(self._store, page.entries)
-                self._resync_at = page.next_cursor if page.cursor == self._resync_at else -1
-                self._resync_run = page.last_run
+                self._note_resync_page(page)
             if advanced:
                 cursor = page.next_cursor
                 self._store.set_meta("cursor", cursor)
@@ -357,6 +356,12 @@ class SyncSession(RelayStates):
             untrusted=result.untrusted,
             collected=collected,
         )
+
+    def _note_resync_page(self, page: Page) -> None:
+        """What a resync's page says the relay still has, and how far its pages reached."""
+        resync.saw(self._store, page.entries)
+        self._resync_at = page.next_cursor if page.cursor == self._resync_at else -1
+        self._resync_run = page.last_run
 
     def _apply_run(self, run: CollectedRun) -> int:
         """A collection run's markers, in the page's transaction: the tombstones go, and the

@@ -316,7 +316,8 @@ REJOIN_OPTIONS = (
         "--allow-resurrection",
         is_flag=True,
         help="With --reseed: push everything even from a device away longer than the relay's "
-        "tombstone horizon, bringing back what was deleted and collected meanwhile.",
+        "tombstone horizon; with --reseed or --adopt: onto a relay restored from a copy older "
+        "than a collection run. Either brings back what was deleted and collected.",
     ),
     click.option(
         "--adopt",
@@ -378,8 +379,9 @@ class Rejoin:
 
 
 def rejoin_asked(reseed: bool, allow_resurrection: bool, adopt: bool) -> Rejoin | None:
-    if allow_resurrection and not reseed:
-        fail("--allow-resurrection is used only with --reseed", "add --reseed", code=ExitCode.USAGE)
+    if allow_resurrection and not (reseed or adopt):
+        fail("--allow-resurrection is used only with --reseed or --adopt", "add --reseed",
+             code=ExitCode.USAGE)  # fmt: skip
     if adopt and reseed:
         fail(
             "--adopt and --reseed are two ways back: pick one",
@@ -571,7 +573,7 @@ def run_sync(
             if rejoin is None:
                 return driver.sync()
             if rejoin.adopt:
-                return driver.adopt()
+                return driver.adopt(allow_resurrection=rejoin.allow_resurrection)
             assert auth_key is not None, "a reseed is asked for with the auth key"
             return driver.reseed(auth_key, allow_resurrection=rejoin.allow_resurrection)
         except RollbackError as exc:

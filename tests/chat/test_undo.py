@@ -12,6 +12,7 @@ from chat.schema import MESSAGES, THREADS, UNDO
 from replica import Replica
 from tests.chat.conftest import StoreFactory, sync, texts
 from tests.conftest import SCHEMA, Account
+from tests.replica.helpers import apply, dirty_envelopes
 
 
 def state(store: ChatStore, thread: str) -> Any:
@@ -128,3 +129,20 @@ def test_201_appends_undo_200_times_and_no_further(make_store: StoreFactory) -> 
     assert texts(store, thread) == after_first_append
     with pytest.raises(NothingToUndoError):
         store.undo(thread)
+
+
+def test_an_append_another_device_edited_before_it_was_logged_still_counts(
+    make_store: StoreFactory,
+) -> None:
+    """b edits a's message in the round that brought it to b, before a's next operation
+    logs the append: the append still counts as one operation, undone as a no-op (b's
+    edit stays), and the undo after it, not that one, takes the chat's creation back."""
+    a, b = make_store("a"), make_store("b")
+    thread = a.new_chat("shared")
+    message = a.append(thread, "user", "from a")
+    apply(b.replica, dirty_envelopes(a.replica))
+    b.edit(thread, message, "edited on b")
+    apply(a.replica, dirty_envelopes(b.replica))
+    assert a.undo(thread) == "append"
+    assert a.chat(thread) is not None and texts(a, thread) == ["edited on b"]
+    assert a.undo(thread) == "new chat"

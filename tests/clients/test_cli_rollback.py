@@ -267,10 +267,12 @@ def test_a_relay_restored_from_a_copy_older_than_a_collection_run_is_not_reseede
 ) -> None:
     """The relay's copy was taken while thread `gone` was live; `gone` was then deleted and a
     run collected its tombstone, which a and b applied. Restored from that copy, the relay
-    holds `gone` live again (a new device joining it gets it) and nothing that deletes it:
-    a reseed onto it would bring `gone` back everywhere. The device says so and its
-    `sync --reseed` is refused; the operator's way out, deleting the account so that a
-    recently synced device reseeds it afresh, keeps `gone` gone."""
+    holds `gone` live again, and a device joining it gets it and pushes there, lifting the
+    copy's head past the run's seq (its pages still say it never ran one). a says so, and
+    its `sync --reseed` and `sync --adopt` are refused: either would bring `gone` back
+    everywhere. The operator's way out keeps `gone` gone: the account deleted, a recently
+    synced device reseeds it, and the device that synced with the copy adopts the relay,
+    setting aside what it had from the copy."""
     a, b, c, late = (tmp_path / f"{name}.db" for name in ("a", "b", "c", "late"))
     db, older = tmp_path / "relay.db", tmp_path / "older" / "relay.db"
     older.parent.mkdir()
@@ -290,6 +292,8 @@ def test_a_relay_restored_from_a_copy_older_than_a_collection_run_is_not_reseede
             for path in (a, b):
                 cli.ok(path, "sync")
             assert cli.runner.invoke(main, collect).exit_code == 0
+        for i in range(6):
+            cli.ok(a, "put", "threads", f"later{i}", '{"title": "after the run"}')
         for path in (a, b):
             cli.ok(path, "sync")
         assert "gone" not in {row[1] for row in contents(a) + contents(b)}
@@ -299,18 +303,26 @@ def test_a_relay_restored_from_a_copy_older_than_a_collection_run_is_not_reseede
         relay.start()
         cli.ok(late, "join", "--relay", relay.url, "--account", "ann")
         assert ids(late) == {"kept", "gone"}  # what the copy holds
+        for i in range(3):
+            cli.ok(late, "put", "threads", f"new{i}", '{"title": "on the copy"}')
+        cli.ok(late, "sync")
         before = dump(a)
         found = cli(a, "sync", "--retry-for", "1")
-        assert_user_error(found, "older than that run", "relay accounts --delete")
-        refused = cli(a, "sync", "--reseed")
-        assert_user_error(refused, "bring that back", "--allow-resurrection")
+        assert_user_error(found, "older than that run", "relay accounts --delete", "--adopt")
+        for way_back in ("--reseed", "--adopt"):
+            refused = cli(a, "sync", way_back)
+            assert_user_error(refused, "bring that back", "--allow-resurrection")
         assert dump(a) == before
 
         deleted = ["relay", "accounts", "--db", str(db), "--delete", "ann", "--yes"]
         assert cli.runner.invoke(main, deleted).exit_code == 0
         assert "registered it again" in cli.ok(a, "sync", "--reseed").stdout
         cli.ok(b, "login", "--trust-account")
-        cli.ok(b, "sync")
+        cli.ok(late, "sync", "--adopt", "--trust-account")
+        for path in (b, late, a):
+            cli.ok(path, "sync")
         cli.ok(c, "join", "--relay", relay.url, "--account", "ann")
-        for device in (a, b, c):
-            assert ids(device) == {"kept"}, device
+        for device in (a, b, c, late):
+            assert ids(device) == {"kept"} | {f"later{i}" for i in range(6)}, device
+        aside = {v["id"] for v in cli.json_objects(late, "aside")}
+        assert aside == {"gone", "new0", "new1", "new2"}

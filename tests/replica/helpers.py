@@ -10,16 +10,20 @@ from replica.envelope import open_envelope
 STATE = RelayState(storage_id="s", account_epoch="e", head=1 << 40)
 
 
-def page_of(envelopes: list[bytes], cursor: int = 0, *, state: RelayState = STATE) -> Page:
+def page_of(
+    envelopes: list[bytes], cursor: int = 0, *, state: RelayState = STATE, last_run: int = 0
+) -> Page:
     """A page with consecutive seqs after `cursor`."""
     entries = [PageEntry(cursor + i + 1, e) for i, e in enumerate(envelopes)]
-    return Page(cursor, entries, cursor + len(entries), False, state)
+    return Page(cursor, entries, cursor + len(entries), False, state, None, last_run)
 
 
 def apply(replica: Replica, envelopes: list[bytes]) -> None:
-    """Merge envelopes into `replica` as one page that starts at its cursor."""
+    """Merge envelopes into `replica` as one page that starts at its cursor, from a relay
+    whose latest collection run is the one the replica applied last, if any."""
     session = replica.sync_session()
-    session.apply_page(page_of(envelopes, session.cursor))
+    last_run = replica._core.store.get_int("run_passed")
+    session.apply_page(page_of(envelopes, session.cursor, last_run=last_run))
 
 
 def dirty_envelopes(replica: Replica) -> list[bytes]:

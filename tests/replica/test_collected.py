@@ -22,7 +22,7 @@ def run_page(replica: Replica, dots: list[MarkedDot], *, cursor: int | None = No
     replica's own, so the page is the next one)."""
     session = replica.sync_session()
     at = session.cursor if cursor is None else cursor
-    page = Page(at, [], at + 1, False, STATE, CollectedRun(at + 1, pack_markers(dots)))
+    page = Page(at, [], at + 1, False, STATE, CollectedRun(at + 1, pack_markers(dots)), at + 1)
     return session.apply_page(page)
 
 
@@ -159,5 +159,5 @@ def test_a_stale_page_from_before_a_run_brings_back_nothing_it_collected(
     assert b.get("notes", "n") is None and b.status().records == 0
     a.put("notes", "later", {"v": 2})
     (later,) = dirty_envelopes(a)
-    b.sync_session().apply_page(page_of([later], cursor))
+    b.sync_session().apply_page(page_of([later], cursor, last_run=cursor))  # the run's seq
     assert b.get("notes", "later") is not None

@@ -289,12 +289,13 @@ def test_a_journal_behaves_as_a_bounded_stack(
     replica.close()
 
 
-def test_a_deferred_entry_is_handed_over_once_oldest_first_while_its_version_is_ours(
+def test_a_deferred_entry_is_handed_over_once_oldest_first_even_once_replaced(
     make_replica: ReplicaFactory, account: Account
 ) -> None:
     """Writes made with `deferred_entry` wait in the file (across a restart) until the next
     `journal_deferred`, which hands over the newest `keep`, oldest first, and clears them
-    all; one another device's version replaced since is left out: nothing of ours remains."""
+    all; one another device's version replaced since (in place) is handed over too: the
+    write was made here, and an app's log counts it."""
     a, b = make_replica("a", freshness_window_s=0), make_replica("b", freshness_window_s=0)
     for i in range(4):
         a.put("notes", f"n{i}", {"i": i}, deferred_entry=("drafts", "log"))
@@ -313,7 +314,8 @@ def test_a_deferred_entry_is_handed_over_once_oldest_first_while_its_version_is_
         apply(a, dirty_envelopes(b))
         assert a.get("notes", "taken").document == {"by": "b"}  # type: ignore[union-attr]
         a.put("notes", "kept", {"i": 1}, deferred_entry=("drafts", "log"))
-        assert a.journal_deferred("drafts", "log", keep=5) == [DeferredWrite("notes", "kept")]
+        handed = a.journal_deferred("drafts", "log", keep=5)
+        assert handed == [DeferredWrite("notes", "taken"), DeferredWrite("notes", "kept")]
         assert a.journal_count("drafts", "log") == 0  # the caller pushes the entries
 
 

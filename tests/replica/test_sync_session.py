@@ -158,11 +158,16 @@ def test_a_head_below_a_collection_run_this_file_applied_is_a_copy_older_than_th
     assert session.run_missing_from(RelayState("s", "e", 5)) == 6
     assert session.run_missing_from(RelayState("s", "e", 6)) == 0
     assert session.run_missing_from(RelayState("s", "other", 5)) == 0  # a reseed's new epoch
+    assert session.run_missing_from(RelayState("s", "e", 9), 0) == 6  # pushes lifted its head
+    assert session.run_missing_from(RelayState("s", "e", 9), 6) == 0
     with pytest.raises(RollbackError, match="older than that run") as before_run:
         session.apply_page(Page(8, [], 8, False, RelayState("s", "e", 5)))
     assert before_run.value.reason == "before_run"
+    with pytest.raises(RollbackError, match="older than that run") as lifted:
+        session.apply_page(Page(8, [], 9, False, RelayState("s", "e", 9), None, 0))
+    assert lifted.value.reason == "before_run"
     with pytest.raises(RollbackError, match="below sequence 8") as after_run:
-        session.apply_page(Page(8, [], 8, False, RelayState("s", "e", 7)))
+        session.apply_page(Page(8, [], 8, False, RelayState("s", "e", 7), None, 6))
     assert after_run.value.reason == "head"
     assert session.cursor == 8
 

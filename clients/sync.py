@@ -446,8 +446,7 @@ class SyncDriver:
         collection run, and resyncs before it pushes (the refusal goes up to the round),
         unless it just did. A `forbidden` push was signed for a relay state that is
         gone (a reseed, a wipe) if `GET /v1/state` says so: then the `RollbackError` is what
-        this device needs to hear. A batch refused outright stored nothing: it does not
-        count as offered (`push_refused`)."""
+        this device needs to hear."""
         try:
             return self._attempt(session, batch)
         except RelayRefusedError as exc:
@@ -458,9 +457,7 @@ class SyncDriver:
                     session.push_refused()  # signed for a state that is gone: none stored
                     raise
             if exc.code != ErrorCode.COUNTER_STALE or exc.last_counter is None:
-                if not exc.retryable:  # a quota, a retired key: nothing will store it now
-                    session.push_refused()
-                raise
+                raise  # the mark stays: another session on the file may have offered its rows
             if session.sign_above(exc.last_counter) and not after_resync:  # an older copy
                 session.push_refused()
                 session.resync_before_pushing()

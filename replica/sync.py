@@ -204,10 +204,10 @@ class SyncSession(RelayStates):
             self._outcome_unknown = True
 
     def push_refused(self) -> None:
-        """The relay refused the latest batch outright, storing none of it (its quota, a
-        retired key, a relay state that is gone): the mark of what was offered goes back to
-        what the pass's earlier batches offered, unless another session raised it since, or
-        an attempt of this pass went unanswered (it may have stored the batch)."""
+        """The relay refused the latest batch outright, storing none of it (it was signed for
+        a relay state that is gone): the mark of what was offered goes back to what the
+        pass's earlier batches offered, unless another session raised it since, or an
+        attempt of this pass went unanswered (it may have stored the batch)."""
         with self._core.mutex, self._store.transaction():
             if self._offered is None or self._outcome_unknown:
                 return

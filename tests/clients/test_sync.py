@@ -313,16 +313,22 @@ def logged_by_relay(relay: RelayProcess) -> dict[str, int]:
     return logged
 
 
-@pytest.mark.slow
-def test_a_reseed_is_followed_and_a_rollback_by_head_reseeds_with_a_new_epoch(
-    start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet], tmp_path: Path
-) -> None:
-    relay = start_relay()
+def synced_pair(relay: RelayProcess, fleets: Callable[..., Fleet]) -> tuple[Fleet, Device, Device]:
+    """Devices a and b on `relay`, both synced after a wrote `n1`."""
     fleet = fleets(relay.url)
     a, b = fleet.add("a"), fleet.add("b")
     a.replica.put("notes", "n1", {"text": "one"})
     a.driver.sync()
     b.driver.sync()
+    return fleet, a, b
+
+
+@pytest.mark.slow
+def test_a_reseed_is_followed_and_a_rollback_by_head_reseeds_with_a_new_epoch(
+    start_relay: Callable[..., RelayProcess], fleets: Callable[..., Fleet], tmp_path: Path
+) -> None:
+    relay = start_relay()
+    fleet, a, b = synced_pair(relay, fleets)
 
     a.driver.reseed(fleet.auth_key)  # a asks for a new epoch; b follows, on its own
     b.replica.put("notes", "n2", {"text": "offline on b"})
@@ -545,11 +551,7 @@ def test_a_device_away_past_the_horizon_follows_a_reseed_by_pulling_everything_a
     relay restored from an older copy may lack the flag that would make it resync); what it
     wrote while away still goes out."""
     relay = start_relay()
-    fleet = fleets(relay.url)
-    a, b = fleet.add("a"), fleet.add("b")
-    a.replica.put("notes", "n1", {"text": "one"})
-    a.driver.sync()
-    b.driver.sync()
+    fleet, a, b = synced_pair(relay, fleets)
     with sqlite3.connect(b.replica.path) as db:  # its last ack, 100 days ago (horizon: 90)
         db.execute("UPDATE meta SET value = value - ? WHERE name = 'acked_ms'", (100 * DAY_MS,))
     a.driver.reseed(fleet.auth_key)

@@ -362,17 +362,18 @@ class SyncDriver:
                 "this replica must pull everything again, which waits until it is unlocked",
                 hint="unlock it, then sync",
             )
-        deadline = self._clock() + RESYNC_WAIT_S
+        started = self._clock()
         while True:
             try:
                 return self._replica.lease(
                     RESYNC_LEASE, ttl_s=RESYNC_LEASE_TTL_S, wait_s=RESYNC_WAIT_SLICE_S
                 )
             except LeaseBusyError:
-                if self._stopping.is_set() or self._clock() >= deadline:
+                waited = self._clock() - started
+                if self._stopping.is_set() or waited >= RESYNC_WAIT_S:
                     raise ResyncBusyError(
                         "another process is pulling everything again into this replica "
-                        f"(waited {self._clock() - deadline + RESYNC_WAIT_S:.0f} s)",
+                        f"(waited {waited:.0f} s of {RESYNC_WAIT_S:.0f})",
                         hint="sync again once it is done",
                     ) from None
 

@@ -196,6 +196,11 @@ class Transaction(ABC):
     def announce(self, name: str, head: int) -> None:
         """Tell other relay processes of a new head, as part of this transaction."""
 
+    @abstractmethod
+    def give_back_free_pages(self) -> None:
+        """After rows were deleted in this transaction: the disk gets their space back, where
+        the database gives it (a collection run's)."""
+
 
 def upgrade_tables(tx: Transaction, types: Types, version: int) -> None:
     """Bring the tables of a database of schema `version` to `SCHEMA_VERSION`."""

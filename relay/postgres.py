@@ -142,6 +142,9 @@ class PostgresTransaction(dialect.Transaction):
     def announce(self, name: str, head: int) -> None:
         self._db.execute("SELECT pg_notify(%s, %s)", (CHANNEL, self._storage.notice(name, head)))
 
+    def give_back_free_pages(self) -> None:
+        """Nothing to do: PostgreSQL reuses freed space itself (`VACUUM FULL` gives it back)."""
+
 
 class PostgresStorage(SQLStorage):
     """Relay storage in one PostgreSQL schema (tables created on first open)."""

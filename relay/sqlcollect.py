@@ -55,6 +55,7 @@ def collect(
         tx.run(
             "UPDATE devices SET resync_ms = NULL WHERE account = ? AND resync = 1", (account_id,)
         )
+        tx.give_back_free_pages()
     return CollectReport(name, floor, run, len(taken), size, len(released), len(flagged))
 
 

@@ -25,9 +25,9 @@ from relay.errors import RelayError, StoreFailedError
 from relay.signing import Pusher
 from relay.sql import SQLStorage
 from relay.sqlpush import PendingPush
-from relay.storage import CollectReport, VersionRules, new_random_id
+from relay.storage import VersionRules, new_random_id
 from replica.errors import InvalidArgumentError, is_disk_error
-from replica.wire import MAX_RUN_MARKERS, PushBatch, PushResult
+from replica.wire import PushBatch, PushResult
 
 WAL_CHECKPOINT_PAGES = 10_000
 """Checkpoint the WAL after ~40 MB, not SQLite's ~4 MB: a push inserts into the key index at
@@ -110,6 +110,14 @@ class SQLiteTransaction(dialect.Transaction):
 
     def announce(self, name: str, head: int) -> None:
         """Nothing to do: one process, whose listeners hear each push after its commit."""
+
+    def give_back_free_pages(self) -> None:
+        """A file made in incremental auto-vacuum mode moves its free pages to its end, cut
+        off at commit; one made before keeps them for `relay compact`. A step of the pragma
+        frees one page (`execute` takes one step)."""
+        if self._db.execute("PRAGMA auto_vacuum").fetchone()[0] == INCREMENTAL:
+            for _ in range(self._db.execute("PRAGMA freelist_count").fetchone()[0]):
+                self._db.execute("PRAGMA incremental_vacuum(1)")
 
 
 log = logging.getLogger(f"sealsync.{__name__}")
@@ -212,20 +220,6 @@ class SQLiteStorage(SQLStorage):
             yield SQLiteTransaction(db)
         finally:
             db.execute("COMMIT")
-
-    def collect(
-        self, name: str, *, limit: int = MAX_RUN_MARKERS, horizon_ms: int | None = None
-    ) -> CollectReport:
-        """As every storage collects; then the file gives the pages it freed back to the
-        disk (one made before incremental auto-vacuum keeps them for `relay vacuum`)."""
-        report = super().collect(name, limit=limit, horizon_ms=horizon_ms)
-        if report.versions or report.released:
-            with self._write():
-                db = self._writer
-                if db.execute("PRAGMA auto_vacuum").fetchone()[0] == INCREMENTAL:
-                    for _ in range(db.execute("PRAGMA freelist_count").fetchone()[0]):
-                        db.execute("PRAGMA incremental_vacuum(1)")  # a page a step
-        return report
 
     def compact(self) -> tuple[int, int]:
         """Rewrite the file without its free pages (SQLite's VACUUM), pushes waiting

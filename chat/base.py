@@ -4,7 +4,7 @@ chat's records (specs/chat.md §4). `ChatStore` (chat/store.py) is built on it.
 Every write of a chat's records goes through `_write`, which notes in the open operation's
 journal what the record showed before; the operation ends by storing the journal as an undo
 entry (chat/undo.py) in its own transaction. An append's entry is deferred instead
-(chat/undolog.py `settle`)."""
+(`entry_later`, chat/undolog.py `settle`)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from chat import undolog
 from chat.errors import NoSuchChatError
 from chat.ids import check_id, new_id
 from chat.models import Thread, build, parse, to_document
-from chat.schema import MESSAGES, THREADS, check_declared
+from chat.schema import MESSAGES, THREADS, UNDO, check_declared
 from replica import (
     DEFAULT_PROFILE,
     ChangeMark,
@@ -194,9 +194,12 @@ class ChatBase:
         *,
         before: Record | None,
         context: frozenset[tuple[int, int]] | None = None,
+        entry_later: str | None = None,
     ) -> None:
         """Write a chat record (`document` None: delete it) over `context`, noting in the
-        open operation's journal what it showed before (`before`: as read; None: new)."""
+        open operation's journal what it showed before (`before`: as read; None: new). With
+        `entry_later` (a chat), its undo entry is deferred to that chat's next operation
+        (`undolog.settle`): an append's."""
         parts: list[Part] | None = getattr(self._journal, "parts", None)
         if parts is not None:
             shown = None if before is None or before.deleted else before.document
@@ -204,7 +207,15 @@ class ChatBase:
         if document is None:
             self.replica.delete(collection, id, profile=self.profile, context=context)
         else:
-            self.replica.put(collection, id, document, profile=self.profile, context=context)
+            deferred = None if entry_later is None else (UNDO, entry_later)
+            self.replica.put(
+                collection,
+                id,
+                document,
+                profile=self.profile,
+                context=context,
+                deferred_entry=deferred,
+            )
 
     def job(self, thread: str, *, ttl_s: float = 30.0) -> Lease:
         """The chat's lease for slow work (a summary, a bulk change): other operations on the

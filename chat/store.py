@@ -22,7 +22,7 @@ from chat.models import Message, Thread, build, parse, to_document
 from chat.preferences import BUILTIN_PERSONAS, Preferences
 from chat.reconcile import Reconciling
 from chat.reshape import Reshaping
-from chat.schema import MESSAGES, THREADS, UNDO
+from chat.schema import MESSAGES, THREADS
 from chat.search import Searching
 from chat.undo import Undoing
 from replica import Lease, LeaseBusyError, Record
@@ -183,10 +183,7 @@ class ChatStore(Reshaping, Jobs, Preferences, Reconciling, Searching, Undoing, C
                 thumbnails=list(thumbnails),
                 created_ms=now,
             )
-            document, logged_later = to_document(message), (UNDO, thread)  # by `settle`
-            self.replica.put(
-                MESSAGES, message_id, document, profile=self.profile, deferred_entry=logged_later
-            )
+            self._write(MESSAGES, message_id, to_document(message), before=None, entry_later=thread)
             operation.appended_at = at
         return message_id
 

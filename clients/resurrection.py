@@ -19,8 +19,14 @@ def away_past_horizon(replica: Replica, session: SyncSession, horizon_ms: int) -
     """Whether no relay took an ack of this file within `horizon_ms`, so a collection may
     have passed it by (`SyncSession.away_ms`; a version-1 account's devices never ack, and
     no run passes one by)."""
+    return _away_past(replica, session, horizon_ms) is not None
+
+
+def _away_past(replica: Replica, session: SyncSession, horizon_ms: int) -> int | None:
+    """How long this file has been away from any relay, when past `horizon_ms`; else None."""
     away = session.away_ms()
-    return bool(replica.key_generation) and away is not None and away > horizon_ms
+    past = bool(replica.key_generation) and away is not None and away > horizon_ms
+    return away if past else None
 
 
 def follow_reseed(
@@ -40,9 +46,10 @@ def follow_reseed(
 
 def refuse_if_away(replica: Replica, session: SyncSession, horizon_ms: int) -> None:
     """`ResurrectionRiskError` when no relay took an ack of this file within `horizon_ms`."""
-    if not away_past_horizon(replica, session, horizon_ms):
+    away = _away_past(replica, session, horizon_ms)
+    if away is None:
         return
-    away_days, days = (session.away_ms() or 0) // DAY_MS, horizon_ms // DAY_MS
+    away_days, days = away // DAY_MS, horizon_ms // DAY_MS
     raise ResurrectionRiskError(
         f"this device last reached its relay {away_days} days ago, beyond the relay's "
         f"tombstone horizon of {days} days: it may hold what was deleted and collected "

@@ -41,7 +41,10 @@ class RelayStates:
         """The relay state seen last since the last reseed (None: none yet)."""
         with self._core.mutex:
             self._core.check_open()
-            stored = self._store.get_bytes("relay_state")
+            return self._known_state()
+
+    def _known_state(self) -> RelayState | None:
+        stored = self._store.get_bytes("relay_state")
         return None if stored is None else msgspec.msgpack.decode(stored, type=RelayState)
 
     def check_relay_state(self, state: RelayState) -> None:
@@ -58,10 +61,9 @@ class RelayStates:
         """Raise `RollbackError` if `state` is not the relay last seen (with a page's
         `last_run`: nor a relay whose latest run is older than one applied here); the
         highest seq seen."""
-        stored = self._store.get_bytes("relay_state")
+        known = self._known_state()
         high = max(self._store.get_int("max_seq_seen"), self._store.get_int("cursor"))
-        if stored is not None:
-            known = msgspec.msgpack.decode(stored, type=RelayState)
+        if known is not None:
             if known.storage_id != state.storage_id:
                 raise RollbackError(
                     f"relay storage changed from {known.storage_id} to {state.storage_id}: "
@@ -109,8 +111,7 @@ class RelayStates:
         (docs/tombstone-collection.md §3 (b))."""
         with self._core.mutex:
             self._core.check_open()
-            stored = self._store.get_bytes("relay_state")
-            known = None if stored is None else msgspec.msgpack.decode(stored, type=RelayState)
+            known = self._known_state()
             return 0 if known is None else self._run_missing(known, state, last_run)
 
     def _run_missing(self, known: RelayState, state: RelayState, last_run: int | None) -> int:

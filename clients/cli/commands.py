@@ -380,8 +380,8 @@ class Rejoin:
 
 def rejoin_asked(reseed: bool, allow_resurrection: bool, adopt: bool) -> Rejoin | None:
     if allow_resurrection and not (reseed or adopt):
-        fail("--allow-resurrection is used only with --reseed or --adopt", "add --reseed",
-             code=ExitCode.USAGE)  # fmt: skip
+        fail("--allow-resurrection is used only with --reseed or --adopt",
+             "add --reseed or --adopt", code=ExitCode.USAGE)  # fmt: skip
     if adopt and reseed:
         fail(
             "--adopt and --reseed are two ways back: pick one",

@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -303,14 +304,20 @@ def test_chaos_transport_and_a_relay_restart_change_nothing(
     assert (len(identities), head) == (len(calm_identities), calm_head)  # 0 lost, 0 duplicated
 
 
+def logged_requests(relay: RelayProcess) -> list[dict[str, Any]]:
+    """Every request the relay logged (its debug request log)."""
+    entries = (json.loads(line) for line in relay.log_path.read_text().splitlines()
+               if line.startswith("{"))  # fmt: skip
+    return [entry for entry in entries if entry.get("message") == "request"]
+
+
 def logged_by_relay(relay: RelayProcess) -> dict[str, int]:
-    """Request id → status of every request the relay logged (its debug request log)."""
-    logged = {}
-    for line in relay.log_path.read_text().splitlines():
-        entry = json.loads(line) if line.startswith("{") else {}
-        if entry.get("message") == "request" and entry.get("request_id"):
-            logged[entry["request_id"]] = entry["status"]
-    return logged
+    """Request id → status of every request the relay logged with an id."""
+    return {e["request_id"]: e["status"] for e in logged_requests(relay) if e.get("request_id")}
+
+
+def relay_statuses(relay: RelayProcess) -> list[int]:
+    return [int(entry["status"]) for entry in logged_requests(relay)]
 
 
 def synced_pair(relay: RelayProcess, fleets: Callable[..., Fleet]) -> tuple[Fleet, Device, Device]:
@@ -668,6 +675,7 @@ def test_two_sessions_on_one_file_sign_above_each_other_without_resyncing(
             assert report.stored == 1
             resyncs += report.resynced is not None
     assert resyncs == 0
+    assert 409 in relay_statuses(relay)  # a `counter_stale` was met, and signed above
 
 
 @pytest.mark.slow

@@ -83,6 +83,31 @@ def split(devices: Iterable[Standing], now_ms: int, horizon_ms: int | None) -> S
     return Split(None if resyncing else ack_floor(active), stale)
 
 
+def waited_for(
+    devices: Sequence[Standing], now_ms: int, horizon_ms: int | None
+) -> tuple[int | None, str | None]:
+    """`AccountSummary.ack_floor` and `held_back_by`, as a run with this horizon sees them:
+    the floor, and the device runs wait for: one pulling everything again, else one that
+    counts and has not acknowledged anything, else the one whose last ack is the floor
+    (ties: the first by id). Left-out and flagged devices hold nothing back."""
+    floor, stale = split(devices, now_ms, horizon_ms)
+    left_out = {device.id for device in stale}
+
+    def resyncing(device: Standing) -> bool:
+        return device.resync_ms is not None and device.resync_ms > now_ms - RESYNC_GRACE_MS
+
+    def waiting(device: Standing) -> tuple[bool, bool, int, str]:
+        return (not device.resync, device.ack is not None, device.ack or 0, device.id)
+
+    counted = [
+        device
+        for device in devices
+        if device.id not in left_out and (not device.resync or resyncing(device))
+    ]
+    held = min(counted, key=waiting, default=None)
+    return floor, None if held is None else held.id
+
+
 def to_flag(stale: Iterable[Standing], top: int | None) -> list[str]:
     """The stale devices that have not pulled past `top`, the latest run this call made or
     released: they would never see its markers."""

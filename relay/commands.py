@@ -29,7 +29,7 @@ from relay.collector import collect_all, collect_every_account
 from relay.config import RelayConfig, load_config
 from relay.serve import configure_logging, open_storage, serve
 from relay.sqlite import SQLiteStorage
-from relay.storage import Storage
+from relay.storage import AccountSummary, Storage
 from replica.errors import InvalidArgumentError
 from replica.wire import system_clock_ms
 
@@ -198,7 +198,20 @@ def relay_invite(*, where: RelayStorage, days: int | None) -> None:
     help="Delete account NAME: its devices, tokens and stored versions. Asks first.",
 )
 @click.option("--yes", is_flag=True, help="With --delete: do not ask.")
-def relay_accounts(*, where: RelayStorage, as_json: bool, to_delete: str | None, yes: bool) -> None:
+@click.option(
+    "--horizon-days",
+    type=click.IntRange(1, 3650),
+    help="Show the floor and the device runs wait for as `relay collect --horizon-days N` "
+    "sees them (default: the relay's tombstone_horizon_days with collect=true, else none).",
+)
+def relay_accounts(
+    *,
+    where: RelayStorage,
+    as_json: bool,
+    to_delete: str | None,
+    yes: bool,
+    horizon_days: int | None,
+) -> None:
     """List accounts: devices, stored versions and bytes, tombstones and how far every device
     acknowledged pulling (never what they hold); or delete one."""
     if to_delete is not None:
@@ -209,10 +222,24 @@ def relay_accounts(*, where: RelayStorage, as_json: bool, to_delete: str | None,
             "--yes only goes with --delete NAME", hint="sealsync relay accounts --delete NAME --yes"
         )
     with where.opened() as storage:
-        accounts = storage.accounts()
+        accounts = storage.accounts(horizon_ms=horizon_shown(where, horizon_days))
     if as_json:
         out.print_json(json.dumps([vars(a) for a in accounts]))
-        return
+    else:
+        print_accounts(accounts)
+
+
+def horizon_shown(where: RelayStorage, horizon_days: int | None) -> int | None:
+    """`relay accounts --horizon-days` in ms; by default the horizon of the relay's own runs
+    (setting `collect`), or none."""
+    config = where.config()
+    if horizon_days is None and config.collect:
+        horizon_days = config.tombstone_horizon_days
+    return None if horizon_days is None else horizon_days * DAY_MS
+
+
+def print_accounts(accounts: list[AccountSummary]) -> None:
+    """`relay accounts`' table."""
     table = Table("account", "devices", "versions", "bytes", "head", "tombstones", "acked")
     table.add_column("held by")  # the device collection waits for: its id's first 8 digits
     table.add_column("collected")

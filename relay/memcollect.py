@@ -7,7 +7,7 @@ import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from relay.collection import Standing, ack_floor
+from relay.collection import Standing
 from relay.errors import ResyncRequiredError
 from relay.storage import Device
 from relay.versions import StoredVersion
@@ -141,18 +141,3 @@ def candidates(
         if len(by_key[parse_header(by_seq[seq]).key]) == 1:
             taken.append(seq)
     return taken
-
-
-def devices_floor(devices: Iterable[str], acks: Acks) -> int | None:
-    """`AccountSummary.ack_floor`: None while a device has not acknowledged anything."""
-    return ack_floor(acks.get(device, (None, 0))[0] for device in devices)
-
-
-def held_back_by(devices: Iterable[str], acks: Acks) -> str | None:
-    """`AccountSummary.held_back_by`: a device with no ack first, else the lowest ack."""
-
-    def waiting(device: str) -> tuple[bool, int, str]:
-        ack = acks.get(device)
-        return (ack is not None, 0 if ack is None else ack[0], device)
-
-    return min(devices, key=waiting, default=None)

@@ -15,7 +15,7 @@ import copy
 import secrets
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from relay.collection import check_run_bounds, page_end, split, to_flag
 from relay.errors import (
@@ -26,7 +26,8 @@ from relay.errors import (
     QuotaExceededError,
     UnauthorizedError,
 )
-from relay.memcollect import Runs, candidates, devices_floor, held_back_by
+from relay.memaccount import MemoryAccount
+from relay.memcollect import candidates
 from relay.signing import BundleKeys, Pusher, authorize_push, refuse_epochs_ahead, reseal_epoch
 from relay.storage import (
     DEFAULT_MAX_ACCOUNT_BYTES,
@@ -48,7 +49,6 @@ from relay.storage import (
 )
 from relay.versions import (
     Store,
-    StoredVersion,
     check_envelope,
     cut_page,
     decide,
@@ -74,30 +74,10 @@ from replica.wire import (
 U32_MAX = 2**32 - 1
 
 
-@dataclass
-class _Account:
-    epoch: str
-    record: AccountRecord | None = None
-    head: int = 0
-    stored_bytes: int = 0
-    by_key: dict[bytes, list[StoredVersion]] = field(default_factory=dict)
-    by_seq: dict[int, bytes] = field(default_factory=dict)
-    """seq → envelope of every stored version."""
-    seqs: list[int] = field(default_factory=list)
-    devices: dict[str, Device] = field(default_factory=dict)
-    push_counters: dict[str, int] = field(default_factory=dict)
-    """device id → the highest signed-push counter it used."""
-    acks: dict[str, tuple[int, int]] = field(default_factory=dict)
-    """device id → (the cursor it last acknowledged, when: relay clock)."""
-    tombs: set[int] = field(default_factory=set)
-    """seqs of the stored versions declared tombstones."""
-    runs: Runs = field(default_factory=Runs)
-
-
 @dataclass(frozen=True)
 class _Snapshot:
     storage_id: str
-    accounts: dict[str, _Account]
+    accounts: dict[str, MemoryAccount]
     tokens: dict[bytes, TokenRecord]
 
 
@@ -130,7 +110,7 @@ class MemoryRelay:
         self._new_id = new_id
         self._storage_id = new_id()
         self._secret = secrets.token_bytes(32)
-        self._accounts: dict[str, _Account] = {}
+        self._accounts: dict[str, MemoryAccount] = {}
         self._tokens: dict[bytes, TokenRecord] = {}
         self._revoked_tokens: dict[bytes, str] = {}
         """hash → account name of each token a revoked device held."""
@@ -151,10 +131,10 @@ class MemoryRelay:
 
     # -- accounts ---------------------------------------------------------------------------
 
-    def _account(self, name: str) -> _Account:
+    def _account(self, name: str) -> MemoryAccount:
         account = self._accounts.get(name)
         if account is None:
-            account = self._accounts[name] = _Account(epoch=self._new_id())
+            account = self._accounts[name] = MemoryAccount(epoch=self._new_id())
         return account
 
     def create_account(
@@ -235,26 +215,15 @@ class MemoryRelay:
             self._invites = {h: e for h, e in self._invites.items() if e >= now}
             self._invites[invite_hash] = expires_ms
 
-    def accounts(self, name: str | None = None) -> list[AccountSummary]:
+    def accounts(
+        self, name: str | None = None, *, horizon_ms: int | None = None
+    ) -> list[AccountSummary]:
+        now_ms = self._rules.clock_ms()
         with self._mutex:
             return [
-                AccountSummary(
-                    account,
-                    entry.record.created_ms,
-                    len(entry.devices),
-                    len(entry.by_seq),
-                    entry.stored_bytes,
-                    entry.head,
-                    len(entry.tombs),
-                    sum(len(entry.by_seq[seq]) for seq in entry.tombs),
-                    devices_floor(entry.devices, entry.acks),
-                    entry.runs.collected_versions,
-                    entry.runs.collected_bytes,
-                    held_back_by(entry.devices, entry.acks),
-                    len(entry.runs.resync),
-                )
+                entry.summary(account, record.created_ms, now_ms, horizon_ms)
                 for account, entry in sorted(self._accounts.items())
-                if entry.record is not None and name in (None, account)
+                if (record := entry.record) is not None and name in (None, account)
             ]
 
     def login_failures(self, name: str, address: str, since_ms: int) -> LoginFailures:
@@ -459,7 +428,7 @@ class MemoryRelay:
         return result
 
     def _authorized(
-        self, name: str, account: _Account, batch: PushBatch, pusher: Pusher | None
+        self, name: str, account: MemoryAccount, batch: PushBatch, pusher: Pusher | None
     ) -> tuple[BundleKeys, list[bool]]:
         """The account's keys once the push is authorized, its counter and ack recorded (an
         account made by a push alone, as the sans-I/O tests make them, has none and takes
@@ -485,14 +454,14 @@ class MemoryRelay:
         return keys, tombs
 
     @staticmethod
-    def _reseal_epoch(account: _Account, keys: BundleKeys) -> int | None:
+    def _reseal_epoch(account: MemoryAccount, keys: BundleKeys) -> int | None:
         """`signing.reseal_epoch`; an account made by a push alone (the sans-I/O tests) has no
         keys to bound it, and takes a later sealing under any epoch, as a device pushes it."""
         return U32_MAX if account.record is None else reseal_epoch(keys)
 
     def _push_one(
         self,
-        account: _Account,
+        account: MemoryAccount,
         header: Header | Receipt,
         envelope: bytes,
         reseal_into: int | None,
@@ -593,6 +562,6 @@ class MemoryRelay:
         return CollectReport(name, floor, run, len(taken), size, len(released), len(flagged))
 
     @staticmethod
-    def _compact_seqs(account: _Account) -> None:
+    def _compact_seqs(account: MemoryAccount) -> None:
         if len(account.seqs) > 2 * len(account.by_seq) + 1024:
             account.seqs = sorted(account.by_seq)

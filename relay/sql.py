@@ -37,6 +37,7 @@ from relay.sqlcollect import (
     next_run,
     run_markers,
     start_resync,
+    summary,
 )
 from relay.sqlpush import PendingPush, authorized, push_plan, write_plan
 from relay.storage import (
@@ -219,27 +220,26 @@ class SQLStorage(ABC):
                 "INSERT INTO invites (hash, expires_ms) VALUES (?, ?)", (invite_hash, expires_ms)
             )
 
-    def accounts(self, name: str | None = None) -> list[AccountSummary]:
+    def accounts(
+        self, name: str | None = None, *, horizon_ms: int | None = None
+    ) -> list[AccountSummary]:
+        now_ms = self._rules.clock_ms()
         with self._snapshot() as tx:
             rows = tx.all(
-                "SELECT a.name, a.created_ms,"
+                "SELECT a.id, a.name, a.created_ms,"
                 " (SELECT count(*) FROM devices d WHERE d.account = a.id),"
                 " (SELECT count(*) FROM versions v WHERE v.account = a.id),"
                 " a.stored_bytes, a.head,"
                 " (SELECT count(*) FROM versions v WHERE v.account = a.id AND v.tomb = 1),"
                 " (SELECT CAST(coalesce(sum(length(v.envelope)), 0) AS BIGINT) FROM versions v"
                 " WHERE v.account = a.id AND v.tomb = 1),"
-                " (SELECT CASE WHEN count(*) = count(d.ack_seq) THEN min(d.ack_seq) END"
-                " FROM devices d WHERE d.account = a.id),"
                 " a.collected_versions, a.collected_bytes,"
-                " (SELECT d.id FROM devices d WHERE d.account = a.id"
-                " ORDER BY d.ack_seq IS NOT NULL, d.ack_seq, d.id LIMIT 1),"
                 " (SELECT count(*) FROM devices d WHERE d.account = a.id AND d.resync = 1)"
                 " FROM accounts a"
                 " WHERE CAST(? AS TEXT) IS NULL OR a.name = ? ORDER BY a.name",
                 (name, name),
             )
-        return [AccountSummary(*row) for row in rows]
+            return [summary(tx, row, now_ms, horizon_ms) for row in rows]
 
     def login_failures(self, name: str, address: str, since_ms: int) -> LoginFailures:
         with self._read() as tx:

@@ -3,10 +3,12 @@ the markers a page carries, and the ghosts a push meets (`relay.collection`)."""
 
 from __future__ import annotations
 
-from relay.collection import Candidate, Standing, split, to_flag
+from typing import Any
+
+from relay.collection import Candidate, Standing, split, to_flag, waited_for
 from relay.dialect import Transaction
 from relay.errors import NotFoundError, ResyncRequiredError
-from relay.storage import CollectReport
+from relay.storage import AccountSummary, CollectReport
 from replica.wire import CollectedRun, VersionVector, decode_vector, node_from_i64, pack_markers
 
 CANDIDATES = (
@@ -188,3 +190,14 @@ def resync_refusal(
         (account_id, device_id),
     )
     return None
+
+
+def summary(
+    tx: Transaction, row: tuple[Any, ...], now_ms: int, horizon_ms: int | None
+) -> AccountSummary:
+    """An account's line of `accounts`, from its row there and its devices' standings."""
+    (account_id, name, created_ms, devices, versions, size, head, tombs, tomb_bytes,
+     collected, collected_bytes, resyncing) = row  # fmt: skip
+    floor, held_back_by = waited_for(standings(tx, account_id), now_ms, horizon_ms)
+    return AccountSummary(name, created_ms, devices, versions, size, head, tombs, tomb_bytes,
+                          floor, collected, collected_bytes, held_back_by, resyncing)  # fmt: skip

@@ -75,14 +75,17 @@ class AccountSummary:
     """Versions its devices declared tombstones (their signed pushes' `tombstones`)."""
     tombstone_bytes: int
     ack_floor: int | None
-    """The seq every device has acknowledged pulling up to: the lowest of their last acks
-    (their signed pushes' `ack`); None while one of them has not said yet."""
+    """The seq every device that counts has acknowledged pulling up to: the lowest of their
+    last acks (their signed pushes' `ack`); None while one of them has not said yet, or one
+    pulls everything again. Devices past the horizon asked for, and flagged ones, do not
+    count (`relay.collection.split`)."""
     collected: int
     """Tombstones its collection runs deleted, to date (`Storage.collect`)."""
     collected_bytes: int
     held_back_by: str | None
-    """The device collection waits for: one that has not acknowledged anything yet, else
-    the one whose last ack is the floor (a lost phone's, say: revoking it lets runs go on)."""
+    """The device collection waits for: one pulling everything again, else one that has not
+    acknowledged anything yet, else the one whose last ack is the floor (a lost phone's,
+    say: revoking it, or a horizon, lets runs go on)."""
     resyncing: int
     """Devices flagged to pull everything again before they push (`resync_required`)."""
 
@@ -173,8 +176,11 @@ class Storage(Protocol):
 
     def add_invite(self, invite_hash: bytes, expires_ms: int) -> None: ...
 
-    def accounts(self, name: str | None = None) -> list[AccountSummary]:
-        """Every account's summary by name, or only `name`'s (none if there is no such)."""
+    def accounts(
+        self, name: str | None = None, *, horizon_ms: int | None = None
+    ) -> list[AccountSummary]:
+        """Every account's summary by name, or only `name`'s (none if there is no such); its
+        `ack_floor` and `held_back_by` as a run with `horizon_ms` sees them (`collect`)."""
         ...
 
     def login_failures(self, name: str, address: str, since_ms: int) -> LoginFailures:

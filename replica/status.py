@@ -13,10 +13,12 @@ from replica.tombs import tomb_counts
 class Status:
     """Counts from the replica file (specs/replica.md §status).
 
-    `dirty`: local versions not yet acknowledged by a relay. `held_for_drift`,
-    `held_for_lock`, `held_other` (by reason: sealed, epoch, collection): versions kept aside,
-    never dropped. `conflicts`: records with more than one sibling. `quarantined`: rows moved
-    aside verbatim. `degraded`: records whose reads are refused until repair.
+    `dirty`: local versions not yet acknowledged by a relay. `awaiting_resync`: versions
+    merged from a backup that wait for the next resync, which finds them on the relay or
+    sets them aside (never pushes them). `held_for_drift`, `held_for_lock`, `held_other`
+    (by reason: sealed, epoch, collection): versions kept aside, never dropped.
+    `conflicts`: records with more than one sibling. `quarantined`: rows moved aside
+    verbatim. `degraded`: records whose reads are refused until repair.
     `tombstones`, `tombstone_bytes`: versions that say their record is deleted, and their
     envelopes' bytes: what deleting keeps. `unclassified`: versions stored by an earlier
     format not yet opened to tell (until the next unlock; unreadable ones until repair).
@@ -30,6 +32,7 @@ class Status:
     node: int
     records: int
     dirty: int
+    awaiting_resync: int
     held_for_drift: int
     held_for_lock: int
     held_other: dict[str, int]
@@ -63,6 +66,7 @@ def read_status(store: Store, *, locked: bool, node: int) -> Status:
         node=node,
         records=int(records),
         dirty=store.count_dirty(),
+        awaiting_resync=store.count_awaiting_resync(),
         held_for_drift=held.pop("drift", 0),
         held_for_lock=held.pop("lock", 0),
         held_other=held,

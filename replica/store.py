@@ -538,6 +538,11 @@ class Store(AsideTables, BlindTables):
         proportional to their number, not to the file's)."""
         return int(self.db.execute("SELECT count(*) FROM versions WHERE dirty = 1").fetchone()[0])
 
+    def count_awaiting_resync(self) -> int:
+        """Versions merged from a backup that wait for a resync's verdict (`dirty = 2`): rare,
+        so no index; a scan of the file, as `status` makes anyway."""
+        return int(self.db.execute("SELECT count(*) FROM versions WHERE dirty = 2").fetchone()[0])
+
     def mark_all_for_push(self) -> None:
         self.db.execute("UPDATE versions SET dirty = 1 WHERE dirty <> 2")  # 2 waits for a resync
         # what a resync set aside is never pushed: the relay may have collected it

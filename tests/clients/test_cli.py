@@ -237,10 +237,13 @@ def test_user_mistakes_are_one_error_line_and_change_nothing(
     assert dump(a) == before
 
 
-def listed_accounts(relay: RelayProcess) -> dict[str, JsonObject]:
+def listed_accounts(
+    relay: RelayProcess, *options: str, env: dict[str, str] | None = None
+) -> dict[str, JsonObject]:
     """`sealsync relay accounts --json` on the relay's SQLite file, by account name."""
     assert relay.db is not None
-    listed = CliRunner().invoke(main, ["relay", "accounts", "--db", str(relay.db), "--json"])
+    command = ["relay", "accounts", "--db", str(relay.db), "--json", *options]
+    listed = CliRunner().invoke(main, command, env=env)
     assert listed.exit_code == 0, listed.output
     accounts: list[JsonObject] = json.loads(listed.stdout)
     return {str(a["name"]): a for a in accounts}

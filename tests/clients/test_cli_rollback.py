@@ -19,7 +19,7 @@ from click.testing import Result
 from clients.cli import main
 from clients.device import load_settings, sidecar_path
 from replica import Replica
-from tests.clients.test_cli import PASSPHRASE, Cli, assert_user_error, dump
+from tests.clients.test_cli import PASSPHRASE, Cli, assert_user_error, dump, listed_accounts
 from tests.relay.server import RelayProcess
 
 DB_FILES = ("", "-wal", "-shm")
@@ -232,8 +232,16 @@ def test_a_device_away_past_the_horizon_adopts_a_wiped_relay_instead_of_bringing
         age(b, "meta", "value", "name = 'acked_ms'", 100)
         cli.ok(a, "rm", "threads", "gone")
         collect = ["relay", "collect", "--db", str(db), "--horizon-days", "90", "--json"]
-        for _ in range(2):  # a run, then its release once a passed it
+        for run in range(2):  # a run, then its release once a passed it
             cli.ok(a, "sync")
+            if run == 1:  # a acked the run, b did not: runs wait for b, unless left out
+                session_a = load_settings(a).session
+                assert session_a is not None
+                waits_for = listed_accounts(relay)["ann"]["held_back_by"]
+                assert waits_for == session_b.device_id
+                horizon = listed_accounts(relay, "--horizon-days", "90")["ann"]["held_back_by"]
+                runs_own = listed_accounts(relay, env={"SEALSYNC_RELAY_COLLECT": "true"})
+                assert horizon == runs_own["ann"]["held_back_by"] == session_a.device_id
             assert cli.runner.invoke(main, collect).exit_code == 0
         cli.ok(a, "sync")
 

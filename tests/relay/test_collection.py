@@ -56,8 +56,8 @@ class Bob:
     def ack(self, cursor: int, device: str = "d1") -> None:
         assert self.push([], ack=cursor, device=device) == []
 
-    def summary(self) -> AccountSummary:
-        (bob,) = self.storage.accounts("bob")
+    def summary(self, horizon_ms: int | None = None) -> AccountSummary:
+        (bob,) = self.storage.accounts("bob", horizon_ms=horizon_ms)
         return bob
 
     def pull(self, cursor: int) -> Page:
@@ -242,9 +242,13 @@ def test_a_device_silent_past_the_horizon_holds_nothing_back_and_must_resync(
     assert bob.storage.collect("bob", horizon_ms=90 * DAY_MS).run is None  # d2 is within it
     clock.advance(91 * DAY_MS)
     bob.ack(1)  # d1 stays active
+    waits = (bob.summary().ack_floor, bob.summary().held_back_by)
+    assert waits == (0, "d2")  # the accounts' view of a run with no horizon
+    horizon = bob.summary(90 * DAY_MS)
+    assert (horizon.ack_floor, horizon.held_back_by) == (1, "d1")  # d2 is left out
     report = bob.storage.collect("bob", horizon_ms=90 * DAY_MS)
     assert (report.ack_floor, report.run, report.flagged) == (1, 2, 1)
-    assert bob.summary().resyncing == 1
+    assert (bob.summary().resyncing, bob.summary().held_back_by) == (1, "d1")  # d2 flagged
     with pytest.raises(ResyncRequiredError):
         bob.storage.pull("bob", 0, device_id="d2")
     with pytest.raises(ResyncRequiredError):
@@ -252,6 +256,8 @@ def test_a_device_silent_past_the_horizon_holds_nothing_back_and_must_resync(
     assert bob.storage.pull("bob", 0, device_id="d1").next_cursor == 2  # d1 pulls as usual
     page = bob.storage.pull("bob", 0, device_id="d2", resync=True)
     assert (page.next_cursor, markers(page)) == (2, [(B, 7, HLC + 1)])
+    resyncing = bob.summary(90 * DAY_MS)  # runs wait while it pulls everything again
+    assert (resyncing.ack_floor, resyncing.held_back_by) == (None, "d2")
     with pytest.raises(ResyncRequiredError):
         bob.ack(1, device="d2")  # not past the run: still flagged
     bob.ack(2, device="d2")

@@ -430,9 +430,10 @@ def test_a_backup_merged_after_its_write_was_deleted_and_collected_sets_it_aside
         assert len(machine.collected) == 1 and not machine.relay._account(NAME).runs.seqs
         replica = machine.devices[0].replica
         replica.merge_backup(backup)
-        assert replica.get("notes", "a") is not None and replica.status().dirty == 0
+        assert replica.get("notes", "a") is not None
+        assert (replica.status().dirty, replica.status().awaiting_resync) == (0, 1)
         machine.sync(0, lose_answer=False, mode="next")  # the resync the merge asked for
-        assert replica.get("notes", "a") is None
+        assert replica.get("notes", "a") is None and replica.status().awaiting_resync == 0
         assert [(v.id, v.document) for v in replica.set_aside()] == [("a", {"v": 2})]
         machine.quiesce_and_compare()
         machine.the_relay_keeps_nothing_a_collected_tombstone_covered()

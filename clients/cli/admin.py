@@ -248,6 +248,3 @@ def upgrade(settings: CliSettings) -> None:
             upgrade_keys(client, replica, login, recovery_key, catch_up=catch_up)
     out.print("the account's keys are version 2 now: its pushes are signed, and other devices")
     out.print("take the new keys at their next sync (with the passphrase)")
-
-
-ADMIN_COMMANDS = (devices, profiles, passwd, upgrade)

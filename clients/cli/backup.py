@@ -26,7 +26,7 @@ from clients.backup import (
     profile_scope,
     restore_replica,
 )
-from clients.cli.chat import reconcile_chats, when
+from clients.cli.chat import reconcile_chats
 from clients.cli.console import (
     ExitCode,
     copy_progress,
@@ -35,6 +35,7 @@ from clients.cli.console import (
     out,
     stopped_by_signals,
     user_errors,
+    when,
 )
 from clients.cli.duration import DURATION
 from clients.cli.records import json_option, print_json
@@ -312,6 +313,3 @@ def verdict_json(verdict: Verdict) -> dict[str, object]:
         "state": verdict.state,
         "problems": list(verdict.problems),
     }
-
-
-BACKUP_COMMANDS = (backup, restore)

@@ -8,10 +8,8 @@ stdout, nothing else there).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -19,7 +17,7 @@ from rich.table import Table
 
 from chat import ChatStore, ChatView, MessageView, with_chat
 from chat.schema import check_declared
-from clients.cli.console import out, user_errors
+from clients.cli.console import out, user_errors, when
 from clients.cli.records import json_option, print_json, profile_option
 from clients.cli.settings import CliSettings
 from clients.device import opened_replica
@@ -52,23 +50,6 @@ def reconcile_chats(replica: Replica) -> None:
     revived = ChatStore(replica).reconcile()
     if revived:
         click.echo(f"brought back {revived} chat(s) deleted elsewhere with new messages", err=True)
-
-
-def when(ms: int | None, now_ms: int | None = None) -> str:
-    """A time for people: the date and how long ago ("2026-12-02 01:50, 3 min ago")."""
-    if ms is None:
-        return ""
-    now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-    date = datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M")
-    return f"{date}, {age(now_ms - ms)}"
-
-
-def age(ms: int) -> str:
-    seconds = max(0, ms // 1000)
-    for unit, size in (("d", 86_400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds // size} {unit} ago"
-    return "just now"
 
 
 def chat_json(view: ChatView) -> dict[str, Any]:

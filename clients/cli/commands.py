@@ -578,6 +578,3 @@ def run_sync(
             return driver.reseed(auth_key, allow_resurrection=rejoin.allow_resurrection)
         except RollbackError as exc:
             fail(f"{exc}", rollback_hint(exc))
-
-
-DEVICE_COMMANDS = (init, join, login, sync)

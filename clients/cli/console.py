@@ -1,4 +1,4 @@
-"""Talking to the person at the terminal: the two consoles, and errors as `error:`/`hint:`.
+"""Talking to the person at the terminal: the two consoles, errors as `error:`/`hint:`, times.
 
 A user mistake is never a traceback: each error sealsync raises on purpose, and each refusal
 of the operating system or of SQLite, becomes one `error:` line, a `hint:` line where the user
@@ -13,8 +13,10 @@ import signal
 import sqlite3
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from types import FrameType
 from typing import NoReturn
 
@@ -131,3 +133,20 @@ def stopped_by_signals(stop: threading.Event) -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def when(ms: int | None, now_ms: int | None = None) -> str:
+    """A time for people: the date and how long ago ("2026-12-02 01:50, 3 min ago")."""
+    if ms is None:
+        return ""
+    now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    date = datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M")
+    return f"{date}, {age(now_ms - ms)}"
+
+
+def age(ms: int) -> str:
+    seconds = max(0, ms // 1000)
+    for unit, size in (("d", 86_400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds // size} {unit} ago"
+    return "just now"

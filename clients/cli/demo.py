@@ -32,8 +32,7 @@ from rich.table import Table
 from chat import ChatStore
 from chat.schema import THREADS
 from clients.account import register_account
-from clients.cli.chat import when
-from clients.cli.console import fail, out, user_errors
+from clients.cli.console import fail, out, user_errors, when
 from clients.cli.records import written_at
 from clients.http import RelayClient
 from clients.schema import CHAT_SCHEMA

@@ -121,6 +121,3 @@ def print_report(profile: str, report: ImportReport) -> None:
             "(--as-copies imports it as a copy)",
             markup=True,
         )
-
-
-EXCHANGE_COMMANDS = (export, import_)

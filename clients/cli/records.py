@@ -196,6 +196,3 @@ def written_at(hlc: int) -> str:
     """When a version was written, by its writer's clock: the wall part of its hybrid clock."""
     written = EPOCH + timedelta(milliseconds=hlc_ms(hlc))  # any hlc: up to year ~6400
     return written.isoformat(sep=" ", timespec="milliseconds").removesuffix("+00:00")
-
-
-RECORD_COMMANDS = (put, get, rm, ls, conflicts)

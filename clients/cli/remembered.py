@@ -127,6 +127,3 @@ def forget(settings: CliSettings) -> None:
         out.print(f"the OS keyring no longer keeps the passphrase of {path}")
     else:
         out.print(f"the OS keyring keeps no passphrase of {path}")
-
-
-KEYRING_COMMANDS = (keyring_group,)

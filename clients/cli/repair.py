@@ -144,6 +144,3 @@ def aside(settings: CliSettings, take: tuple[str, str] | None, profile: str, as_
         document = "" if v.deleted else json.dumps(v.document)[:60]
         table.add_row(v.profile, v.collection, v.id, "yes" if v.deleted else "", document)
     out.print(table if versions else "nothing is set aside")
-
-
-REPAIR_COMMANDS = (diagnose, repair, compact, aside)

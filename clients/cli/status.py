@@ -12,8 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from clients.autobackup import read_last_backup
-from clients.cli.chat import when
-from clients.cli.console import out, user_errors
+from clients.cli.console import out, user_errors, when
 from clients.cli.settings import CliSettings
 from clients.device import load_settings, opened_replica, sidecar_path
 from replica.errors import StoreError

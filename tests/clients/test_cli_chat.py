@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clients.cli.chat import age, when
+from clients.cli.console import age, when
 from clients.schema import CHAT_SCHEMA
 from replica import Collection, Replica, Schema
 from tests.clients.test_cli import PASSPHRASE, Cli

@@ -94,10 +94,16 @@ class Writes:
 
     path: Path
     count: int = 0
+    key: bytes | None = None
+    """The raw key, once the passphrase was hashed for it (Argon2id, a third of a second)."""
 
     def add(self, count: int) -> None:
         with closing(Replica.open(self.path, options=CLI_OPTIONS)) as replica:
-            replica.unlock(PASSPHRASE)
+            if self.key is None:
+                replica.unlock(PASSPHRASE)
+                self.key = replica.unlock_key()
+            else:
+                replica.unlock_with_key(self.key)
             with replica.batch():
                 for n in range(self.count, self.count + count):
                     replica.put("messages", f"m{n:06}", document(n))

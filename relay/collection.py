@@ -37,6 +37,11 @@ def check_run_bounds(limit: int, horizon_ms: int | None) -> None:
     """A run's size and horizon, within their bounds (`Storage.collect`)."""
     if not 1 <= limit <= MAX_RUN_MARKERS:
         raise InvalidArgumentError(f"a run collects 1..{MAX_RUN_MARKERS}, not {limit}")
+    check_horizon(horizon_ms)
+
+
+def check_horizon(horizon_ms: int | None) -> None:
+    """A horizon within its bounds (`Storage.collect`, `Storage.accounts`)."""
     if horizon_ms is not None and not 1 <= horizon_ms <= MAX_HORIZON_MS:
         raise InvalidArgumentError(
             f"a horizon is 1 ms..{MAX_HORIZON_MS} ms (10 years), not {horizon_ms}"

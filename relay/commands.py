@@ -201,8 +201,9 @@ def relay_invite(*, where: RelayStorage, days: int | None) -> None:
 @click.option(
     "--horizon-days",
     type=click.IntRange(1, 3650),
-    help="Show the floor and the device runs wait for as `relay collect --horizon-days N` "
-    "sees them (default: the relay's tombstone_horizon_days with collect=true, else none).",
+    help="Show the floor and the device runs wait for leaving out devices silent for longer, "
+    "as `relay collect --horizon-days N` does (default: the relay's tombstone_horizon_days "
+    "when its setting collect is on, else none).",
 )
 def relay_accounts(
     *,
@@ -214,19 +215,29 @@ def relay_accounts(
 ) -> None:
     """List accounts: devices, stored versions and bytes, tombstones and how far every device
     acknowledged pulling (never what they hold); or delete one."""
+    check_listing_or_delete(to_delete, yes=yes, horizon_days=horizon_days)
     if to_delete is not None:
         delete_account(where, to_delete, as_json=as_json, yes=yes)
         return
-    if yes:
-        raise InvalidArgumentError(
-            "--yes only goes with --delete NAME", hint="sealsync relay accounts --delete NAME --yes"
-        )
     with where.opened() as storage:
         accounts = storage.accounts(horizon_ms=horizon_shown(where, horizon_days))
     if as_json:
         out.print_json(json.dumps([vars(a) for a in accounts]))
     else:
         print_accounts(accounts)
+
+
+def check_listing_or_delete(to_delete: str | None, *, yes: bool, horizon_days: int | None) -> None:
+    """`relay accounts`' flags: `--yes` with `--delete` only, `--horizon-days` without it."""
+    if to_delete is not None and horizon_days is not None:
+        raise InvalidArgumentError(
+            "--horizon-days goes with the listing, not --delete",
+            hint="sealsync relay accounts --horizon-days N",
+        )
+    if to_delete is None and yes:
+        raise InvalidArgumentError(
+            "--yes only goes with --delete NAME", hint="sealsync relay accounts --delete NAME --yes"
+        )
 
 
 def horizon_shown(where: RelayStorage, horizon_days: int | None) -> int | None:

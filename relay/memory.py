@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from relay.collection import check_run_bounds, page_end, split, to_flag
+from relay.collection import check_horizon, check_run_bounds, page_end, split, to_flag
 from relay.errors import (
     AccountExistsError,
     CounterStaleError,
@@ -218,6 +218,7 @@ class MemoryRelay:
     def accounts(
         self, name: str | None = None, *, horizon_ms: int | None = None
     ) -> list[AccountSummary]:
+        check_horizon(horizon_ms)
         now_ms = self._rules.clock_ms()
         with self._mutex:
             return [

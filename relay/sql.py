@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
-from relay.collection import check_run_bounds, page_end
+from relay.collection import check_horizon, check_run_bounds, page_end
 from relay.dialect import Transaction
 from relay.errors import (
     AccountExistsError,
@@ -36,6 +36,7 @@ from relay.sqlcollect import (
     flag_if_runs,
     next_run,
     run_markers,
+    standings_by_account,
     start_resync,
     summary,
 )
@@ -223,6 +224,7 @@ class SQLStorage(ABC):
     def accounts(
         self, name: str | None = None, *, horizon_ms: int | None = None
     ) -> list[AccountSummary]:
+        check_horizon(horizon_ms)
         now_ms = self._rules.clock_ms()
         with self._snapshot() as tx:
             rows = tx.all(
@@ -239,7 +241,8 @@ class SQLStorage(ABC):
                 " WHERE CAST(? AS TEXT) IS NULL OR a.name = ? ORDER BY a.name",
                 (name, name),
             )
-            return [summary(tx, row, now_ms, horizon_ms) for row in rows]
+            devices = standings_by_account(tx, name)
+        return [summary(row, devices.get(row[0], []), now_ms, horizon_ms) for row in rows]
 
     def login_failures(self, name: str, address: str, since_ms: int) -> LoginFailures:
         with self._read() as tx:

@@ -192,12 +192,26 @@ def resync_refusal(
     return None
 
 
+def standings_by_account(tx: Transaction, name: str | None) -> dict[int, list[Standing]]:
+    """`standings` of every account's devices (or only account `name`'s), in one query."""
+    rows = tx.all(
+        "SELECT d.account, d.id, d.ack_seq, d.ack_ms, d.created_ms, d.resync, d.resync_ms"
+        " FROM devices d JOIN accounts a ON a.id = d.account"
+        " WHERE CAST(? AS TEXT) IS NULL OR a.name = ?",
+        (name, name),
+    )
+    by_account: dict[int, list[Standing]] = {}
+    for account, i, a, at, c, r, rm in rows:
+        by_account.setdefault(account, []).append(Standing(i, a, at, c, bool(r), rm))
+    return by_account
+
+
 def summary(
-    tx: Transaction, row: tuple[Any, ...], now_ms: int, horizon_ms: int | None
+    row: tuple[Any, ...], devices: list[Standing], now_ms: int, horizon_ms: int | None
 ) -> AccountSummary:
     """An account's line of `accounts`, from its row there and its devices' standings."""
-    (account_id, name, created_ms, devices, versions, size, head, tombs, tomb_bytes,
+    (_, name, created_ms, count, versions, size, head, tombs, tomb_bytes,
      collected, collected_bytes, resyncing) = row  # fmt: skip
-    floor, held_back_by = waited_for(standings(tx, account_id), now_ms, horizon_ms)
-    return AccountSummary(name, created_ms, devices, versions, size, head, tombs, tomb_bytes,
+    floor, held_back_by = waited_for(devices, now_ms, horizon_ms)
+    return AccountSummary(name, created_ms, count, versions, size, head, tombs, tomb_bytes,
                           floor, collected, collected_bytes, held_back_by, resyncing)  # fmt: skip

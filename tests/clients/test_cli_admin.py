@@ -219,6 +219,8 @@ def test_an_operator_deletes_one_account_and_its_device_registers_it_again(
 
     assert_user_error(relay_accounts(cli, relay, "--delete", "nobody"), "no account 'nobody'")
     assert_user_error(relay_accounts(cli, relay, "--yes"), "--yes only goes with --delete")
+    mixed = relay_accounts(cli, relay, "--delete", "ann", "--horizon-days", "90")
+    assert_user_error(mixed, "--horizon-days goes with the listing")
     declined = relay_accounts(cli, relay, "--delete", "ann", input="n\n")
     assert declined.exit_code == 1 and "2 device(s)" in declined.stderr
     assert listed_accounts(relay) == before

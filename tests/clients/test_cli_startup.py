@@ -30,6 +30,13 @@ def test_every_command_is_found_by_its_name_and_listed_in_the_help() -> None:
     assert shown.exit_code == 0 and all(f"  {name} " in shown.stdout for name in COMMANDS)
 
 
+def test_a_mistyped_command_is_refused_naming_the_nearest() -> None:
+    typo = CliRunner().invoke(main, ["stauts"])
+    assert typo.exit_code == 2 and "No such command 'stauts'. Did you mean 'status'?" in typo.output
+    unlike = CliRunner().invoke(main, ["zzzzzz"])
+    assert unlike.exit_code == 2 and "Did you mean" not in unlike.output
+
+
 def loaded_after(*args: str) -> dict[str, bool]:
     """Which of HEAVY a fresh interpreter loaded to run `sealsync ARGS`."""
     code = (

@@ -299,3 +299,5 @@ def test_a_horizon_is_within_its_bounds(make_storage: StorageFactory) -> None:
     for horizon in (0, -1, 11 * 365 * DAY_MS):
         with pytest.raises(InvalidArgumentError, match="horizon"):
             bob.storage.collect("bob", horizon_ms=horizon)
+        with pytest.raises(InvalidArgumentError, match="horizon"):
+            bob.storage.accounts(horizon_ms=horizon)

@@ -77,6 +77,7 @@ def test_bench_quick_aesgcm_prints_json_lines() -> None:
     assert lines[0]["unit"] == "ops/s" and lines[0]["n"] > 0
 
 
+@pytest.mark.slow
 def test_bench_tiny_run_has_every_required_line_with_its_baseline() -> None:
     lines = run_bench("--n", "100")
     check_lines(lines)
@@ -100,6 +101,7 @@ def test_bench_tiny_run_has_every_required_line_with_its_baseline() -> None:
     assert by_name["relay.push"]["n"] == by_name["relay.pull"]["n"] == 100
 
 
+@pytest.mark.slow
 def test_bench_relay_load_reports_latency_loss_and_its_baseline() -> None:
     lines = run_bench("--n", "20", "--only", "relay.load")
     check_lines(lines)
@@ -118,6 +120,7 @@ def test_bench_only_pulls_in_the_baseline_it_needs() -> None:
     check_lines(lines)
 
 
+@pytest.mark.slow
 def test_bench_sync_reports_e2e_incremental_and_live_with_the_merge_baseline() -> None:
     lines = run_bench("--n", "20", "--only", "sync")
     check_lines(lines)

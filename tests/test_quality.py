@@ -7,6 +7,8 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
+
 from tests.sources import ROOT, sources
 
 
@@ -26,6 +28,7 @@ def test_ruff_format_is_applied() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_mypy_strict_passes() -> None:
     result = run("mypy")
     assert result.returncode == 0, result.stdout + result.stderr

@@ -275,7 +275,7 @@ class CheckedChatMachine(ChatMachine):
             super().teardown()
 
 
-TestChatConvergence = CheckedChatMachine.TestCase
+TestChatConvergence = pytest.mark.slow(CheckedChatMachine.TestCase)
 TestChatConvergence.settings = settings(
     max_examples=EXAMPLES, stateful_step_count=50, deadline=None
 )

@@ -51,6 +51,7 @@ def push_and_join(account: Account, folder: Path, n: int) -> tuple[float, float]
     return pushed["peak_rss_mib"], joined["peak_rss_mib"]
 
 
+@pytest.mark.slow
 def test_peak_memory_does_not_grow_with_the_records_a_device_holds(
     account: Account, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -40,14 +40,6 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Slow tests first, each group in collection order. xdist's work stealing hands each
-    worker a contiguous share and moves queued tests to a worker that runs dry, never a
-    running one: a two-minute test that starts last keeps one worker busy while the others
-    idle; started first, the short ones fill in around it."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 SCHEMA = Schema(
     (
         Collection("notes", "lww"),

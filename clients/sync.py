@@ -33,7 +33,6 @@ from clients.errors import (
 )
 from clients.http import RelayClient
 from clients.live import HeadFeed
-from clients.resurrection import DAY_MS as DAY_MS  # noqa: PLC0414 (re-exported)
 from clients.resurrection import follow_reseed, refuse_a_copy_before_a_run, refuse_if_away
 from clients.retry import Backoff, Retrier
 from clients.syncreport import Phase as Phase  # noqa: PLC0414 (re-exported)

@@ -70,6 +70,11 @@ class Split(NamedTuple):
     """Devices past the horizon and not flagged yet."""
 
 
+def resync_under_way(device: Standing, now_ms: int) -> bool:
+    """Whether a flagged device's full resync began within `RESYNC_GRACE_MS`: runs wait."""
+    return device.resync_ms is not None and device.resync_ms > now_ms - RESYNC_GRACE_MS
+
+
 def split(devices: Iterable[Standing], now_ms: int, horizon_ms: int | None) -> Split:
     """The floor over the devices that count, and those the horizon leaves out."""
     active: list[int | None] = []
@@ -77,8 +82,7 @@ def split(devices: Iterable[Standing], now_ms: int, horizon_ms: int | None) -> S
     resyncing = False
     for device in devices:
         if device.resync:
-            started = device.resync_ms is not None and device.resync_ms > now_ms - RESYNC_GRACE_MS
-            resyncing = resyncing or started
+            resyncing = resyncing or resync_under_way(device, now_ms)
             continue
         seen = device.ack_ms if device.ack_ms is not None else device.created_ms
         if horizon_ms is not None and seen < now_ms - horizon_ms:
@@ -98,16 +102,13 @@ def waited_for(
     floor, stale = split(devices, now_ms, horizon_ms)
     left_out = {device.id for device in stale}
 
-    def resyncing(device: Standing) -> bool:
-        return device.resync_ms is not None and device.resync_ms > now_ms - RESYNC_GRACE_MS
-
     def waiting(device: Standing) -> tuple[bool, bool, int, str]:
         return (not device.resync, device.ack is not None, device.ack or 0, device.id)
 
     counted = [
         device
         for device in devices
-        if device.id not in left_out and (not device.resync or resyncing(device))
+        if device.id not in left_out and (not device.resync or resync_under_way(device, now_ms))
     ]
     held = min(counted, key=waiting, default=None)
     return floor, None if held is None else held.id

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from relay import tokens
-from relay.collection import DAY_MS
+from relay.collection import DAY_MS, MAX_HORIZON_MS
 from relay.collector import collect_all, collect_every_account
 from relay.config import RelayConfig, load_config
 from relay.serve import configure_logging, open_storage, serve
@@ -34,6 +34,8 @@ from replica.errors import InvalidArgumentError
 from replica.wire import system_clock_ms
 
 DEFAULT_PORT = 8787
+HORIZON_DAYS = click.IntRange(1, MAX_HORIZON_MS // DAY_MS)
+"""`--horizon-days`: within the storage's bound on a horizon (`check_horizon`)."""
 out = Console(highlight=False, soft_wrap=True)
 
 
@@ -200,7 +202,7 @@ def relay_invite(*, where: RelayStorage, days: int | None) -> None:
 @click.option("--yes", is_flag=True, help="With --delete: do not ask.")
 @click.option(
     "--horizon-days",
-    type=click.IntRange(1, 3650),
+    type=HORIZON_DAYS,
     help="Show the floor and the device runs wait for leaving out devices silent for longer, "
     "as `relay collect --horizon-days N` does (default: the relay's tombstone_horizon_days "
     "when its setting collect is on, else none).",
@@ -286,7 +288,7 @@ def horizon_within_the_advertised(where: RelayStorage, horizon_days: int | None)
 @click.option("--account", "name", help="Only this account (default: every account).")
 @click.option(
     "--horizon-days",
-    type=click.IntRange(1, 3650),
+    type=HORIZON_DAYS,
     help="Leave out devices silent for longer (a lost phone); they pull everything again "
     "when they return (default: every device counts). At least the relay's "
     "tombstone_horizon_days, which devices judge a wiped relay by.",

@@ -21,7 +21,8 @@ from clients.cli import main
 from clients.errors import RelayRefusedError, ResyncBusyError
 from clients.http import RelayClient
 from clients.keys import adopt_relay_keys, rotate_revoking
-from clients.sync import DAY_MS, Progress, SyncDriver, SyncReport, is_epoch_change
+from clients.resurrection import DAY_MS
+from clients.sync import Progress, SyncDriver, SyncReport, is_epoch_change
 from replica import (
     RESYNC_LEASE,
     LoginKeys,
